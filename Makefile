@@ -1,0 +1,40 @@
+# The two commands a newcomer needs are `make up` and `make test`; each installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+ENV := target/space/env.sh
+
+.PHONY: help deps artifacts up test lint unit bench clean-cache
+
+help:
+	@echo "make up      build everything and run space on its embedded defaults"
+	@echo "make test    install what is missing, build, lint and run every test"
+	@echo "make bench   run the benchmarks (prints tables)"
+
+deps:
+	@scripts/deps.sh
+
+artifacts: deps
+	@scripts/artifacts.sh all
+
+up: artifacts
+	@echo "[up] building space"
+	@$(CARGO) build --quiet --release -p space
+	@source $(ENV) && exec target/release/space up
+
+lint: deps
+	@echo "[lint] cargo fmt --check"
+	@$(CARGO) fmt --all -- --check
+	@echo "[lint] cargo clippy -D warnings"
+	@$(CARGO) clippy --quiet --workspace --all-targets -- -D warnings
+
+test: artifacts lint
+	@echo "[test] cargo test (boots real guests under QEMU)"
+	@source $(ENV) && $(CARGO) test --workspace
+
+bench: artifacts
+	@$(CARGO) build --quiet --release -p space-bench
+	@source $(ENV) && target/release/space-bench
+
+clean-cache:
+	rm -rf "$${SPACE_CACHE:-$$HOME/.cache/space}"

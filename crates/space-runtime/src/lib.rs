@@ -1,0 +1,1 @@
+//! The Runtime trait and its QEMU implementation.

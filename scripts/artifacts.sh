@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds what a sandbox boots from and records where it is:
+#   - space-guestd, linked statically (it is /sbin/init in every image)
+#   - the guest kernel (cached by guest/build-kernel.sh)
+#   - the root filesystem images of the stock templates (cached by guest/build-image.sh)
+# The paths land in target/space/env.sh, which the Makefile sources for tests and `space up`.
+# Usage: scripts/artifacts.sh [minimal|base|all]   (default: all)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+which_images=${1:-all}
+log() { printf '[artifacts] %s\n' "$*" >&2; }
+
+target=x86_64-unknown-linux-gnu
+log "building space-guestd (static, release)"
+RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --quiet --release -p space-guestd --target "$target"
+guestd="$PWD/target/$target/release/space-guestd"
+if ldd "$guestd" >/dev/null 2>&1; then
+    log "space-guestd is dynamically linked; the guest needs a static binary"
+    exit 1
+fi
+
+log "guest kernel"
+kernel=$(guest/build-kernel.sh | tail -n1)
+
+log "image: minimal"
+minimal=$(guest/build-image.sh minimal "$guestd" | tail -n1)
+base=""
+if [[ $which_images == all || $which_images == base ]]; then
+    log "image: base (the first build runs debootstrap: a few minutes)"
+    base=$(guest/build-image.sh base "$guestd" | tail -n1)
+fi
+
+mkdir -p target/space
+env_file=target/space/env.sh
+{
+    echo "export SPACE_GUESTD='$guestd'"
+    echo "export SPACE_KERNEL='$kernel'"
+    echo "export SPACE_ROOTFS_MINIMAL='$minimal'"
+    [[ -n $base ]] && echo "export SPACE_ROOTFS_BASE='$base'"
+} >"$env_file.tmp"
+mv "$env_file.tmp" "$env_file"
+log "ready: kernel $kernel"
+log "ready: minimal $minimal"
+[[ -n $base ]] && log "ready: base $base"
+exit 0
