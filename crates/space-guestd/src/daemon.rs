@@ -1,0 +1,343 @@
+//! The daemon's shared state and its top-level run loop: options, start time, identity, the
+//! process table, counters that bound concurrent work, and the shutdown signal.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use space_proto::limits::{MAX_ENV_BYTES, MAX_ENV_VARS, MAX_FINISHED_PROCESSES, MAX_PROCESSES};
+use space_proto::{ErrorKind, ExitStatus, ProcessInfo, ProtoError};
+use tokio::sync::watch;
+
+use crate::ratelimit::RateLimiter;
+use crate::reaper::{Reaper, ReaperError};
+
+/// Environment every process starts from, before identity and request environment.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Errors that stop the daemon from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("reaper")]
+    Reaper(#[from] ReaperError),
+    #[error("transport")]
+    Transport(#[from] crate::transport::TransportError),
+}
+
+/// Command-line options.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Serve on this Unix socket instead of the virtio-serial port.
+    pub listen: Option<PathBuf>,
+    /// Name of the virtio-serial port to serve.
+    pub port_name: String,
+    /// Serve on this character device instead of looking the port up by name.
+    pub device: Option<PathBuf>,
+    /// Apply identity to the system (clock, hostname, RNG) even when not PID 1.
+    pub system: bool,
+}
+
+impl Options {
+    pub const USAGE: &'static str =
+        "usage: space-guestd [--listen SOCKET | --port NAME | --device PATH] [--system]";
+
+    pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options, String> {
+        let mut opts = Options {
+            port_name: "space.ctl".into(),
+            ..Options::default()
+        };
+        let mut args = args.into_iter();
+        while let Some(arg) = args.next() {
+            let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+            match arg.as_str() {
+                "--listen" => opts.listen = Some(value("--listen")?.into()),
+                "--port" => opts.port_name = value("--port")?,
+                "--device" => opts.device = Some(value("--device")?.into()),
+                "--system" => opts.system = true,
+                "-h" | "--help" => return Err(Options::USAGE.into()),
+                other => return Err(format!("unknown argument {other:?}\n{}", Options::USAGE)),
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// What the host told this guest it is.
+#[derive(Debug, Default, Clone)]
+pub struct IdentityState {
+    pub sandbox_id: Option<String>,
+    pub hostname: Option<String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Processes the daemon started. Running ones are bounded by `MAX_PROCESSES`; the most recent
+/// finished ones are kept so a host that lost a stream can still learn how a process ended.
+#[derive(Default)]
+pub struct ProcessTable {
+    inner: Mutex<Procs>,
+}
+
+#[derive(Default)]
+struct Procs {
+    running: HashMap<u32, ProcessInfo>,
+    finished: VecDeque<ProcessInfo>,
+    reserved: usize,
+}
+
+/// A slot for a process about to be spawned; released on drop unless registered.
+pub struct Reservation<'a> {
+    table: &'a ProcessTable,
+    live: bool,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        if self.live {
+            self.table.lock().reserved -= 1;
+        }
+    }
+}
+
+impl ProcessTable {
+    fn lock(&self) -> MutexGuard<'_, Procs> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn reserve(&self) -> Result<Reservation<'_>, ProtoError> {
+        let mut p = self.lock();
+        if p.running.len() + p.reserved >= MAX_PROCESSES {
+            return Err(ProtoError::new(
+                ErrorKind::Busy,
+                format!("{MAX_PROCESSES} processes are already running"),
+            ));
+        }
+        p.reserved += 1;
+        Ok(Reservation {
+            table: self,
+            live: true,
+        })
+    }
+
+    pub fn register(&self, mut slot: Reservation<'_>, info: ProcessInfo) {
+        slot.live = false;
+        let mut p = self.lock();
+        p.reserved -= 1;
+        p.running.insert(info.pid, info);
+    }
+
+    pub fn finish(&self, pid: u32, exit: ExitStatus) {
+        let mut p = self.lock();
+        if let Some(mut info) = p.running.remove(&pid) {
+            info.running = false;
+            info.exit = Some(exit);
+            p.finished.push_back(info);
+            while p.finished.len() > MAX_FINISHED_PROCESSES {
+                p.finished.pop_front();
+            }
+        }
+    }
+
+    pub fn is_running(&self, pid: u32) -> bool {
+        self.lock().running.contains_key(&pid)
+    }
+
+    pub fn list(&self) -> Vec<ProcessInfo> {
+        let p = self.lock();
+        let mut out: Vec<ProcessInfo> = p.running.values().cloned().collect();
+        out.sort_by_key(|i| (i.started_at_unix_ms, i.pid));
+        out.extend(p.finished.iter().cloned());
+        out
+    }
+}
+
+/// Shared state of the daemon, one per process.
+pub struct Daemon {
+    pub started: Instant,
+    /// Running as PID 1 inside a VM.
+    pub pid1: bool,
+    /// Identity may change the clock, hostname and RNG (PID 1, or `--system`).
+    pub system: bool,
+    pub identity: Mutex<IdentityState>,
+    pub reaper: Arc<Reaper>,
+    pub processes: ProcessTable,
+    /// Watch streams open now.
+    pub watches: AtomicUsize,
+    /// Errors the host can provoke are logged through this.
+    pub log_limit: RateLimiter,
+    /// Set to true to make the daemon stop (exit, or power off as PID 1).
+    pub shutdown: watch::Sender<bool>,
+}
+
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Daemon {
+    pub fn new(pid1: bool, system: bool, reaper: Arc<Reaper>) -> Arc<Daemon> {
+        Arc::new(Daemon {
+            started: Instant::now(),
+            pid1,
+            system: pid1 || system,
+            identity: Mutex::new(IdentityState::default()),
+            reaper,
+            processes: ProcessTable::default(),
+            watches: AtomicUsize::new(0),
+            log_limit: RateLimiter::new(20, Duration::from_secs(10)),
+            shutdown: watch::channel(false).0,
+        })
+    }
+
+    pub fn identity(&self) -> MutexGuard<'_, IdentityState> {
+        self.identity.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The environment of a new process: defaults, then identity, then the request's.
+    pub fn environment(
+        &self,
+        request: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, ProtoError> {
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
+        env.insert("HOME".to_string(), "/root".to_string());
+        for (k, v) in &self.identity().env {
+            env.insert(k.clone(), v.clone());
+        }
+        for (k, v) in request {
+            env.insert(k.clone(), v.clone());
+        }
+        validate_env(&env)?;
+        Ok(env)
+    }
+
+    /// Logs a host-triggerable warning, rate-limited.
+    pub fn warn_limited(&self, what: &str, err: &dyn std::fmt::Display) {
+        if let Some(dropped) = self.log_limit.check() {
+            if dropped > 0 {
+                tracing::warn!("{what}: {err} ({dropped} similar lines suppressed)");
+            } else {
+                tracing::warn!("{what}: {err}");
+            }
+        }
+    }
+
+    /// Counts an open watch stream; `None` when the limit is reached.
+    pub fn try_add_watch(self: &Arc<Self>) -> Option<WatchSlot> {
+        let prev = self.watches.fetch_add(1, Ordering::SeqCst);
+        if prev >= space_proto::limits::MAX_WATCH_STREAMS {
+            self.watches.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        Some(WatchSlot {
+            daemon: self.clone(),
+        })
+    }
+}
+
+/// One open watch stream; released on drop.
+pub struct WatchSlot {
+    daemon: Arc<Daemon>,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.daemon.watches.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Environment keys and values as execve accepts them, within the size limits.
+pub fn validate_env(env: &BTreeMap<String, String>) -> Result<(), ProtoError> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(ProtoError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "{} environment variables; the limit is {MAX_ENV_VARS}",
+                env.len()
+            ),
+        ));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(ProtoError::invalid(format!(
+                "invalid environment variable name {k:?}"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(ProtoError::invalid(format!(
+                "environment variable {k} contains a NUL byte"
+            )));
+        }
+        total += k.len() + v.len() + 2;
+    }
+    if total > MAX_ENV_BYTES {
+        return Err(ProtoError::new(
+            ErrorKind::TooLarge,
+            format!("environment is {total} bytes; the limit is {MAX_ENV_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the daemon until shutdown. Called inside the tokio runtime, after PID-1 setup.
+pub async fn run(opts: Options, pid1: bool) -> Result<(), DaemonError> {
+    let reaper = Reaper::start()?;
+    let daemon = Daemon::new(pid1, opts.system, reaper);
+    if pid1 {
+        crate::init::spawn_signal_handlers(daemon.clone());
+    }
+    if !daemon.system {
+        tracing::info!("not PID 1: identity will be recorded without changing the system");
+    }
+    let mut stop = daemon.shutdown.subscribe();
+    let serve = async {
+        match &opts.listen {
+            Some(path) => crate::transport::serve_unix(path, daemon.clone()).await,
+            None => {
+                crate::transport::serve_port(&opts.port_name, opts.device.clone(), daemon.clone())
+                    .await
+            }
+        }
+    };
+    tokio::select! {
+        r = serve => r?,
+        _ = stop.wait_for(|s| *s) => {}
+    }
+    if let Some(path) = &opts.listen {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_parse() {
+        let o = Options::parse(["--listen".into(), "/tmp/s".into(), "--system".into()]).unwrap();
+        assert_eq!(o.listen.as_deref(), Some(std::path::Path::new("/tmp/s")));
+        assert!(o.system);
+        assert_eq!(o.port_name, "space.ctl");
+        assert!(Options::parse(["--bogus".into()]).is_err());
+        assert!(Options::parse(["--listen".into()]).is_err());
+    }
+
+    #[test]
+    fn env_validation() {
+        let mut env = BTreeMap::new();
+        env.insert("A".to_string(), "1".to_string());
+        assert!(validate_env(&env).is_ok());
+        env.insert("B=C".to_string(), "1".to_string());
+        assert_eq!(
+            validate_env(&env).unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
+        let mut big = BTreeMap::new();
+        big.insert("X".to_string(), "y".repeat(MAX_ENV_BYTES));
+        assert_eq!(validate_env(&big).unwrap_err().kind, ErrorKind::TooLarge);
+    }
+}

@@ -1,0 +1,251 @@
+//! `GET /v1/watch`: inotify events under a directory, streamed as `Event` records.
+//!
+//! The watch is in place before the response headers go out, so a host that waits for them
+//! sees every later change. With `recursive=true` subdirectories get watches too, including
+//! ones created (or moved in) while the stream runs, up to `MAX_WATCH_DIRS`. The inotify
+//! descriptor lives exactly as long as the stream: when the host drops it, the task notices
+//! the closed channel and drops the descriptor.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use nix::errno::Errno;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
+use space_proto::limits::MAX_WATCH_DIRS;
+use space_proto::query::{parse_query, validate_path};
+use space_proto::{ErrorKind, Frame, FrameKind, ProtoError, WatchEvent, WatchEventKind};
+use tokio::io::unix::AsyncFd;
+use tokio::sync::mpsc;
+
+use crate::body::{ChannelBody, HandlerResult};
+use crate::daemon::{Daemon, WatchSlot};
+
+/// Errors of setting up a watch.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    #[error("inotify: {0}")]
+    Inotify(Errno),
+    #[error("more than {MAX_WATCH_DIRS} directories to watch")]
+    TooManyDirs,
+}
+
+/// Lets tokio poll the inotify descriptor.
+struct Fd(Inotify);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_fd().as_raw_fd()
+    }
+}
+
+struct Watcher {
+    fd: AsyncFd<Fd>,
+    dirs: HashMap<WatchDescriptor, PathBuf>,
+    root: PathBuf,
+    recursive: bool,
+}
+
+fn mask() -> AddWatchFlags {
+    AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_MODIFY
+        | AddWatchFlags::IN_CLOSE_WRITE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO
+        | AddWatchFlags::IN_ATTRIB
+        | AddWatchFlags::IN_DELETE_SELF
+        | AddWatchFlags::IN_ONLYDIR
+        | AddWatchFlags::IN_DONT_FOLLOW
+}
+
+impl Watcher {
+    /// Watches `dir` and, when recursive, every directory below it.
+    fn add_tree(&mut self, dir: &Path) -> Result<(), WatchError> {
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            if self.dirs.len() >= MAX_WATCH_DIRS {
+                return Err(WatchError::TooManyDirs);
+            }
+            match self.fd.get_ref().0.add_watch(&d, mask()) {
+                Ok(wd) => {
+                    self.dirs.insert(wd, d.clone());
+                }
+                // A subdirectory that vanished (or is not a directory) is skipped; the root
+                // was checked by the caller.
+                Err(_) if d != dir => continue,
+                Err(e) => return Err(WatchError::Inotify(e)),
+            }
+            if self.recursive {
+                if let Ok(rd) = std::fs::read_dir(&d) {
+                    for entry in rd.flatten() {
+                        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                            stack.push(entry.path());
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn root_str(&self) -> String {
+        self.root.to_string_lossy().into_owned()
+    }
+
+    /// Converts one inotify event, updating the watch set as directories come and go.
+    fn translate(&mut self, ev: InotifyEvent) -> Option<WatchEvent> {
+        let m = ev.mask;
+        if m.contains(AddWatchFlags::IN_Q_OVERFLOW) {
+            return Some(WatchEvent {
+                path: String::new(),
+                kind: WatchEventKind::Overflow,
+                is_dir: false,
+            });
+        }
+        if m.contains(AddWatchFlags::IN_IGNORED) {
+            self.dirs.remove(&ev.wd);
+            return None;
+        }
+        let dir = self.dirs.get(&ev.wd)?.clone();
+        let path = match &ev.name {
+            Some(name) => dir.join(OsStr::new(name)),
+            None => dir.clone(),
+        };
+        let is_dir = m.contains(AddWatchFlags::IN_ISDIR);
+        let kind = if m.contains(AddWatchFlags::IN_CREATE) {
+            WatchEventKind::Created
+        } else if m.contains(AddWatchFlags::IN_MOVED_TO) {
+            WatchEventKind::MovedTo
+        } else if m.contains(AddWatchFlags::IN_MOVED_FROM) {
+            WatchEventKind::MovedFrom
+        } else if m.contains(AddWatchFlags::IN_DELETE) {
+            WatchEventKind::Removed
+        } else if m.contains(AddWatchFlags::IN_DELETE_SELF) {
+            // Subdirectories report their removal through their parent; only the root's
+            // own removal is news.
+            if dir != self.root {
+                return None;
+            }
+            WatchEventKind::Removed
+        } else if m.contains(AddWatchFlags::IN_CLOSE_WRITE) {
+            WatchEventKind::ClosedWrite
+        } else if m.contains(AddWatchFlags::IN_MODIFY) {
+            WatchEventKind::Modified
+        } else if m.contains(AddWatchFlags::IN_ATTRIB) {
+            WatchEventKind::Attrib
+        } else {
+            return None;
+        };
+        if self.recursive
+            && is_dir
+            && matches!(kind, WatchEventKind::Created | WatchEventKind::MovedTo)
+        {
+            // Directories that appear are watched too; past the limit they are silently
+            // left out rather than ending the stream.
+            let _ = self.add_tree(&path);
+        }
+        Some(WatchEvent {
+            path: path.to_string_lossy().into_owned(),
+            kind,
+            is_dir,
+        })
+    }
+}
+
+pub async fn watch(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
+    let mut pairs = parse_query(req.uri().query())?;
+    let mut take = |key: &str| {
+        pairs
+            .iter()
+            .position(|(k, _)| k == key)
+            .map(|i| pairs.remove(i).1)
+    };
+    let path = take("path").ok_or_else(|| ProtoError::invalid("missing query parameter path"))?;
+    validate_path(&path)?;
+    let recursive = matches!(take("recursive").as_deref(), Some("true") | Some("1"));
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(ProtoError::new(
+                ErrorKind::NotADirectory,
+                format!("{path} is not a directory"),
+            ))
+        }
+        Err(e) => return Err(ProtoError::io(format!("watch {path}"), &e)),
+    }
+    let slot = d.try_add_watch().ok_or_else(|| {
+        ProtoError::new(
+            ErrorKind::Busy,
+            format!(
+                "{} watches are already open",
+                space_proto::limits::MAX_WATCH_STREAMS
+            ),
+        )
+    })?;
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
+        .map_err(|e| ProtoError::new(ErrorKind::from_errno(e as i32), format!("inotify: {e}")))?;
+    // SAFETY: `Fd` owns the inotify descriptor, which stays open until the `AsyncFd` (and so
+    // the `Fd`) is dropped, and `as_raw_fd` always returns that same descriptor.
+    let fd = unsafe { AsyncFd::register(Fd(inotify)) }
+        .map_err(|e| ProtoError::io("inotify registration", &io::Error::from(e)))?;
+    let root = PathBuf::from(&path);
+    let mut watcher = Watcher {
+        fd,
+        dirs: HashMap::new(),
+        root: root.clone(),
+        recursive,
+    };
+    watcher.add_tree(&root).map_err(|e| match e {
+        WatchError::TooManyDirs => ProtoError::new(ErrorKind::TooLarge, format!("{path}: {e}")),
+        WatchError::Inotify(errno) => ProtoError::new(
+            ErrorKind::from_errno(errno as i32),
+            format!("watch {path}: {e}"),
+        ),
+    })?;
+    let (tx, body) = ChannelBody::new(16);
+    tokio::spawn(run(watcher, tx, slot));
+    Ok(Response::new(body.boxed()))
+}
+
+async fn run(mut w: Watcher, tx: mpsc::Sender<io::Result<Bytes>>, _slot: WatchSlot) {
+    loop {
+        let events = tokio::select! {
+            _ = tx.closed() => return,
+            ready = w.fd.readable() => {
+                let Ok(mut guard) = ready else { return };
+                match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
+                    Ok(Ok(events)) => events,
+                    Ok(Err(_)) => return,
+                    Err(_would_block) => continue,
+                }
+            }
+        };
+        for ev in events {
+            let Some(event) = w.translate(ev) else {
+                continue;
+            };
+            let root_gone = event.kind == WatchEventKind::Removed && event.path == w.root_str();
+            if tx
+                .send(Ok(Frame::json(FrameKind::Event, &event).encode()))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            if root_gone {
+                return;
+            }
+        }
+        if w.dirs.is_empty() {
+            // Everything watched is gone: end the stream.
+            return;
+        }
+    }
+}

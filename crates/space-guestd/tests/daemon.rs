@@ -1,0 +1,729 @@
+//! End-to-end tests: the real daemon binary on a Unix socket, driven by the real client.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use space_proto::{
+    ClientError, ErrorKind, ExecOutput, ExecSpec, FileType, GuestClient, Identity, PtySpec,
+    WatchEventKind, WriteOptions,
+};
+use tokio::net::UnixStream;
+
+/// The daemon under test; killed when dropped, even if the test panics.
+struct Daemon {
+    child: Child,
+    sock: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Daemon {
+    fn start() -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("guestd.sock");
+        let child = Command::new(env!("CARGO_BIN_EXE_space-guestd"))
+            .arg("--listen")
+            .arg(&sock)
+            .env("SPACE_GUESTD_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sock.exists() {
+            assert!(Instant::now() < deadline, "daemon did not start listening");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Daemon {
+            child,
+            sock,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> GuestClient {
+        let stream = UnixStream::connect(&self.sock).await.unwrap();
+        GuestClient::connect(stream).await.unwrap()
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Deterministic pseudo-random bytes.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn sha(data: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(data))
+}
+
+fn guest_kind(r: Result<impl std::fmt::Debug, ClientError>) -> (ErrorKind, String) {
+    match r {
+        Err(ClientError::Guest(e)) => (e.kind, e.message),
+        other => panic!("expected a guest error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_exit_codes() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let h = c.health().await.unwrap();
+    assert!(h.ready);
+    assert_eq!(h.proto_version, space_proto::PROTO_VERSION);
+    assert_eq!(h.sandbox_id, None);
+
+    let out = c.run(ExecSpec::argv(["echo", "hello"])).await.unwrap();
+    assert_eq!(out.stdout, Bytes::from_static(b"hello\n"));
+    assert_eq!(out.status.exit_code, Some(0));
+    assert!(out.status.success());
+
+    let out = c.run(ExecSpec::shell("exit 1")).await.unwrap();
+    assert_eq!(out.status.exit_code, Some(1));
+    assert_eq!(out.status.signal, None);
+
+    let handle = c.exec(ExecSpec::argv(["sleep", "30"])).await.unwrap();
+    let pid = handle.pid();
+    let listed = c.processes().await.unwrap();
+    assert!(listed
+        .iter()
+        .any(|p| p.pid == pid && p.running && p.argv[0] == "sleep"));
+    c.signal(pid, 9).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), handle.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.signal, Some(9));
+    assert_eq!(status.exit_code, Some(137));
+    assert!(!status.timed_out);
+    let listed = c.processes().await.unwrap();
+    let p = listed.iter().find(|p| p.pid == pid).unwrap();
+    assert!(!p.running);
+    assert_eq!(p.exit.unwrap().signal, Some(9));
+    // Signalling a finished process is refused.
+    let (kind, _) = guest_kind(c.signal(pid, 15).await);
+    assert_eq!(kind, ErrorKind::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdout_and_stderr_stay_apart_and_env_cwd_apply() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let out = c
+        .run(
+            ExecSpec::shell("echo out-$FOO; echo err >&2; pwd; echo $PATH")
+                .env("FOO", "bar")
+                .cwd("/tmp"),
+        )
+        .await
+        .unwrap();
+    let stdout = String::from_utf8(out.stdout.to_vec()).unwrap();
+    assert_eq!(
+        stdout,
+        "out-bar\n/tmp\n/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+    );
+    assert_eq!(out.stderr, Bytes::from_static(b"err\n"));
+
+    // Output arrives as it is produced, not only at exit.
+    let mut h = c
+        .exec(ExecSpec::shell("echo first; sleep 5; echo second"))
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(3), h.next_output())
+        .await
+        .expect("output must stream before the process exits")
+        .unwrap();
+    assert_eq!(
+        first,
+        Some(ExecOutput::Stdout(Bytes::from_static(b"first\n")))
+    );
+    c.signal(h.pid(), 9).await.unwrap();
+    assert_eq!(h.wait().await.unwrap().signal, Some(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_round_trip() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let mut h = c.exec(ExecSpec::argv(["cat"])).await.unwrap();
+    let stdin = h.take_stdin().unwrap();
+    let data = random_bytes(3 * 1024 * 1024 + 17, 7);
+    let writer = {
+        let data = data.clone();
+        tokio::spawn(async move {
+            for chunk in data.chunks(100_000) {
+                stdin.write(chunk).await.unwrap();
+            }
+            stdin.close().await.unwrap();
+        })
+    };
+    let out = h.output().await.unwrap();
+    writer.await.unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), data.len());
+    assert_eq!(sha(&out.stdout), sha(&data));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_megabytes_of_output_arrive_intact() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("blob");
+    let data = random_bytes(10 * 1024 * 1024, 11);
+    std::fs::write(&path, &data).unwrap();
+    let out = c
+        .run(ExecSpec::argv(["cat", path.to_str().unwrap()]))
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(out.stdout.len(), data.len());
+    assert_eq!(sha(&out.stdout), sha(&data));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_megabyte_file_round_trip() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/dir/big.bin");
+    let path = path.to_str().unwrap();
+    let data = Bytes::from(random_bytes(50 * 1024 * 1024, 23));
+    let chunks: Vec<std::io::Result<Bytes>> = data
+        .chunks(1024 * 1024)
+        .map(|c| Ok(Bytes::copy_from_slice(c)))
+        .collect();
+    let stat = c
+        .write_file_stream(
+            path,
+            futures::stream::iter(chunks),
+            WriteOptions {
+                mode: Some(0o600),
+                create_parents: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(stat.size, data.len() as u64);
+    assert_eq!(stat.mode, 0o600);
+    assert_eq!(stat.file_type, FileType::File);
+    let back = c.read_file_bytes(path).await.unwrap();
+    assert_eq!(back.len(), data.len());
+    assert_eq!(sha(&back), sha(&data));
+    // No temporary file was left next to it.
+    let names: Vec<String> = c
+        .list(dir.path().join("sub/dir").to_str().unwrap())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, vec!["big.bin".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aborted_upload_leaves_target_untouched() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keep.txt");
+    std::fs::write(&path, b"original").unwrap();
+    let stream = futures::stream::iter(vec![
+        Ok(Bytes::from_static(b"partial data")),
+        Err(std::io::Error::other("source failed")),
+    ]);
+    let r = c
+        .write_file_stream(path.to_str().unwrap(), stream, WriteOptions::default())
+        .await;
+    assert!(r.is_err());
+    // Give the daemon a moment to clean up, then check nothing changed.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(std::fs::read(&path).unwrap(), b"original");
+    let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(entries.len(), 1, "temporary upload file left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_operations() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+
+    let deep = format!("{root}/a/b/c");
+    let st = c.mkdir(&deep, true).await.unwrap();
+    assert_eq!(st.file_type, FileType::Dir);
+    // mkdir -p of an existing directory succeeds; plain mkdir does not.
+    c.mkdir(&deep, true).await.unwrap();
+    let (kind, msg) = guest_kind(c.mkdir(&deep, false).await);
+    assert_eq!(kind, ErrorKind::AlreadyExists);
+    assert!(msg.contains(&deep));
+
+    let file = format!("{root}/a/b/c/f.txt");
+    c.write_file(&file, "hello world", WriteOptions::default())
+        .await
+        .unwrap();
+    let st = c.stat(&file).await.unwrap();
+    assert_eq!(
+        (st.file_type, st.size, st.mode),
+        (FileType::File, 11, 0o644)
+    );
+    assert!(st.mtime_unix_ns > 0);
+    let st = c.chmod(&file, 0o751).await.unwrap();
+    assert_eq!(st.mode, 0o751);
+
+    std::os::unix::fs::symlink("f.txt", format!("{root}/a/b/c/link")).unwrap();
+    let entries = c.list(&format!("{root}/a/b/c")).await.unwrap();
+    let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, vec!["f.txt", "link"]);
+    assert_eq!(entries[1].stat.file_type, FileType::Symlink);
+    assert_eq!(entries[1].stat.symlink_target.as_deref(), Some("f.txt"));
+
+    let moved = format!("{root}/a/g.txt");
+    let st = c.rename(&file, &moved).await.unwrap();
+    assert_eq!(st.size, 11);
+    assert_eq!(
+        &c.read_file_bytes(&moved).await.unwrap()[..],
+        b"hello world"
+    );
+    let (kind, _) = guest_kind(c.stat(&file).await);
+    assert_eq!(kind, ErrorKind::NotFound);
+
+    let (kind, msg) = guest_kind(c.remove(&format!("{root}/a"), false).await);
+    assert_eq!(kind, ErrorKind::NotEmpty);
+    assert!(msg.contains(&format!("{root}/a")));
+    c.remove(&moved, false).await.unwrap();
+    c.remove(&format!("{root}/a"), true).await.unwrap();
+    assert!(c.list(&root).await.unwrap().is_empty());
+
+    // Reading a directory, listing a file, bad paths.
+    let (kind, _) = guest_kind(c.read_file_bytes(&root).await);
+    assert_eq!(kind, ErrorKind::IsADirectory);
+    c.write_file(&format!("{root}/plain"), "x", WriteOptions::default())
+        .await
+        .unwrap();
+    let (kind, _) = guest_kind(c.list(&format!("{root}/plain")).await);
+    assert_eq!(kind, ErrorKind::NotADirectory);
+    let r = c.stat("relative/path").await;
+    assert_eq!(r.unwrap_err().kind(), Some(ErrorKind::InvalidArgument));
+    // Paths with characters that need escaping survive the query string.
+    let odd = format!("{root}/sp ace&x=1%?#ü");
+    c.write_file(&odd, "odd", WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(&c.read_file_bytes(&odd).await.unwrap()[..], b"odd");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_errors() {
+    let d = Daemon::start();
+    let c = d.client().await;
+
+    let (kind, msg) = guest_kind(
+        c.exec(ExecSpec::argv(["no-such-command-xyz"]))
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(kind, ErrorKind::NotFound);
+    assert!(msg.contains("no-such-command-xyz"), "{msg}");
+
+    let (kind, msg) = guest_kind(c.read_file_bytes("/nonexistent/file.txt").await);
+    assert_eq!(kind, ErrorKind::NotFound);
+    assert!(msg.contains("/nonexistent/file.txt"), "{msg}");
+
+    let (kind, msg) = guest_kind(
+        c.write_file("/proc/space-test-file", "x", WriteOptions::default())
+            .await,
+    );
+    assert!(
+        matches!(kind, ErrorKind::ReadOnly | ErrorKind::PermissionDenied),
+        "{kind:?}"
+    );
+    assert!(msg.contains("/proc/space-test-file"), "{msg}");
+
+    let (kind, _) = guest_kind(
+        c.exec(ExecSpec::argv(["true"]).cwd("/nonexistent-dir"))
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(kind, ErrorKind::NotFound);
+
+    let (kind, _) = guest_kind(c.signal(999_999, 9).await);
+    assert_eq!(kind, ErrorKind::NotFound);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_the_process_group() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let started = Instant::now();
+    // The background sleep is in the same process group and dies too.
+    let out = c
+        .run(ExecSpec::shell("sleep 30 & sleep 30").timeout(Duration::from_millis(300)))
+        .await
+        .unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(out.status.signal, Some(9));
+    assert_eq!(out.status.exit_code, Some(137));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_as_another_user() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let out = c
+        .run(ExecSpec::shell("id -u; id -g; id -G").user(65534, 65534))
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{:?}", out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "65534\n65534\n65534\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_concurrent_execs() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let out = c
+                .run(ExecSpec::shell(format!(
+                    "sleep 0.2; echo task-{i}; exit {}",
+                    i % 3
+                )))
+                .await
+                .unwrap();
+            (i, out)
+        }));
+    }
+    let started = Instant::now();
+    for t in tasks {
+        let (i, out) = t.await.unwrap();
+        assert_eq!(out.stdout, Bytes::from(format!("task-{i}\n")));
+        assert_eq!(out.status.exit_code, Some(i % 3));
+    }
+    // They ran concurrently, not one after another (24 × 0.2 s).
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_a_file_created_by_exec() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_str().unwrap().to_string();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    let mut w = c.watch(&root, true).await.unwrap();
+    let out = c
+        .run(ExecSpec::shell(format!(
+            "echo hi > {root}/created.txt && mkdir {root}/sub/new && touch {root}/sub/new/deep"
+        )))
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let want = [
+        format!("{root}/created.txt"),
+        format!("{root}/sub/new"),
+        format!("{root}/sub/new/deep"),
+    ];
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !want.iter().all(|p| seen.contains(p)) {
+        let ev = tokio::time::timeout_at(deadline.into(), w.next())
+            .await
+            .expect("watch events did not arrive")
+            .unwrap()
+            .unwrap();
+        if ev.kind == WatchEventKind::Created {
+            seen.push(ev.path);
+        }
+    }
+    drop(w);
+    // Watching a file is refused.
+    let (kind, _) = guest_kind(
+        c.watch(&format!("{root}/created.txt"), false)
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(kind, ErrorKind::NotADirectory);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pty_session_with_resize() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let mut pty = c
+        .pty(PtySpec::new(24, 80).command(space_proto::Command::Argv(vec!["/bin/sh".into()])))
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    async fn expect(pty: &mut space_proto::PtyHandle, seen: &mut String, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !seen.contains(needle) {
+            let chunk = tokio::time::timeout_at(deadline.into(), pty.next_output())
+                .await
+                .unwrap_or_else(|_| panic!("{needle:?} not seen in {seen:?}"))
+                .unwrap()
+                .expect("session ended early");
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+    pty.write("echo tty-$((40+2)) $TERM\n").await.unwrap();
+    expect(&mut pty, &mut seen, "tty-42 xterm-256color").await;
+    pty.write("stty size\n").await.unwrap();
+    expect(&mut pty, &mut seen, "24 80").await;
+    pty.resize(30, 100).await.unwrap();
+    pty.write("stty size\n").await.unwrap();
+    expect(&mut pty, &mut seen, "30 100").await;
+    pty.write("exit 3\n").await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), pty.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.exit_code, Some(3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_outside_a_vm_changes_nothing_on_the_host() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let before = nix::unistd::gethostname().unwrap();
+    let applied = c
+        .identity(&Identity {
+            sandbox_id: "sb-123".into(),
+            entropy: random_bytes(64, 5),
+            time_unix_ns: Some(1_000_000_000),
+            hostname: Some("space-test-host".into()),
+            env: [("IDENTITY_VAR".to_string(), "from-identity".to_string())]
+                .into_iter()
+                .collect(),
+        })
+        .await
+        .unwrap();
+    assert!(!applied.system_changed);
+    assert!(!applied.reseeded);
+    assert_eq!(nix::unistd::gethostname().unwrap(), before);
+    // The clock was not set back to 1970.
+    assert!(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            > Duration::from_secs(1_600_000_000)
+    );
+    assert_eq!(
+        c.health().await.unwrap().sandbox_id.as_deref(),
+        Some("sb-123")
+    );
+    let out = c.run(ExecSpec::shell("echo $IDENTITY_VAR")).await.unwrap();
+    assert_eq!(out.stdout, Bytes::from_static(b"from-identity\n"));
+    // Invalid identities are refused.
+    let (kind, _) = guest_kind(
+        c.identity(&Identity {
+            sandbox_id: "x".into(),
+            entropy: vec![0; 5000],
+            time_unix_ns: None,
+            hostname: None,
+            env: Default::default(),
+        })
+        .await,
+    );
+    assert_eq!(kind, ErrorKind::TooLarge);
+}
+
+/// A raw HTTP/2 client, to send what the real client never would.
+async fn raw_h2(
+    sock: &std::path::Path,
+) -> hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>> {
+    let stream = UnixStream::connect(sock).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_is_refused_and_the_daemon_keeps_serving() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let d = Daemon::start();
+
+    // Garbage instead of an HTTP/2 preface: the daemon closes that connection.
+    let mut raw = UnixStream::connect(&d.sock).await.unwrap();
+    raw.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n\x00\xff\xfe garbage garbage garbage")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut sink)).await;
+    assert!(closed.is_ok(), "daemon kept a garbage connection open");
+
+    // A valid preface followed by an oversized HTTP/2 frame.
+    let mut raw = UnixStream::connect(&d.sock).await.unwrap();
+    let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // empty SETTINGS
+    bytes.extend_from_slice(&[0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1]); // 16 MiB DATA header
+    raw.write_all(&bytes).await.unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut sink)).await;
+    assert!(
+        closed.is_ok(),
+        "daemon kept a connection with a bad frame open"
+    );
+
+    // An oversized record as the first record of an exec: refused before its payload arrives.
+    let mut h2 = raw_h2(&d.sock).await;
+    let mut record = vec![1u8];
+    record.extend_from_slice(&((space_proto::MAX_FRAME_PAYLOAD as u32) + 1).to_be_bytes());
+    let req = http::Request::post("http://guest/v1/exec")
+        .body(http_body_util::Full::new(Bytes::from(record)))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(5), h2.send_request(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 400);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let err: space_proto::ProtoError = serde_json::from_slice(&body).unwrap();
+    assert_eq!(err.kind, ErrorKind::Protocol);
+
+    // An unknown record kind mid-stream ends that exec with an error.
+    let spec = space_proto::Frame::json(
+        space_proto::FrameKind::Spec,
+        &ExecSpec::argv(["sleep", "30"]),
+    )
+    .encode();
+    let mut body = spec.to_vec();
+    body.extend_from_slice(&[0xEE, 0, 0, 0, 0]);
+    let req = http::Request::post("http://guest/v1/exec")
+        .body(http_body_util::Full::new(Bytes::from(body)))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let body = tokio::time::timeout(
+        Duration::from_secs(5),
+        http_body_util::BodyExt::collect(resp.into_body()),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .to_bytes();
+    let mut dec = space_proto::FrameDecoder::new();
+    dec.push(&body);
+    let mut kinds = Vec::new();
+    while let Some(f) = dec.next_frame().unwrap() {
+        kinds.push(f.kind);
+    }
+    assert_eq!(
+        kinds,
+        vec![
+            space_proto::FrameKind::Started,
+            space_proto::FrameKind::Error,
+            space_proto::FrameKind::Exit
+        ]
+    );
+
+    // Unknown route, oversized JSON body.
+    let req = http::Request::get("http://guest/v1/nope")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    h2.ready().await.unwrap();
+    assert_eq!(h2.send_request(req).await.unwrap().status().as_u16(), 404);
+    let req = http::Request::post("http://guest/v1/mkdir")
+        .body(http_body_util::Full::new(Bytes::from(vec![
+            b' ';
+            2 * 1024 * 1024
+        ])))
+        .unwrap();
+    h2.ready().await.unwrap();
+    assert_eq!(h2.send_request(req).await.unwrap().status().as_u16(), 413);
+
+    // Still serving.
+    let c = d.client().await;
+    assert!(c.health().await.unwrap().ready);
+    let out = c.run(ExecSpec::argv(["echo", "alive"])).await.unwrap();
+    assert_eq!(out.stdout, Bytes::from_static(b"alive\n"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_connection_fails_calls_promptly() {
+    let d = Daemon::start();
+    // The client talks through a relay that the test can cut.
+    let (client_end, relay_end) = tokio::io::duplex(64 * 1024);
+    let upstream = UnixStream::connect(&d.sock).await.unwrap();
+    let relay = tokio::spawn(async move {
+        let mut a = relay_end;
+        let mut b = upstream;
+        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+    });
+    let c = GuestClient::connect(client_end).await.unwrap();
+    let mut h = c
+        .exec(ExecSpec::shell("echo started; sleep 3"))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.next_output().await.unwrap(),
+        Some(ExecOutput::Stdout(Bytes::from_static(b"started\n")))
+    );
+    relay.abort();
+    let started = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(2), h.wait())
+        .await
+        .expect("a call on a dead connection hung");
+    assert!(r.is_err());
+    let r = tokio::time::timeout(Duration::from_secs(2), c.health())
+        .await
+        .expect("a new call on a dead connection hung");
+    assert!(r.is_err());
+    assert!(started.elapsed() < Duration::from_secs(2));
+
+    // The daemon itself is fine.
+    let c2 = d.client().await;
+    assert!(c2.health().await.unwrap().ready);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_the_daemon_outside_a_vm() {
+    let mut d = Daemon::start();
+    let c = d.client().await;
+    c.shutdown().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            assert!(status.success());
+            break;
+        }
+        assert!(Instant::now() < deadline, "daemon did not exit");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}

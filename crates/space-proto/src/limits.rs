@@ -1,0 +1,30 @@
+//! Bounds the daemon enforces on everything the host sends. They live here so the client can
+//! refuse an oversized request locally with the same numbers instead of learning it from a
+//! round trip.
+
+/// Largest JSON request or response body.
+pub const MAX_JSON_BODY: usize = 1024 * 1024;
+/// Processes (exec and PTY) that may run at once.
+pub const MAX_PROCESSES: usize = 1024;
+/// Arguments in one argv.
+pub const MAX_ARGS: usize = 4096;
+/// Total bytes of argv (or of a shell line).
+pub const MAX_ARGV_BYTES: usize = 256 * 1024;
+/// Environment variables in one request (after merging).
+pub const MAX_ENV_VARS: usize = 4096;
+/// Total bytes of environment keys and values in one request.
+pub const MAX_ENV_BYTES: usize = 256 * 1024;
+/// Longest path accepted (Linux PATH_MAX).
+pub const MAX_PATH_LEN: usize = 4096;
+/// Watch streams open at once.
+pub const MAX_WATCH_STREAMS: usize = 64;
+/// Directories one recursive watch may cover.
+pub const MAX_WATCH_DIRS: usize = 8192;
+/// Entropy bytes accepted by identity.
+pub const MAX_ENTROPY: usize = 4096;
+/// Entries returned by one directory listing.
+pub const MAX_LIST_ENTRIES: usize = 100_000;
+/// Longest hostname (Linux HOST_NAME_MAX).
+pub const MAX_HOSTNAME: usize = 64;
+/// Finished processes still reported by the process list.
+pub const MAX_FINISHED_PROCESSES: usize = 128;
