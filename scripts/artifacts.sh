@@ -16,8 +16,8 @@ log "building space-guestd (static, release)"
 RUSTFLAGS="-C target-feature=+crt-static" \
     cargo build --quiet --release -p space-guestd --target "$target"
 guestd="$PWD/target/$target/release/space-guestd"
-if ldd "$guestd" >/dev/null 2>&1; then
-    log "space-guestd is dynamically linked; the guest needs a static binary"
+if readelf -l "$guestd" | grep -q 'program interpreter'; then
+    log "space-guestd needs a dynamic loader; the guest needs a static binary"
     exit 1
 fi
 

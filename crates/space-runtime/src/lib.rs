@@ -35,6 +35,7 @@ pub mod manifest;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
+pub mod tsc;
 
 pub use accel::Accel;
 pub use cow::CloneMethod;

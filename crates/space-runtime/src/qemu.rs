@@ -94,6 +94,9 @@ pub struct QemuRuntime {
     qemu: PathBuf,
     accel: Accel,
     version: QemuVersion,
+    /// Appended to every boot's kernel command line: under TCG the clock parameters from
+    /// [`tsc`](crate::tsc); empty under KVM.
+    cmdline_extra: String,
     /// SHA-256 of kernel images by (path, size, mtime, inode): hashing a kernel costs tens of
     /// milliseconds, too much for every restore.
     kernel_hashes: Mutex<HashMap<KernelKey, String>>,
@@ -123,13 +126,38 @@ impl QemuRuntime {
                 config.qemu.display()
             ))
         })?;
-        tracing::info!(qemu = %version, %accel, "QEMU runtime ready");
+        let cmdline_extra = match accel {
+            Accel::Kvm => String::new(),
+            Accel::Tcg => {
+                let khz = tokio::task::spawn_blocking(crate::tsc::host_tsc_khz)
+                    .await
+                    .ok()
+                    .flatten();
+                if khz.is_none() {
+                    tracing::warn!("could not measure the host TSC; guests calibrate their own");
+                }
+                crate::tsc::tcg_cmdline_extra(khz)
+            }
+        };
+        tracing::info!(qemu = %version, %accel, %cmdline_extra, "QEMU runtime ready");
         Ok(QemuRuntime {
             qemu: config.qemu,
             accel,
             version,
+            cmdline_extra,
             kernel_hashes: Mutex::default(),
         })
+    }
+
+    /// The kernel command line of a boot: the caller's (or the default) plus what the
+    /// accelerator needs, unless the caller already set those parameters.
+    fn boot_cmdline(&self, requested: Option<&str>) -> String {
+        let base = requested.unwrap_or(cmdline::DEFAULT_KERNEL_CMDLINE);
+        if self.cmdline_extra.is_empty() || base.contains("tsc") {
+            base.to_owned()
+        } else {
+            format!("{base} {}", self.cmdline_extra)
+        }
     }
 
     /// The accelerator guests run under.
@@ -301,10 +329,7 @@ impl QemuRuntime {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,
             kernel: kernel.path.clone(),
-            kernel_cmdline: spec
-                .kernel_cmdline
-                .clone()
-                .unwrap_or_else(|| cmdline::DEFAULT_KERNEL_CMDLINE.to_owned()),
+            kernel_cmdline: self.boot_cmdline(spec.kernel_cmdline.as_deref()),
             incoming: false,
         };
         let vm = self.start(&spec.dir, config, kernel).await?;
