@@ -17,7 +17,11 @@ use space_proto::types::{ExecSpec, Identity};
 use space_runtime::{BootSpec, QemuRuntime, QemuRuntimeConfig, QemuVm, Runtime, Vm};
 
 #[derive(Parser)]
-#[command(name = "space", version, about = "Sandboxes for AI agents, in microVMs")]
+#[command(
+    name = "space",
+    version,
+    about = "Sandboxes for AI agents, in microVMs"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,8 +63,7 @@ struct GuestArgs {
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
