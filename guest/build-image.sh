@@ -58,11 +58,14 @@ check_init() {
 }
 
 # Drop everything but the newest $2 entries matching glob $1 (newest by mtime).
+# Keeps the newest n entries; older ones go only once unused for two hours (a cache hit
+# touches its entry), so a test run or a VM that still uses an older image keeps it.
 prune() {
     local pattern=$1 n=$2 old
     # shellcheck disable=SC2086
     mapfile -t old < <(ls -1td $pattern 2>/dev/null | tail -n +$((n + 1)))
     for f in "${old[@]}"; do
+        [[ -n $(find "$f" -maxdepth 0 -mmin +120 2>/dev/null) ]] || continue
         log "pruning old cache entry $f"
         rm -rf "$f"
     done
