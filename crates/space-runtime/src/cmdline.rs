@@ -28,6 +28,14 @@ pub const QMP_SOCKET: &str = "qmp.sock";
 pub const CTL_SOCKET: &str = "ctl.sock";
 /// Host end of the `space.egress` virtio-serial port (guest opens connections out).
 pub const EGRESS_SOCKET: &str = "egress.sock";
+/// The VMM's pid, written by the runtime once QEMU runs (for adoption after a restart).
+pub const PID_FILE: &str = "qemu.pid";
+/// How the VMM was started (machine config, kernel, jail), written with the pidfile; adoption
+/// checks the running process against it.
+pub const RECORD_FILE: &str = "qemu.json";
+/// The kernel, linked into the sandbox directory for a jailed VMM (which sees nothing else of
+/// the host's files).
+pub const KERNEL_FILE: &str = "vmlinux";
 /// Device state written by a snapshot (inside the snapshot directory).
 pub const STATE_FILE: &str = "state";
 /// Snapshot description (inside the snapshot directory), written last.
@@ -56,7 +64,7 @@ const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resour
 
 /// Everything that decides the shape of a sandbox's machine. Two QEMUs built from equal
 /// configs can migrate state between them.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QemuConfig {
     /// How guest code executes.
     pub accel: Accel,
@@ -64,7 +72,8 @@ pub struct QemuConfig {
     pub vcpus: u32,
     /// Guest RAM in MiB; also the size of the `mem` file.
     pub memory_mib: u64,
-    /// Uncompressed ELF `vmlinux` with a PVH note; outside the sandbox directory, so absolute.
+    /// Uncompressed ELF `vmlinux` with a PVH note: an absolute host path, or
+    /// [`KERNEL_FILE`] (relative) for a jailed VMM.
     pub kernel: PathBuf,
     /// Kernel command line.
     pub kernel_cmdline: String,

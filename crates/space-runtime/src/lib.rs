@@ -28,9 +28,11 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 
 pub mod accel;
+pub mod cgroup;
 pub mod cmdline;
 pub mod console;
 pub mod cow;
+pub mod jail;
 pub mod manifest;
 pub mod process;
 pub mod qemu;
@@ -39,6 +41,7 @@ pub mod tsc;
 
 pub use accel::Accel;
 pub use cow::CloneMethod;
+pub use jail::{JailConfig, JailUser};
 pub use manifest::Manifest;
 pub use process::ExitInfo;
 pub use qemu::{QemuRuntime, QemuRuntimeConfig, QemuVm};
@@ -147,6 +150,18 @@ pub enum Error {
     /// The guest daemon failed a request.
     #[error(transparent)]
     Guest(#[from] ClientError),
+    /// Preparing the jail of a VMM failed.
+    #[error(transparent)]
+    Jail(#[from] jail::JailError),
+    /// Adoption found no VMM of ours for the directory: no pidfile, the process is gone, or
+    /// the pid now belongs to another process. Nothing was signalled.
+    #[error("no VM to adopt in {dir}: {reason}")]
+    NotAdoptable {
+        /// The sandbox directory.
+        dir: PathBuf,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Shorthand for results of this crate.
@@ -167,7 +182,8 @@ pub trait Runtime: Send + Sync {
     fn restore(&self, spec: RestoreSpec) -> impl Future<Output = Result<Self::Vm>> + Send;
 }
 
-/// A running (or paused, or exited) VM. Dropping the handle kills the VM.
+/// A running (or paused, or exited) VM. Dropping the handle kills the VM (the QEMU
+/// implementation can instead let it go: [`QemuVm::detach`]).
 pub trait Vm: Send + Sync {
     /// The sandbox directory.
     fn dir(&self) -> &std::path::Path;

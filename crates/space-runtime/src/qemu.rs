@@ -15,6 +15,12 @@
 //!   the same machine plus `-incoming defer`, `migrate-incoming` from the state file (passed
 //!   read-only with `getfd`), `cont` unless asked to stay paused.
 //!
+//! - Adopt: a VMM started with [`QemuRuntimeConfig::detached`] outlives the node; a later
+//!   node finds it through `qemu.pid` and `qemu.json` in the sandbox directory, checks that
+//!   the process really is that VMM (start time, binary, root or working directory, command
+//!   line), and reconnects QMP (QEMU's monitor socket accepts a new client once the previous
+//!   one is gone).
+//!
 //! Every request races the QEMU process: if it exits, the request fails with
 //! [`Error::Exited`] carrying the exit status and the console tail instead of waiting forever.
 
@@ -35,12 +41,14 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::accel::{self, Accel};
+use crate::cgroup::{self, Cgroup, Layout};
 use crate::cmdline::{self, QemuConfig};
 use crate::console;
 use crate::cow::{self, CloneMethod};
+use crate::jail::{self, JailConfig, JailRecord, JailUser};
 use crate::manifest::{self, KernelInfo, Manifest, FORMAT_VERSION};
-use crate::process::{ExitInfo, Process};
-use crate::qmp::{Event, QemuVersion, Qmp, QmpError};
+use crate::process::{ExitInfo, Process, SpawnOptions};
+use crate::qmp::{Event, QemuVersion, Qmp, QmpError, Status};
 use crate::{BootSpec, Error, RestoreSpec, Result, Runtime, SnapshotInfo, Vm};
 
 /// How long QEMU may take from exec to answering on QMP.
@@ -71,13 +79,25 @@ const RESTORE_FD: &str = "restore-in";
 /// Identifies one version of a kernel file: path, size, mtime (seconds, nanoseconds), inode.
 type KernelKey = (PathBuf, u64, (i64, i64), u64);
 
+/// How long cleanup waits for the kernel to let go of an exited VMM's cgroup.
+const CGROUP_REMOVE_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Settings of a [`QemuRuntime`].
 #[derive(Debug, Clone)]
 pub struct QemuRuntimeConfig {
-    /// The QEMU binary.
+    /// The QEMU binary (searched in `PATH` if it has no slash).
     pub qemu: PathBuf,
     /// Accelerator; `None` detects it (and honours `SPACE_ACCEL`).
     pub accel: Option<Accel>,
+    /// Start VMMs so they outlive this process: in their own session, without a parent-death
+    /// signal, with stdio on files. A restarted node re-adopts them with
+    /// [`QemuRuntime::adopt`]. Off by default, so a test (or a crash of a node that does not
+    /// adopt) leaves no VMs behind. A handle still kills its VM when dropped, unless it is
+    /// let go with [`QemuVm::detach`].
+    pub detached: bool,
+    /// The jail of every VMM ([`crate::jail`]); `None` runs QEMU unconfined, as the calling
+    /// user. The default is the default jail when running as root, else `None`.
+    pub jail: Option<JailConfig>,
 }
 
 impl Default for QemuRuntimeConfig {
@@ -85,14 +105,21 @@ impl Default for QemuRuntimeConfig {
         QemuRuntimeConfig {
             qemu: PathBuf::from("qemu-system-x86_64"),
             accel: None,
+            detached: false,
+            jail: jail::is_root().then(JailConfig::default),
         }
     }
 }
 
 /// Starts QEMU microVMs. Cheap to share; holds no per-VM state.
 pub struct QemuRuntime {
+    /// Absolute path of the QEMU binary (adoption compares the running executable with it).
     qemu: PathBuf,
     accel: Accel,
+    detached: bool,
+    jail: Option<JailConfig>,
+    /// Where the cgroup controllers are, when the jail uses cgroups.
+    cgroups: Option<Layout>,
     version: QemuVersion,
     /// Appended to every boot's kernel command line: under TCG the clock parameters from
     /// [`tsc`](crate::tsc); empty under KVM.
@@ -105,11 +132,22 @@ pub struct QemuRuntime {
 impl QemuRuntime {
     /// Probes the QEMU binary's version and picks the accelerator.
     pub async fn new(config: QemuRuntimeConfig) -> Result<Self> {
+        let qemu = resolve_binary(&config.qemu)?;
+        let mut cgroups = None;
+        if let Some(jc) = &config.jail {
+            if !jail::is_root() {
+                return Err(jail::JailError::NotRoot.into());
+            }
+            jail::check_binary(jc, &qemu)?;
+            if jc.cgroups {
+                cgroups = Some(Layout::detect().map_err(jail::JailError::from)?);
+            }
+        }
         let accel = match config.accel {
             Some(a) => a,
             None => accel::detect()?.accel,
         };
-        let output = tokio::process::Command::new(&config.qemu)
+        let output = tokio::process::Command::new(&qemu)
             .arg("--version")
             .stdin(Stdio::null())
             .output()
@@ -139,10 +177,16 @@ impl QemuRuntime {
                 crate::tsc::tcg_cmdline_extra(khz)
             }
         };
-        tracing::info!(qemu = %version, %accel, %cmdline_extra, "QEMU runtime ready");
+        tracing::info!(
+            qemu = %version, %accel, %cmdline_extra, detached = config.detached,
+            jailed = config.jail.is_some(), ?cgroups, "QEMU runtime ready"
+        );
         Ok(QemuRuntime {
-            qemu: config.qemu,
+            qemu,
             accel,
+            detached: config.detached,
+            jail: config.jail,
+            cgroups,
             version,
             cmdline_extra,
             kernel_hashes: Mutex::default(),
@@ -168,6 +212,28 @@ impl QemuRuntime {
     /// The QEMU version snapshots are written with and must match on restore.
     pub fn version(&self) -> &QemuVersion {
         &self.version
+    }
+
+    /// The jail VMMs run in, if any.
+    pub fn jail(&self) -> Option<&JailConfig> {
+        self.jail.as_ref()
+    }
+
+    /// Where the jail's cgroups live, if it uses cgroups.
+    pub fn cgroup_layout(&self) -> Option<&Layout> {
+        self.cgroups.as_ref()
+    }
+
+    /// Removes the cgroups of VMs that are gone (empty ones under the jail's cgroup parent)
+    /// and returns them. A node calls it at start, after adopting its VMs and before it
+    /// starts new ones.
+    pub fn sweep_cgroups(&self) -> Result<Vec<PathBuf>> {
+        match (&self.jail, &self.cgroups) {
+            (Some(jc), Some(layout)) => {
+                Ok(cgroup::sweep(layout, &jc.cgroup_parent).map_err(jail::JailError::from)?)
+            }
+            _ => Ok(Vec::new()),
+        }
     }
 
     async fn kernel_info(&self, path: &Path) -> Result<KernelInfo> {
@@ -231,11 +297,18 @@ impl QemuRuntime {
     }
 
     /// Starts QEMU for `config` in `dir` and connects QMP. The machine is left paused.
-    async fn start(&self, dir: &Path, config: QemuConfig, kernel: KernelInfo) -> Result<QemuVm> {
+    async fn start(
+        &self,
+        dir: &Path,
+        mut config: QemuConfig,
+        kernel: KernelInfo,
+    ) -> Result<QemuVm> {
         for name in [
             cmdline::QMP_SOCKET,
             cmdline::CTL_SOCKET,
             cmdline::EGRESS_SOCKET,
+            cmdline::PID_FILE,
+            cmdline::RECORD_FILE,
         ] {
             remove_if_exists(&dir.join(name))?;
         }
@@ -247,31 +320,69 @@ impl QemuRuntime {
             .open(&log_path)
             .map_err(|source| Error::Io {
                 op: "creating",
-                path: log_path,
+                path: log_path.clone(),
                 source,
             })?;
+        let out = log.try_clone().map_err(|source| Error::Io {
+            op: "opening",
+            path: log_path,
+            source,
+        })?;
+        let t0 = Instant::now();
+        let setup = match &self.jail {
+            Some(jc) => {
+                let (jc, layout) = (jc.clone(), self.cgroups.clone());
+                let (d, k) = (dir.to_owned(), config.kernel.clone());
+                let shape = jail::VmShape {
+                    accel: config.accel,
+                    vcpus: config.vcpus,
+                    memory_mib: config.memory_mib,
+                };
+                let setup =
+                    blocking(move || jail::prepare(&jc, layout.as_ref(), &d, &k, &shape)).await?;
+                config.kernel = PathBuf::from(cmdline::KERNEL_FILE);
+                Some(setup)
+            }
+            None => None,
+        };
+        let prepared = t0.elapsed();
+        let cleanup = Cleanup::for_jail(self.jail.as_ref(), setup.as_ref().map(|s| &s.record));
         let mut cmd = Command::new(&self.qemu);
         cmd.args(cmdline::build(&config))
             .current_dir(dir)
             // Nothing of the host's environment (credentials included) reaches the VMM.
             .env_clear()
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(out)
             .stderr(log);
-        let started = Instant::now();
-        let process = Process::spawn(cmd).await?;
-        tracing::debug!(pid = process.pid(), dir = %dir.display(), "QEMU started");
-
-        let mut vm = QemuVm {
-            dir: dir.to_owned(),
-            config,
-            kernel,
-            qmp: None,
-            process,
-            ops: tokio::sync::Mutex::new(()),
-            housekeeping: tokio::spawn(housekeeping(dir.to_owned())),
-            last_state: Mutex::new(None),
+        let options = SpawnOptions {
+            die_with_parent: !self.detached,
+            new_session: self.detached,
+            jail: setup.as_ref().map(|s| s.prepared.clone()),
         };
+        let started = Instant::now();
+        let process = match Process::spawn_with(cmd, options).await {
+            Ok(p) => p,
+            Err(e) => {
+                cleanup.run();
+                return Err(e.into());
+            }
+        };
+        tracing::debug!(
+            pid = process.pid(), dir = %dir.display(), jailed = setup.is_some(),
+            jail_prepared = ?prepared, spawned = ?started.elapsed(), "QEMU started"
+        );
+        let record = VmRecord {
+            pid: process.pid(),
+            start_ticks: proc_start_ticks(process.pid()).unwrap_or(0),
+            qemu: self.qemu.clone(),
+            config: config.clone(),
+            kernel: kernel.clone(),
+            jail: setup.map(|s| s.record),
+        };
+        let mut vm = QemuVm::new(dir, config, kernel, process, record.jail.clone(), cleanup);
+        let d = dir.to_owned();
+        blocking(move || record.write(&d)).await?;
         let qmp = vm.race_exit(connect_qmp(dir, QMP_CONNECT_TIMEOUT)).await?;
         if qmp.version() != &self.version {
             return Err(Error::Invalid(format!(
@@ -287,6 +398,101 @@ impl QemuRuntime {
         )
         .await?;
         tracing::debug!(elapsed = ?started.elapsed(), "QMP connected");
+        Ok(vm)
+    }
+
+    /// Takes over the VMM running in `dir`, started by an earlier node process (or by this
+    /// one and let go with [`QemuVm::detach`]).
+    ///
+    /// Reads `qemu.pid` and `qemu.json`, opens a pidfd for the pid (pinning that process),
+    /// and accepts it only if its start time, executable, root (jailed) or working directory
+    /// (unjailed) and full command line match what the runtime recorded when it started it;
+    /// anything else is [`Error::NotAdoptable`] and nothing is signalled. Then reconnects QMP
+    /// and asks QEMU its run state ([`QemuVm::status`]). The VMM is not our child (unless this
+    /// process started it), so its exit is noticed through the pidfd and its exit status is
+    /// [`ExitInfo::UNKNOWN`].
+    ///
+    /// The adopted handle behaves like a started one: dropping it kills the VM unless it is
+    /// detached again. A VM whose last snapshot left it in `postmigrate` (snapshotted while
+    /// paused, not resumed since) cannot be snapshotted again before it is resumed: the
+    /// device-state copy that covers this case lives in the handle that took the snapshot.
+    pub async fn adopt(&self, dir: &Path) -> Result<QemuVm> {
+        let not = |reason: String| Error::NotAdoptable {
+            dir: dir.to_owned(),
+            reason,
+        };
+        let pid_text = std::fs::read_to_string(dir.join(cmdline::PID_FILE))
+            .map_err(|e| not(format!("reading {}: {e}", cmdline::PID_FILE)))?;
+        let pid: u32 = pid_text
+            .trim()
+            .parse()
+            .map_err(|_| not(format!("{} holds {:?}", cmdline::PID_FILE, pid_text.trim())))?;
+        let record = VmRecord::read(dir).map_err(not)?;
+        if record.pid != pid || pid <= 1 {
+            return Err(not(format!(
+                "{} says {pid} but {} says {}",
+                cmdline::PID_FILE,
+                cmdline::RECORD_FILE,
+                record.pid
+            )));
+        }
+        if record.qemu != self.qemu {
+            return Err(not(format!(
+                "started with {} but this runtime uses {}",
+                record.qemu.display(),
+                self.qemu.display()
+            )));
+        }
+        if record.config.accel != self.accel {
+            return Err(not(format!(
+                "started under {} but this runtime uses {}",
+                record.config.accel, self.accel
+            )));
+        }
+        let pidfd = match crate::process::pidfd_open(pid) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {
+                return Err(not(format!("process {pid} is gone")))
+            }
+            Err(e) => return Err(not(format!("pidfd_open({pid}): {e}"))),
+        };
+        verify_process(pid, &record, dir).map_err(not)?;
+        // The checks read /proc/<pid>; they were about the pinned process only if it is still
+        // alive now (a pid is not reused while its process, or its zombie, exists).
+        if crate::process::pidfd_exited(std::os::fd::AsFd::as_fd(&pidfd)) {
+            return Err(not(format!("process {pid} exited during adoption")));
+        }
+        let process = Process::adopt(pid, pidfd)?;
+        if let Some(j) = &record.jail {
+            if matches!(
+                self.jail.as_ref().map(|c| &c.user),
+                Some(JailUser::Range { .. })
+            ) {
+                jail::claim_id(j.uid);
+            }
+        }
+        let cleanup = Cleanup::for_jail(self.jail.as_ref(), record.jail.as_ref());
+        let mut vm = QemuVm::new(
+            dir,
+            record.config.clone(),
+            record.kernel.clone(),
+            process,
+            record.jail.clone(),
+            cleanup,
+        );
+        let qmp = vm.race_exit(connect_qmp(dir, QMP_CONNECT_TIMEOUT)).await?;
+        if qmp.version() != &self.version {
+            // Leave it running: it is not ours to kill if we cannot drive it.
+            vm.detach();
+            return Err(not(format!(
+                "QEMU reports version {} but this runtime expects {}",
+                qmp.version(),
+                self.version
+            )));
+        }
+        vm.qmp = Some(qmp);
+        let status = vm.status().await?;
+        tracing::info!(pid, dir = %dir.display(), state = %status.status, "adopted VM");
         Ok(vm)
     }
 
@@ -455,6 +661,13 @@ pub struct QemuVm {
     /// Set once connected; every method after construction can rely on it.
     qmp: Option<Qmp>,
     process: Process,
+    /// The VMM's uid, gid and cgroup, when it is jailed.
+    jail: Option<JailRecord>,
+    /// What to release once the VMM is gone (taken by whoever sees the exit first; dropped
+    /// unrun when the VM is detached).
+    cleanup: Arc<tokio::sync::Mutex<Option<Cleanup>>>,
+    /// Runs the cleanup when the VMM exits on its own; aborted on drop and detach.
+    reaper: JoinHandle<()>,
     /// Serializes pause/resume/snapshot so they never interleave their QMP steps.
     ops: tokio::sync::Mutex<()>,
     /// Keeps the log files under their cap; aborted on drop.
@@ -468,7 +681,17 @@ pub struct QemuVm {
 impl Drop for QemuVm {
     fn drop(&mut self) {
         self.housekeeping.abort();
-        // `process` is dropped next: it kills and reaps QEMU.
+        self.reaper.abort();
+        if self.process.is_detached() {
+            return;
+        }
+        self.process.terminate_blocking();
+        // If the reaper is running the cleanup right now, it finishes it (a blocking task is
+        // not cancelled by the abort above).
+        let cleanup = self.cleanup.try_lock().ok().and_then(|mut c| c.take());
+        if let Some(c) = cleanup {
+            c.run();
+        }
     }
 }
 
@@ -483,6 +706,68 @@ impl std::fmt::Debug for QemuVm {
 }
 
 impl QemuVm {
+    fn new(
+        dir: &Path,
+        config: QemuConfig,
+        kernel: KernelInfo,
+        process: Process,
+        jail: Option<JailRecord>,
+        cleanup: Cleanup,
+    ) -> QemuVm {
+        let cleanup = Arc::new(tokio::sync::Mutex::new(Some(cleanup)));
+        let reaper = {
+            let mut exit = process.exit_watch();
+            let cleanup = cleanup.clone();
+            tokio::spawn(async move {
+                let _ = exit.wait_for(Option::is_some).await.is_ok();
+                run_cleanup(&cleanup).await;
+            })
+        };
+        QemuVm {
+            dir: dir.to_owned(),
+            config,
+            kernel,
+            qmp: None,
+            process,
+            jail,
+            cleanup,
+            reaper,
+            ops: tokio::sync::Mutex::new(()),
+            housekeeping: tokio::spawn(housekeeping(dir.to_owned())),
+            last_state: Mutex::new(None),
+        }
+    }
+
+    /// Lets the VM go without killing it: QMP is disconnected, and the VMM, its cgroup and
+    /// its files stay for [`QemuRuntime::adopt`]. Only a runtime with
+    /// [`QemuRuntimeConfig::detached`] makes VMs that also survive this process's exit;
+    /// others still die with it.
+    pub fn detach(mut self) {
+        self.process.detach();
+        self.reaper.abort();
+        // The VMM still uses its cgroup and uid: forget them without releasing. (The reaper
+        // only takes the cleanup after an exit, and a detached VM has not exited.)
+        if let Ok(mut c) = self.cleanup.try_lock() {
+            c.take();
+        }
+        tracing::debug!(pid = self.pid(), dir = %self.dir.display(), "VM detached");
+    }
+
+    /// QEMU's run state (`query-status`): `running`, `paused`, `postmigrate`, ...
+    pub async fn status(&self) -> Result<Status> {
+        self.command(self.qmp().query_status()).await
+    }
+
+    /// The uid and gid the VMM runs as, when jailed.
+    pub fn jail_ids(&self) -> Option<(u32, u32)> {
+        self.jail.as_ref().map(|j| (j.uid, j.gid))
+    }
+
+    /// The VMM's cgroup, when jailed with cgroups.
+    pub fn cgroup(&self) -> Option<&Cgroup> {
+        self.jail.as_ref().and_then(|j| j.cgroup.as_ref())
+    }
+
     /// The QMP session, for operations this type does not wrap.
     pub fn qmp(&self) -> &Qmp {
         self.qmp
@@ -802,11 +1087,15 @@ impl Vm for QemuVm {
             path: self.dir.clone(),
             source,
         })?;
-        Ok(self.process.wait().await)
+        let exit = self.process.wait().await;
+        run_cleanup(&self.cleanup).await;
+        Ok(exit)
     }
 
     async fn wait(&self) -> ExitInfo {
-        self.process.wait().await
+        let exit = self.process.wait().await;
+        run_cleanup(&self.cleanup).await;
+        exit
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -829,6 +1118,216 @@ impl Vm for QemuVm {
     fn console_tail(&self, max: usize) -> String {
         console::tail(&self.dir.join(cmdline::CONSOLE_LOG), max)
     }
+}
+
+/// What a VM holds on the host besides its process: its cgroup, and its uid when uids are
+/// leased per VM.
+struct Cleanup {
+    cgroup: Option<Cgroup>,
+    leased_uid: Option<u32>,
+}
+
+impl Cleanup {
+    fn for_jail(config: Option<&JailConfig>, record: Option<&JailRecord>) -> Cleanup {
+        let leased = matches!(config.map(|c| &c.user), Some(JailUser::Range { .. }));
+        Cleanup {
+            cgroup: record.and_then(|r| r.cgroup.clone()),
+            leased_uid: record.filter(|_| leased).map(|r| r.uid),
+        }
+    }
+
+    /// Releases everything; call only once the VMM is gone. Blocks up to
+    /// [`CGROUP_REMOVE_PATIENCE`].
+    fn run(self) {
+        if let Some(cg) = self.cgroup {
+            if let Err(e) = cg.remove(CGROUP_REMOVE_PATIENCE) {
+                tracing::warn!("leaving the cgroup of an exited VM for the next sweep: {e}");
+            }
+        }
+        if let Some(uid) = self.leased_uid {
+            jail::release_id(uid);
+        }
+    }
+}
+
+/// Runs the cleanup unless it ran already; returns once it has run, whoever ran it (the lock
+/// is held meanwhile).
+async fn run_cleanup(cleanup: &tokio::sync::Mutex<Option<Cleanup>>) {
+    let mut guard = cleanup.lock().await;
+    if let Some(c) = guard.take() {
+        let _ = tokio::task::spawn_blocking(move || c.run()).await;
+    }
+}
+
+/// What the runtime records about a VMM it started (`qemu.json`), to recognise it later.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct VmRecord {
+    pid: u32,
+    /// Start time in clock ticks after boot (`/proc/<pid>/stat` field 22): with the pid, it
+    /// identifies one process for the life of the host.
+    start_ticks: u64,
+    /// The QEMU binary (absolute).
+    qemu: PathBuf,
+    /// The machine (its command line is rebuilt from this and compared).
+    config: QemuConfig,
+    /// The kernel as snapshots must record it.
+    kernel: KernelInfo,
+    /// The jail, if any.
+    jail: Option<JailRecord>,
+}
+
+/// Largest `qemu.json` accepted.
+const MAX_RECORD_BYTES: u64 = 64 << 10;
+
+impl VmRecord {
+    /// Writes `qemu.json`, then `qemu.pid`, each atomically (unique temporary file, rename).
+    /// Owned by root with mode 0600: a jailed VMM can neither read nor, thanks to the sticky
+    /// directory, replace them.
+    fn write(&self, dir: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).expect("record serializes");
+        write_atomic(&dir.join(cmdline::RECORD_FILE), &json)?;
+        write_atomic(
+            &dir.join(cmdline::PID_FILE),
+            format!("{}\n", self.pid).as_bytes(),
+        )
+    }
+
+    fn read(dir: &Path) -> std::result::Result<VmRecord, String> {
+        let path = dir.join(cmdline::RECORD_FILE);
+        let f = File::open(&path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        f.take(MAX_RECORD_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        if bytes.len() as u64 > MAX_RECORD_BYTES {
+            return Err(format!("{} is too large", path.display()));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| format!("parsing {}: {e}", path.display()))
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.unwrap_or_default(),
+        rand_suffix()
+    ));
+    let io = |op, p: &Path| {
+        let p = p.to_owned();
+        move |source| Error::Io {
+            op,
+            path: p,
+            source,
+        }
+    };
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io("creating", &tmp))?;
+    let written = f.write_all(bytes).map_err(io("writing", &tmp));
+    drop(f);
+    let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(io("renaming", &tmp)));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    renamed
+}
+
+fn rand_suffix() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{}-{nanos}", std::process::id())
+}
+
+/// Field 22 of `/proc/<pid>/stat`, and the state (field 3).
+fn proc_stat(pid: u32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain anything.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let state = fields.first()?.chars().next()?;
+    let start = fields.get(19)?.parse().ok()?;
+    Some((state, start))
+}
+
+fn proc_start_ticks(pid: u32) -> Option<u64> {
+    proc_stat(pid).map(|(_, t)| t)
+}
+
+/// Checks that `pid` is the VMM `record` describes, running for `dir`.
+fn verify_process(pid: u32, record: &VmRecord, dir: &Path) -> std::result::Result<(), String> {
+    let (state, start) = proc_stat(pid).ok_or_else(|| format!("process {pid} is gone"))?;
+    if matches!(state, 'Z' | 'X') {
+        return Err(format!("process {pid} has exited"));
+    }
+    if start != record.start_ticks {
+        return Err(format!(
+            "pid {pid} now belongs to another process (started at tick {start}, \
+             the VMM at {})",
+            record.start_ticks
+        ));
+    }
+    let same = |a: &Path, b: &Path| match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.dev() == y.dev() && x.ino() == y.ino(),
+        _ => false,
+    };
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    if !same(&proc_dir.join("exe"), &record.qemu) {
+        return Err(format!(
+            "process {pid} does not run {}",
+            record.qemu.display()
+        ));
+    }
+    let place = if record.jail.is_some() { "root" } else { "cwd" };
+    if !same(&proc_dir.join(place), dir) {
+        return Err(format!(
+            "process {pid} runs elsewhere (its {place} is not {})",
+            dir.display()
+        ));
+    }
+    let cmdline = std::fs::read(proc_dir.join("cmdline"))
+        .map_err(|e| format!("reading the command line of {pid}: {e}"))?;
+    let mut expected: Vec<u8> = Vec::new();
+    for arg in
+        std::iter::once(record.qemu.clone().into_os_string()).chain(cmdline::build(&record.config))
+    {
+        use std::os::unix::ffi::OsStrExt;
+        expected.extend_from_slice(arg.as_bytes());
+        expected.push(0);
+    }
+    if cmdline != expected {
+        return Err(format!(
+            "process {pid} has another command line than the one recorded"
+        ));
+    }
+    Ok(())
+}
+
+/// The absolute path of `binary`: as is if it names a path, else found in `PATH`.
+fn resolve_binary(binary: &Path) -> Result<PathBuf> {
+    let io = |source| Error::Io {
+        op: "finding",
+        path: binary.to_owned(),
+        source,
+    };
+    if binary.as_os_str().as_encoded_bytes().contains(&b'/') {
+        return std::path::absolute(binary).map_err(io);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/local/bin:/usr/bin:/bin".into());
+    for d in std::env::split_paths(&path) {
+        let candidate = d.join(binary);
+        if std::fs::metadata(&candidate).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0) {
+            return std::path::absolute(&candidate).map_err(io);
+        }
+    }
+    Err(io(std::io::ErrorKind::NotFound.into()))
 }
 
 /// Connects to QEMU's QMP socket, retrying while QEMU creates it.

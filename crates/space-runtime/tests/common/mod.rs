@@ -37,9 +37,16 @@ pub async fn runtime() -> QemuRuntime {
         .with_env_filter("space_runtime=debug")
         .with_test_writer()
         .try_init();
-    QemuRuntime::new(QemuRuntimeConfig::default())
-        .await
-        .expect("QEMU runtime")
+    // As root the runtime jails its VMMs by default. For comparisons: `SPACE_JAIL=off` (no
+    // jail), `nocpu` (no CPU quota), `nocg` (no cgroups).
+    let mut config = QemuRuntimeConfig::default();
+    match std::env::var("SPACE_JAIL").as_deref() {
+        Ok("off") => config.jail = None,
+        Ok("nocpu") => config.jail.iter_mut().for_each(|j| j.limit_cpu = false),
+        Ok("nocg") => config.jail.iter_mut().for_each(|j| j.cgroups = false),
+        _ => {}
+    }
+    QemuRuntime::new(config).await.expect("QEMU runtime")
 }
 
 /// `/sbin/init` of the shell guest: mounts the basics, opens the `space.ctl` port once and
