@@ -1,0 +1,176 @@
+//! Errors of node operations.
+//!
+//! Refusals (unknown id, a request that is not legal in the sandbox's state, a snapshot that is
+//! not this sandbox's, options the node cannot honour) are separate variants from failures of
+//! the machinery (runtime, storage, guest, records), so callers can map the former to 4xx
+//! answers and the latter to 5xx. A refusal is always decided before anything is touched.
+
+use std::path::PathBuf;
+
+use crate::ids::{IdError, SandboxId, SnapshotId, TemplateRef};
+use crate::record::{RecordError, State};
+
+/// Errors of [`crate::Node`] and [`crate::template`] operations.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// No sandbox with that id on this node.
+    #[error("no sandbox {0} on this node")]
+    NotFound(SandboxId),
+    /// The request is not legal in the sandbox's current state.
+    #[error(
+        "{request} refused: sandbox {id} is {state} ({request} is legal only when {})",
+        legal_list(legal)
+    )]
+    IllegalState {
+        /// The sandbox.
+        id: SandboxId,
+        /// The refused request.
+        request: &'static str,
+        /// The state it is in.
+        state: State,
+        /// The states where the request is legal.
+        legal: &'static [State],
+    },
+    /// The snapshot is not one of this sandbox's.
+    #[error("sandbox {sandbox} has no snapshot {snapshot}{}", owner_note(owner))]
+    SnapshotNotFound {
+        /// The sandbox asked about.
+        sandbox: SandboxId,
+        /// The snapshot asked for.
+        snapshot: SnapshotId,
+        /// The sandbox it belongs to, when it is another one's.
+        owner: Option<SandboxId>,
+    },
+    /// No such template (or no complete build of it).
+    #[error("no template {0}")]
+    TemplateNotFound(String),
+    /// A build of that name and version exists already; versions are immutable.
+    #[error("template {0} already exists; build a new version instead")]
+    TemplateExists(TemplateRef),
+    /// The template's snapshot cannot be restored by this host's runtime any more.
+    #[error("template {template} cannot be restored on this node ({reason}); rebuild it as a new version")]
+    TemplateStale {
+        /// The template build.
+        template: TemplateRef,
+        /// What does not match.
+        reason: String,
+    },
+    /// A malformed id or name.
+    #[error(transparent)]
+    InvalidId(#[from] IdError),
+    /// Options or arguments the node cannot honour.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The node is shutting down; its sandboxes take no more requests.
+    #[error("the node is shutting down")]
+    ShuttingDown,
+    /// The VM runtime failed.
+    #[error("runtime")]
+    Runtime(#[from] space_runtime::Error),
+    /// The storage driver failed.
+    #[error("storage")]
+    Storage(#[from] crate::storage::StorageError),
+    /// The guest daemon failed a request the node made.
+    #[error("guest daemon: {what}")]
+    Guest {
+        /// The step that failed.
+        what: &'static str,
+        /// The client's error.
+        source: space_runtime::ClientError,
+    },
+    /// Reading or writing a sandbox record failed.
+    #[error("sandbox record")]
+    Record(#[from] RecordError),
+    /// A filesystem call of the node's own failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+impl NodeError {
+    /// True for refusals: the request was wrong for the sandbox or the node, nothing changed.
+    pub fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            NodeError::NotFound(_)
+                | NodeError::IllegalState { .. }
+                | NodeError::SnapshotNotFound { .. }
+                | NodeError::TemplateNotFound(_)
+                | NodeError::TemplateExists(_)
+                | NodeError::TemplateStale { .. }
+                | NodeError::InvalidId(_)
+                | NodeError::Invalid(_)
+                | NodeError::ShuttingDown
+        )
+    }
+
+    pub(crate) fn io(
+        op: &'static str,
+        path: impl Into<PathBuf>,
+    ) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| NodeError::Io { op, path, source }
+    }
+}
+
+fn legal_list(states: &[State]) -> String {
+    match states {
+        [] => "never".to_owned(),
+        [one] => one.as_str().to_owned(),
+        [init @ .., last] => format!(
+            "{} or {}",
+            init.iter()
+                .map(|s| s.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            last.as_str()
+        ),
+    }
+}
+
+fn owner_note(owner: &Option<SandboxId>) -> String {
+    match owner {
+        Some(o) => format!(
+            " (it is a snapshot of sandbox {o}; rollback only goes to the sandbox's own snapshots)"
+        ),
+        None => String::new(),
+    }
+}
+
+/// Shorthand for node results.
+pub type Result<T, E = NodeError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_and_why() {
+        let e = NodeError::IllegalState {
+            id: "sbx-1".parse().unwrap(),
+            request: "pause",
+            state: State::Suspended,
+            legal: &[State::Running],
+        };
+        assert_eq!(
+            e.to_string(),
+            "pause refused: sandbox sbx-1 is suspended (pause is legal only when running)"
+        );
+        let e = NodeError::IllegalState {
+            id: "sbx-1".parse().unwrap(),
+            request: "kill",
+            state: State::Terminated,
+            legal: &[State::Running, State::Paused, State::Suspended],
+        };
+        assert!(e
+            .to_string()
+            .ends_with("legal only when running, paused or suspended)"));
+        assert!(e.is_refusal());
+    }
+}

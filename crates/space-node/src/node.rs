@@ -1,0 +1,609 @@
+//! The node: templates and the sandboxes of one host, behind one API.
+//!
+//! [`Node`] owns the machinery (runtime, storage, layout, record store) and a map from sandbox
+//! id to the handle of that sandbox's state driver ([`crate::sandbox`]). Creating a sandbox
+//! happens here (there is no driver yet); every later request goes to the driver as one
+//! message and is answered when the driver has handled it. A background reconciler
+//! ([`Node::reconcile_timeouts`]) enforces idle timeouts and maximum lifetimes.
+//!
+//! The node drives [`QemuRuntime`] directly rather than being generic over
+//! [`space_runtime::Runtime`]: template manifests record the QEMU version and accelerator,
+//! which only the QEMU runtime knows. A second runtime would add those to the trait.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
+use tokio::sync::oneshot;
+
+use crate::error::{NodeError, Result};
+use crate::ids::{SandboxId, SnapshotId, TemplateName, VersionReq};
+use crate::record::{
+    now_ms, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
+    SnapshotRecord, State, RECORD_FORMAT,
+};
+use crate::sandbox::{
+    clear_vm_files, launch, CreateRequest, Ctx, ForkPoint, Handle, Launch, Request, Sandbox,
+    SandboxInfo,
+};
+use crate::storage::{self, Layout, Storage, StorageOptions};
+use crate::template::{self, blocking, Template, TemplateSpec};
+
+/// How to run a node.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The data directory (see `docs/lifecycle.md` for what goes where).
+    pub data_dir: PathBuf,
+    /// Driver choice and loop image.
+    pub storage: StorageOptions,
+    /// QEMU binary and accelerator.
+    pub qemu: QemuRuntimeConfig,
+    /// How long a started VM may take until its guest daemon answers (cold boots under TCG
+    /// on a loaded host take seconds).
+    pub ready_timeout: Duration,
+    /// How often the timeout reconciler runs; `None` disables it (call
+    /// [`Node::reconcile_timeouts`] yourself).
+    pub timeout_tick: Option<Duration>,
+}
+
+impl NodeConfig {
+    /// Defaults for `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        NodeConfig {
+            data_dir: data_dir.into(),
+            storage: StorageOptions::default(),
+            qemu: QemuRuntimeConfig::default(),
+            ready_timeout: Duration::from_secs(120),
+            timeout_tick: Some(Duration::from_secs(1)),
+        }
+    }
+}
+
+/// Limits on what a create may ask for.
+const MAX_VCPUS: u32 = 64;
+const MIN_MEMORY_MIB: u64 = 64;
+const MAX_MEMORY_MIB: u64 = 1 << 20;
+const MAX_METADATA_BYTES: usize = 64 * 1024;
+const MAX_ENV_BYTES: usize = 256 * 1024;
+
+struct Inner {
+    ctx: Arc<Ctx>,
+    sandboxes: Mutex<HashMap<SandboxId, Handle>>,
+    shutting_down: std::sync::atomic::AtomicBool,
+}
+
+/// One host's node services. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+impl Node {
+    /// Prepares the data directory (mounting a loop-backed btrfs image when needed), probes
+    /// QEMU, and starts the timeout reconciler. Existing records are not adopted yet (crash
+    /// recovery is separate): sandboxes left by an earlier process are listed but inactive.
+    pub async fn open(config: NodeConfig) -> Result<Node> {
+        let (data, opts) = (config.data_dir.clone(), config.storage.clone());
+        let (storage, layout): (Arc<dyn Storage>, Layout) =
+            blocking(move || Ok(storage::open(&data, &opts)?)).await?;
+        let runtime = QemuRuntime::new(config.qemu.clone()).await?;
+        let records = RecordStore::open(layout.root().join("state").join("sandboxes"))?;
+        let ctx = Arc::new(Ctx {
+            runtime,
+            storage,
+            layout,
+            records,
+            ready_timeout: config.ready_timeout,
+        });
+        let node = Node {
+            inner: Arc::new(Inner {
+                ctx,
+                sandboxes: Mutex::default(),
+                shutting_down: false.into(),
+            }),
+        };
+        if let Some(tick) = config.timeout_tick {
+            tokio::spawn(timeout_loop(Arc::downgrade(&node.inner), tick));
+        }
+        Ok(node)
+    }
+
+    /// The data directory layout.
+    pub fn layout(&self) -> &Layout {
+        &self.inner.ctx.layout
+    }
+
+    /// The storage driver.
+    pub fn storage(&self) -> &Arc<dyn Storage> {
+        &self.inner.ctx.storage
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &QemuRuntime {
+        &self.inner.ctx.runtime
+    }
+
+    /// The file of a sandbox's record.
+    pub fn record_path(&self, id: &SandboxId) -> PathBuf {
+        self.inner.ctx.records.path(id)
+    }
+
+    // ---- templates -----------------------------------------------------------------------
+
+    /// Builds a template version (see [`crate::template`]).
+    pub async fn build_template(&self, spec: TemplateSpec) -> Result<Template> {
+        let ctx = &self.inner.ctx;
+        template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await
+    }
+
+    /// A complete template build; `latest` resolves to the newest.
+    pub fn template(&self, name: &TemplateName, version: &VersionReq) -> Result<Template> {
+        template::resolve(&self.inner.ctx.layout, name, version)
+    }
+
+    /// Every complete template build.
+    pub fn templates(&self) -> Result<Vec<Template>> {
+        template::list(&self.inner.ctx.layout)
+    }
+
+    // ---- create --------------------------------------------------------------------------
+
+    /// Creates a sandbox from a template and returns it Running (guest ready, identity set).
+    ///
+    /// With the template's vCPUs and memory (the default) this restores the template's
+    /// snapshot into a CoW clone; with another shape it cold-boots the template's kernel on a
+    /// clone of its root image (seconds under TCG; build a template variant with that shape
+    /// for the fast path). A disk size other than the image's is refused. A create that fails
+    /// leaves nothing behind (no directory, no record).
+    pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
+        self.check_open()?;
+        let ctx = &self.inner.ctx;
+        let t = template::resolve(&ctx.layout, &req.template, &req.version)?;
+        t.check_runtime(&ctx.runtime)?;
+        let opts = req.options;
+        validate_options(&opts, &t)?;
+        let vcpus = opts.vcpus.unwrap_or(t.manifest.vcpus);
+        let memory_mib = opts.memory_mib.unwrap_or(t.manifest.memory_mib);
+        let (how, origin) = if vcpus == t.manifest.vcpus && memory_mib == t.manifest.memory_mib {
+            (
+                Launch::Restore {
+                    snapshot: t.snapshot(),
+                },
+                Origin::Template,
+            )
+        } else {
+            (
+                Launch::Boot {
+                    kernel: t.kernel(),
+                    rootfs: t.rootfs(),
+                    vcpus,
+                    memory_mib,
+                    kernel_cmdline: Some(t.manifest.kernel_cmdline.clone()),
+                },
+                Origin::TemplateColdBoot,
+            )
+        };
+        let record = new_record(
+            SandboxId::generate(),
+            t.template_ref().clone(),
+            opts,
+            vcpus,
+            memory_mib,
+            origin,
+            None,
+        );
+        self.start(record, how).await
+    }
+
+    /// Forks a Running or Paused sandbox: a full snapshot of the parent (listed among its
+    /// snapshots, reason `fork`) restored into a new sandbox with its own id, hostname and
+    /// entropy. The child is Running; the parent stays as it was.
+    pub async fn fork(&self, id: &SandboxId) -> Result<SandboxInfo> {
+        self.check_open()?;
+        let point: ForkPoint = self.call(id, Request::Fork).await?;
+        let parent = point.parent;
+        let record = new_record(
+            SandboxId::generate(),
+            parent.template.clone(),
+            parent.options.clone(),
+            parent.vcpus,
+            parent.memory_mib,
+            Origin::Snapshot {
+                sandbox: parent.id.clone(),
+                snapshot: point.snapshot.clone(),
+            },
+            Some((parent.id.clone(), point.snapshot.clone())),
+        );
+        self.start(
+            record,
+            Launch::Restore {
+                snapshot: point.dir,
+            },
+        )
+        .await
+    }
+
+    /// Makes the sandbox directory, starts the VM, records the outcome and spawns the driver.
+    async fn start(&self, mut record: SandboxRecord, how: Launch) -> Result<SandboxInfo> {
+        let ctx = self.inner.ctx.clone();
+        let id = record.id.clone();
+        let dir = ctx.layout.sandbox_dir(id.as_str())?;
+        ctx.records.write(&record)?;
+        let made = async {
+            let (s, d) = (ctx.storage.clone(), dir.clone());
+            blocking(move || Ok(s.create_volume(&d)?)).await?;
+            launch(&ctx, &dir, how, &record).await
+        }
+        .await;
+        let live = match made {
+            Ok(live) => live,
+            Err(e) => {
+                let (s, d) = (ctx.storage.clone(), dir.clone());
+                let _ = blocking(move || {
+                    let _ = clear_vm_files(&d);
+                    Ok(s.delete_volume(&d)?)
+                })
+                .await
+                .map_err(|cleanup| tracing::error!(error = %cleanup, "removing a failed sandbox"));
+                let _ = ctx.records.remove(&id);
+                return Err(e);
+            }
+        };
+        let now = now_ms();
+        record.state = State::Running;
+        record.pending = None;
+        record.state_since_unix_ms = now;
+        record.started_unix_ms = now;
+        record.last_activity_unix_ms = now;
+        if let Err(e) = ctx.records.write(&record) {
+            drop(live);
+            let _ = ctx.storage.delete_volume(&dir);
+            let _ = ctx.records.remove(&id);
+            return Err(e.into());
+        }
+        let handle = Sandbox::spawn(ctx, record.clone(), Some(live))?;
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, handle);
+        Ok(record)
+    }
+
+    // ---- requests to a sandbox's driver --------------------------------------------------
+
+    /// Sends a request to the driver of `id` and waits for the answer. A sandbox without a
+    /// driver (killed, or left by an earlier process) answers from its record: the request is
+    /// refused for its state.
+    async fn call<T>(
+        &self,
+        id: &SandboxId,
+        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+    ) -> Result<T> {
+        let (tx, rx) = oneshot::channel();
+        let req = make(tx);
+        let handle = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        let refused = |req: &Request| -> NodeError {
+            match self.inner.ctx.records.read(id) {
+                Ok(Some(r)) => NodeError::IllegalState {
+                    id: id.clone(),
+                    request: req.name(),
+                    state: r.state,
+                    legal: req.legal(),
+                },
+                Ok(None) => NodeError::NotFound(id.clone()),
+                Err(e) => e.into(),
+            }
+        };
+        let Some(handle) = handle else {
+            if self.is_shutting_down() {
+                return Err(NodeError::ShuttingDown);
+            }
+            return Err(refused(&req));
+        };
+        if let Err(tokio::sync::mpsc::error::SendError(req)) = handle.tx.send(req).await {
+            if self.is_shutting_down() {
+                return Err(NodeError::ShuttingDown);
+            }
+            return Err(refused(&req));
+        }
+        rx.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+
+    /// The sandbox's record as of now.
+    pub async fn info(&self, id: &SandboxId) -> Result<SandboxInfo> {
+        match self.call(id, Request::Info).await {
+            Err(NodeError::IllegalState { .. }) => self
+                .inner
+                .ctx
+                .records
+                .read(id)?
+                .ok_or_else(|| NodeError::NotFound(id.clone())),
+            other => other,
+        }
+    }
+
+    /// Every sandbox with a record on this node (terminated ones included), oldest first.
+    pub async fn list(&self) -> Result<Vec<SandboxInfo>> {
+        let ctx = self.inner.ctx.clone();
+        blocking(move || Ok(ctx.records.list()?)).await
+    }
+
+    /// Stops the vCPUs (Running only); memory stays.
+    pub async fn pause(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Pause).await
+    }
+
+    /// Restarts the vCPUs (Paused only).
+    pub async fn resume(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Resume).await
+    }
+
+    /// Full snapshot, then the VM exits and its RAM file is freed (Running or Paused).
+    pub async fn suspend(&self, id: &SandboxId) -> Result<SnapshotRecord> {
+        self.call(id, Request::Suspend).await
+    }
+
+    /// Back to Running from the suspend snapshot, with a new identity step (Suspended only).
+    pub async fn restore(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Restore).await
+    }
+
+    /// Takes a snapshot now (Running or Paused).
+    pub async fn snapshot(&self, id: &SandboxId, kind: SnapshotKind) -> Result<SnapshotRecord> {
+        self.call(id, |r| Request::Snapshot(kind, r)).await
+    }
+
+    /// The sandbox's snapshots, oldest first (any state, terminated included).
+    pub async fn snapshots(&self, id: &SandboxId) -> Result<Vec<SnapshotRecord>> {
+        Ok(self.info(id).await?.snapshots)
+    }
+
+    /// Replaces the sandbox's VM with one started from one of its own snapshots: a full one
+    /// brings back memory and disk, a disk-only one cold-boots on a clone of that disk.
+    /// Legal when Running, Paused, Suspended or Failed; ends Running.
+    pub async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> Result<()> {
+        let snap = snapshot.clone();
+        match self.call(id, |r| Request::Rollback(snap, r)).await {
+            Err(NodeError::SnapshotNotFound {
+                sandbox,
+                snapshot,
+                owner: None,
+            }) => {
+                // Say whose snapshot it is, if it is anyone's on this node.
+                let owner = self.list().await.ok().and_then(|all| {
+                    all.into_iter()
+                        .find(|r| r.snapshot(&snapshot).is_some())
+                        .map(|r| r.id)
+                });
+                Err(NodeError::SnapshotNotFound {
+                    sandbox,
+                    snapshot,
+                    owner,
+                })
+            }
+            other => other,
+        }
+    }
+
+    /// A client for the guest daemon (exec, files, ...) while the sandbox is Running. A
+    /// Paused sandbox is refused rather than resumed: resuming is the caller's decision.
+    /// Counts as activity; traffic on the client afterwards does not pass through the node.
+    pub async fn guest(&self, id: &SandboxId) -> Result<GuestClient> {
+        self.call(id, Request::Guest).await
+    }
+
+    /// Counts as activity for the idle timeout (for callers that use a client they hold).
+    pub async fn touch(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Touch).await
+    }
+
+    /// Kills the VM and removes the sandbox directory; the record (Terminated) and the
+    /// snapshots stay.
+    pub async fn kill(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Kill).await?;
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        Ok(())
+    }
+
+    // ---- background work -----------------------------------------------------------------
+
+    /// Suspends (or kills, per policy) every Running or Paused sandbox whose idle timeout or
+    /// maximum lifetime has passed. Takes no input and can run at any time: the driver checks
+    /// the condition again before acting. Returns how many sandboxes it stopped.
+    pub async fn reconcile_timeouts(&self) -> usize {
+        reconcile(&self.inner).await
+    }
+
+    // ---- shutdown ------------------------------------------------------------------------
+
+    fn is_shutting_down(&self) -> bool {
+        self.inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.is_shutting_down() {
+            Err(NodeError::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Stops every driver and kills every VM. Records stay as they are (a later node sees the
+    /// sandboxes as they were). Does not unmount the data directory.
+    pub async fn shutdown(&self) {
+        self.inner
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let handles: Vec<(SandboxId, Handle)> = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain()
+            .collect();
+        for (_, h) in handles {
+            let (tx, rx) = oneshot::channel();
+            if h.tx.send(Request::Shutdown(tx)).await.is_ok() {
+                let _ = rx.await;
+            }
+        }
+    }
+}
+
+fn new_record(
+    id: SandboxId,
+    template: crate::ids::TemplateRef,
+    options: SandboxOptions,
+    vcpus: u32,
+    memory_mib: u64,
+    origin: Origin,
+    forked_from: Option<(SandboxId, SnapshotId)>,
+) -> SandboxRecord {
+    let now = now_ms();
+    SandboxRecord {
+        format: RECORD_FORMAT,
+        id,
+        template,
+        options,
+        vcpus,
+        memory_mib,
+        state: State::Creating,
+        pending: Some(Pending {
+            request: if forked_from.is_some() {
+                "fork"
+            } else {
+                "create"
+            }
+            .to_owned(),
+            target: State::Running,
+            snapshot: forked_from.as_ref().map(|(_, s)| s.clone()),
+            started_unix_ms: now,
+        }),
+        origin,
+        restore_point: None,
+        forked_from,
+        snapshots: Vec::new(),
+        failure: None,
+        created_unix_ms: now,
+        state_since_unix_ms: now,
+        started_unix_ms: now,
+        last_activity_unix_ms: now,
+    }
+}
+
+fn validate_options(o: &SandboxOptions, t: &Template) -> Result<()> {
+    if let Some(v) = o.vcpus {
+        if v == 0 || v > MAX_VCPUS {
+            return Err(NodeError::Invalid(format!(
+                "vcpus must be 1..={MAX_VCPUS}, not {v}"
+            )));
+        }
+    }
+    if let Some(m) = o.memory_mib {
+        if !(MIN_MEMORY_MIB..=MAX_MEMORY_MIB).contains(&m) {
+            return Err(NodeError::Invalid(format!(
+                "memory must be {MIN_MEMORY_MIB}..={MAX_MEMORY_MIB} MiB, not {m}"
+            )));
+        }
+    }
+    if let Some(d) = o.disk_mib {
+        let image_mib = t.manifest.disk_bytes.div_ceil(1 << 20);
+        if d != image_mib {
+            return Err(NodeError::Invalid(format!(
+                "disk size {d} MiB: template {} has a {image_mib} MiB disk and resizing is not \
+                 supported yet (omit the disk size, or build a template with a larger image)",
+                t.template_ref()
+            )));
+        }
+    }
+    let mut env_bytes = 0;
+    for (k, v) in &o.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(NodeError::Invalid(format!(
+                "environment variable {k:?}: names must be non-empty without '=' or NUL, values \
+                 without NUL"
+            )));
+        }
+        env_bytes += k.len() + v.len() + 2;
+    }
+    if env_bytes > MAX_ENV_BYTES {
+        return Err(NodeError::Invalid(format!(
+            "environment is {env_bytes} bytes; the limit is {MAX_ENV_BYTES}"
+        )));
+    }
+    let meta: usize = o.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if meta > MAX_METADATA_BYTES {
+        return Err(NodeError::Invalid(format!(
+            "metadata is {meta} bytes; the limit is {MAX_METADATA_BYTES}"
+        )));
+    }
+    for (what, d) in [
+        ("idle timeout", o.timeouts.idle),
+        ("max lifetime", o.timeouts.max_lifetime),
+    ] {
+        if d == Some(Duration::ZERO) {
+            return Err(NodeError::Invalid(format!(
+                "{what} must be positive (omit it for none)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn reconcile(inner: &Inner) -> usize {
+    let now = now_ms();
+    let due: Vec<_> = inner
+        .sandboxes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(|(id, h)| Some((id.clone(), h.clone(), h.status.expired(now)?)))
+        .collect();
+    let mut acted = 0;
+    let mut waits = Vec::new();
+    for (id, h, kind) in due {
+        let (tx, rx) = oneshot::channel();
+        if h.tx.send(Request::Timeout(kind, tx)).await.is_ok() {
+            waits.push((id, rx));
+        }
+    }
+    for (id, rx) in waits {
+        match rx.await {
+            Ok(Ok(true)) => acted += 1,
+            Ok(Ok(false)) | Err(_) => {}
+            Ok(Err(e)) => tracing::error!(%id, error = %e, "acting on a timeout"),
+        }
+    }
+    acted
+}
+
+async fn timeout_loop(inner: Weak<Inner>, tick: Duration) {
+    let mut interval = tokio::time::interval(tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        reconcile(&inner).await;
+    }
+}

@@ -1,0 +1,529 @@
+//! The persisted record of a sandbox: one small JSON file per sandbox at
+//! `<data>/state/sandboxes/<id>.json`, replaced atomically (temporary file, fsync, rename,
+//! fsync of the directory) on every transition.
+//!
+//! The record is what a restarted node will recover from, so it is written twice per
+//! transition: first with [`SandboxRecord::pending`] naming the transition about to start
+//! (the *intent*), then with the outcome and `pending` cleared. A record found with `pending`
+//! set tells recovery that the node stopped in the middle of that transition and which files
+//! may be half made. Refused requests never write it.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{SandboxId, SnapshotId, TemplateRef};
+
+/// Bumped on incompatible changes of [`SandboxRecord`].
+pub const RECORD_FORMAT: u32 = 1;
+
+/// Records are a few KiB; anything far larger is not ours.
+const MAX_RECORD: u64 = 4 << 20;
+
+/// Where a sandbox is in its lifecycle. See `docs/lifecycle.md` for the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum State {
+    /// Being made; only ever seen in a record (with `pending`) if the node stopped mid-create.
+    Creating,
+    /// The VM runs; the guest answers.
+    Running,
+    /// The VM exists with its vCPUs stopped; memory stays.
+    Paused,
+    /// No VM; a full snapshot ([`SandboxRecord::restore_point`]) holds memory and disk.
+    Suspended,
+    /// The VM exited without being asked to (QEMU or the guest kernel died). Only kill and
+    /// rollback are accepted; recovering automatically is crash recovery's job.
+    Failed,
+    /// Killed. The record and the snapshots stay; nothing else is accepted.
+    Terminated,
+}
+
+impl State {
+    /// Lowercase name, as in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Creating => "creating",
+            State::Running => "running",
+            State::Paused => "paused",
+            State::Suspended => "suspended",
+            State::Failed => "failed",
+            State::Terminated => "terminated",
+        }
+    }
+}
+
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What happens when a timeout fires.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutAction {
+    /// Full snapshot, VM exits; a later restore continues where it stopped.
+    #[default]
+    Suspend,
+    /// VM and sandbox directory gone (snapshots kept).
+    Kill,
+}
+
+/// When the node stops a sandbox on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeoutPolicy {
+    /// Fires when no request reached the sandbox through the node for this long while it was
+    /// running or paused. `None`: never.
+    #[serde(with = "opt_ms")]
+    pub idle: Option<Duration>,
+    /// Fires when the VM has been up this long since it last started (create, restore,
+    /// rollback), whatever the activity. `None`: never.
+    #[serde(with = "opt_ms")]
+    pub max_lifetime: Option<Duration>,
+    /// What both do.
+    pub action: TimeoutAction,
+}
+
+/// Default idle timeout: long enough for an agent thinking between steps, short enough that an
+/// abandoned sandbox does not hold RAM for long.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+
+impl Default for TimeoutPolicy {
+    fn default() -> Self {
+        TimeoutPolicy {
+            idle: Some(DEFAULT_IDLE_TIMEOUT),
+            max_lifetime: None,
+            action: TimeoutAction::Suspend,
+        }
+    }
+}
+
+mod opt_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&(d.as_millis() as u64)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+/// The shape and environment a sandbox was created with.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxOptions {
+    /// vCPUs; `None`: the template's.
+    pub vcpus: Option<u32>,
+    /// Guest RAM in MiB; `None`: the template's.
+    pub memory_mib: Option<u64>,
+    /// Root disk size in MiB; `None` (or the image's own size): the template's image.
+    pub disk_mib: Option<u64>,
+    /// Default environment of every exec in the guest (sent with each identity step).
+    pub env: BTreeMap<String, String>,
+    /// Free-form labels for the caller; the node only stores them.
+    pub metadata: BTreeMap<String, String>,
+    /// Idle timeout, maximum lifetime and what they do.
+    pub timeouts: TimeoutPolicy,
+}
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    /// The root disk only (crash-consistent after a guest `sync`); rollback cold-boots on it.
+    Disk,
+    /// Memory, device state and disk; rollback and restore continue the very instant.
+    Full,
+}
+
+impl SnapshotKind {
+    /// Lowercase name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotKind::Disk => "disk",
+            SnapshotKind::Full => "full",
+        }
+    }
+}
+
+/// Why a snapshot was taken (it decides nothing; retention and users read it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotReason {
+    /// Asked for.
+    Request,
+    /// Taken by suspend; the restore point of a suspended sandbox.
+    Suspend,
+    /// Taken to fork a child.
+    Fork,
+    /// Taken just before a rollback replaced the running VM (undo point).
+    PreRollback,
+}
+
+/// One snapshot of a sandbox, as listed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// Its id (also its directory name).
+    pub id: SnapshotId,
+    /// Disk only or full.
+    pub kind: SnapshotKind,
+    /// Why it was taken.
+    pub reason: SnapshotReason,
+    /// When, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Apparent size of its files in bytes (shared CoW extents counted in full).
+    pub size_bytes: u64,
+    /// How long the guest's vCPUs were stopped to take it, in microseconds (zero when it was
+    /// already paused).
+    pub paused_for_us: u64,
+}
+
+/// How the current (or last) VM of a sandbox was started: what crash recovery would redo.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum Origin {
+    /// Restored from the template's snapshot.
+    Template,
+    /// Cold-booted on a clone of the template's root image (shape differs from the snapshot).
+    TemplateColdBoot,
+    /// Restored from a full snapshot, of this or (fork) another sandbox.
+    Snapshot {
+        /// Whose snapshot.
+        sandbox: SandboxId,
+        /// Which.
+        snapshot: SnapshotId,
+    },
+    /// Cold-booted on a clone of a disk snapshot of this sandbox.
+    DiskSnapshot {
+        /// Which.
+        snapshot: SnapshotId,
+    },
+}
+
+/// A transition that was started and not yet recorded as finished.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pending {
+    /// The request's name (`create`, `suspend`, `rollback`, ...).
+    pub request: String,
+    /// The state the sandbox is going to if it succeeds.
+    pub target: State,
+    /// The snapshot it writes or reads, if any.
+    pub snapshot: Option<SnapshotId>,
+    /// When it started, milliseconds since the Unix epoch.
+    pub started_unix_ms: u64,
+}
+
+/// Everything the node knows about one sandbox that must survive the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// [`RECORD_FORMAT`].
+    pub format: u32,
+    /// The sandbox.
+    pub id: SandboxId,
+    /// The template build it came from (a fork inherits its parent's).
+    pub template: TemplateRef,
+    /// As created.
+    pub options: SandboxOptions,
+    /// vCPUs and memory actually in use (options resolved against the template).
+    pub vcpus: u32,
+    /// Guest RAM in MiB in use.
+    pub memory_mib: u64,
+    /// Current state (the last one reached).
+    pub state: State,
+    /// The transition in flight, if the node is in (or died in) the middle of one.
+    pub pending: Option<Pending>,
+    /// How the current VM was started.
+    pub origin: Origin,
+    /// When suspended: the full snapshot a restore starts from.
+    pub restore_point: Option<SnapshotId>,
+    /// The parent and snapshot this sandbox was forked from.
+    pub forked_from: Option<(SandboxId, SnapshotId)>,
+    /// Snapshots of this sandbox, oldest first.
+    pub snapshots: Vec<SnapshotRecord>,
+    /// Why the VM stopped when it stopped on its own ([`State::Failed`]).
+    pub failure: Option<String>,
+    /// Created, milliseconds since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Entered the current state.
+    pub state_since_unix_ms: u64,
+    /// The VM last started (create, restore, rollback): max lifetime counts from here.
+    pub started_unix_ms: u64,
+    /// Last request through the node, as of the last write (the live value is in memory).
+    pub last_activity_unix_ms: u64,
+}
+
+impl SandboxRecord {
+    /// The snapshot `id` of this sandbox.
+    pub fn snapshot(&self, id: &SnapshotId) -> Option<&SnapshotRecord> {
+        self.snapshots.iter().find(|s| &s.id == id)
+    }
+}
+
+/// Errors reading or writing records.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// A filesystem call failed.
+    #[error("{op} {path}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The file is not a record this code can read.
+    #[error("parsing {path}")]
+    Parse {
+        /// The file involved.
+        path: PathBuf,
+        /// The parser's complaint.
+        source: serde_json::Error,
+    },
+    /// Too large or the wrong format.
+    #[error("{path}: {why}")]
+    Invalid {
+        /// The file involved.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// The directory of sandbox records.
+#[derive(Debug, Clone)]
+pub struct RecordStore {
+    dir: PathBuf,
+}
+
+impl RecordStore {
+    /// Records under `dir` (created if missing).
+    pub fn open(dir: PathBuf) -> Result<Self, RecordError> {
+        std::fs::create_dir_all(&dir).map_err(|source| RecordError::Io {
+            op: "creating",
+            path: dir.clone(),
+            source,
+        })?;
+        Ok(RecordStore { dir })
+    }
+
+    /// The file of sandbox `id`.
+    pub fn path(&self, id: &SandboxId) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    /// Replaces the record atomically and durably.
+    pub fn write(&self, record: &SandboxRecord) -> Result<(), RecordError> {
+        let path = self.path(&record.id);
+        let bytes = serde_json::to_vec_pretty(record).expect("records serialize");
+        write_atomic(&path, &bytes).map_err(|(op, source)| RecordError::Io { op, path, source })
+    }
+
+    /// Reads the record of `id`; `None` if there is none.
+    pub fn read(&self, id: &SandboxId) -> Result<Option<SandboxRecord>, RecordError> {
+        read_record(&self.path(id))
+    }
+
+    /// Removes the record of `id` (a create that failed leaves no record).
+    pub fn remove(&self, id: &SandboxId) -> Result<(), RecordError> {
+        let path = self.path(id);
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(RecordError::Io {
+                op: "removing",
+                path,
+                source,
+            }),
+        }
+    }
+
+    /// Every record in the directory (temporary files skipped).
+    pub fn list(&self) -> Result<Vec<SandboxRecord>, RecordError> {
+        let io = |source| RecordError::Io {
+            op: "listing",
+            path: self.dir.clone(),
+            source,
+        };
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') || !name.ends_with(".json") {
+                continue;
+            }
+            if let Some(r) = read_record(&entry.path())? {
+                out.push(r);
+            }
+        }
+        out.sort_by_key(|a| a.created_unix_ms);
+        Ok(out)
+    }
+}
+
+fn read_record(path: &Path) -> Result<Option<SandboxRecord>, RecordError> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(RecordError::Io {
+                op: "reading",
+                path: path.to_owned(),
+                source,
+            })
+        }
+    };
+    if bytes.len() as u64 > MAX_RECORD {
+        return Err(RecordError::Invalid {
+            path: path.to_owned(),
+            why: format!("larger than {MAX_RECORD} bytes"),
+        });
+    }
+    let record: SandboxRecord =
+        serde_json::from_slice(&bytes).map_err(|source| RecordError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+    if record.format != RECORD_FORMAT {
+        return Err(RecordError::Invalid {
+            path: path.to_owned(),
+            why: format!(
+                "record format {} (this node reads {RECORD_FORMAT})",
+                record.format
+            ),
+        });
+    }
+    Ok(Some(record))
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory: fsync the file,
+/// rename it over `path`, fsync the directory. A reader sees the old or the new content, never
+/// a mix, and a crash after the return keeps the new one.
+pub(crate) fn write_atomic(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), (&'static str, std::io::Error)> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(|e| ("creating", e))?;
+    f.write_all(bytes).map_err(|e| ("writing", e))?;
+    f.sync_all().map_err(|e| ("syncing", e))?;
+    drop(f);
+    std::fs::rename(&tmp, path).map_err(|e| ("renaming", e))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ("syncing directory", e))?;
+    Ok(())
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> SandboxRecord {
+        SandboxRecord {
+            format: RECORD_FORMAT,
+            id: "sbx-0123".parse().unwrap(),
+            template: TemplateRef::new("minimal", "1").unwrap(),
+            options: SandboxOptions::default(),
+            vcpus: 1,
+            memory_mib: 256,
+            state: State::Running,
+            pending: None,
+            origin: Origin::Template,
+            restore_point: None,
+            forked_from: None,
+            snapshots: vec![SnapshotRecord {
+                id: SnapshotId::generate(1, "disk"),
+                kind: SnapshotKind::Disk,
+                reason: SnapshotReason::Request,
+                created_unix_ms: 1,
+                size_bytes: 2,
+                paused_for_us: 3,
+            }],
+            failure: None,
+            created_unix_ms: 10,
+            state_since_unix_ms: 11,
+            started_unix_ms: 12,
+            last_activity_unix_ms: 13,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_atomic_replace() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(tmp.path().join("records")).unwrap();
+        let mut r = record();
+        store.write(&r).unwrap();
+        assert_eq!(store.read(&r.id).unwrap().unwrap(), r);
+        r.state = State::Paused;
+        store.write(&r).unwrap();
+        assert_eq!(store.read(&r.id).unwrap().unwrap().state, State::Paused);
+        assert_eq!(store.list().unwrap().len(), 1);
+        let leftovers: Vec<_> = std::fs::read_dir(tmp.path().join("records"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+        store.remove(&r.id).unwrap();
+        assert!(store.read(&r.id).unwrap().is_none());
+        store.remove(&r.id).unwrap();
+    }
+
+    #[test]
+    fn foreign_files_are_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = RecordStore::open(tmp.path().to_owned()).unwrap();
+        let id: SandboxId = "sbx-1".parse().unwrap();
+        std::fs::write(store.path(&id), b"{\"format\": 1}").unwrap();
+        assert!(matches!(store.read(&id), Err(RecordError::Parse { .. })));
+        let mut r = record();
+        r.format = 99;
+        std::fs::write(store.path(&r.id), serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(matches!(
+            store.read(&r.id),
+            Err(RecordError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn timeouts_serialize_as_milliseconds() {
+        let p = TimeoutPolicy {
+            idle: Some(Duration::from_millis(1500)),
+            max_lifetime: None,
+            action: TimeoutAction::Kill,
+        };
+        let json = serde_json::to_string(&p).unwrap();
+        assert_eq!(json, r#"{"idle":1500,"max_lifetime":null,"action":"kill"}"#);
+        assert_eq!(serde_json::from_str::<TimeoutPolicy>(&json).unwrap(), p);
+    }
+}

@@ -1,0 +1,1031 @@
+//! The state driver of one sandbox: an actor task that owns the sandbox's VM, its guest
+//! connection and its record, and takes one [`Request`] at a time from a channel.
+//!
+//! ```text
+//!                   create ─────────► Running ◄──── resume ──── Paused
+//!                   (restore/boot)     │  │ ▲ ─────── pause ─────► │
+//!                                      │  │ │                      │
+//!                       suspend ───────┘  │ └── restore ──┐        │ suspend
+//!                                         │               │        │
+//!                                         ▼               │        ▼
+//!             rollback (any snapshot) ──► Running    Suspended ◄───┘
+//!             from Running|Paused|Suspended|Failed
+//!
+//!   Running|Paused ── fork ──► (parent unchanged) + a new Running sandbox
+//!   Running|Paused ── snapshot(disk|full) ──► same state
+//!   Running|Paused ── VM exits on its own ──► Failed   (kill or rollback only)
+//!   Running|Paused|Suspended|Failed ── kill ──► Terminated   (snapshots and record kept)
+//! ```
+//!
+//! Contract:
+//! - A request is checked against [`Request::legal`] first; an illegal one is answered with
+//!   [`NodeError::IllegalState`] and nothing (VM, files, record) is touched.
+//! - A legal request that changes anything writes the record with `pending` set (the intent)
+//!   before acting and writes the outcome after. If it fails, everything it made is removed and
+//!   the sandbox stays in its state, with two exceptions: a rollback that fails after the old VM
+//!   is gone leaves the sandbox Suspended on the undo snapshot taken just before (nothing lost);
+//!   and the VM dying on its own makes it Failed.
+//! - Requests never run concurrently for one sandbox; different sandboxes are independent.
+//! - A guest connection is only handed out while Running. A Paused sandbox is not resumed on
+//!   the caller's behalf: requests on a paused guest would hang, so the caller resumes
+//!   explicitly (and sees the refusal otherwise).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::RngCore;
+use space_proto::{ExecSpec, Identity};
+use space_runtime::{
+    BootSpec, ClientError, GuestClient, QemuRuntime, QemuVm, RestoreSpec, Runtime, Vm,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{NodeError, Result};
+use crate::ids::{SnapshotId, TemplateName, VersionReq};
+use crate::record::{
+    now_ms, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
+    SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
+};
+use crate::storage::{Layout, Storage};
+use crate::template::{self, blocking};
+
+/// What the actors share with the node: the machinery, never another sandbox's state.
+pub(crate) struct Ctx {
+    pub runtime: QemuRuntime,
+    pub storage: Arc<dyn Storage>,
+    pub layout: Layout,
+    pub records: RecordStore,
+    /// How long a started VM may take until its daemon answers.
+    pub ready_timeout: Duration,
+}
+
+/// The part of a sandbox's state that the node reads without asking the actor (listing,
+/// the timeout reconciler): it must not wait behind a long request.
+pub(crate) struct Status {
+    pub state: Mutex<State>,
+    /// Last request through the node, ms since the epoch.
+    pub last_activity_ms: AtomicU64,
+    /// When the current VM started, ms since the epoch.
+    pub started_ms: AtomicU64,
+    pub timeouts: TimeoutPolicy,
+}
+
+impl Status {
+    pub fn state(&self) -> State {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_state(&self, s: State) {
+        *self.state.lock().unwrap_or_else(|e| e.into_inner()) = s;
+    }
+
+    pub fn touch(&self) {
+        self.last_activity_ms.fetch_max(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Which timeout has expired at `now`, if any.
+    pub fn expired(&self, now: u64) -> Option<TimeoutKind> {
+        let state = self.state();
+        if !matches!(state, State::Running | State::Paused) {
+            return None;
+        }
+        let since =
+            |t: &AtomicU64| Duration::from_millis(now.saturating_sub(t.load(Ordering::Relaxed)));
+        if let Some(max) = self.timeouts.max_lifetime {
+            if since(&self.started_ms) >= max {
+                return Some(TimeoutKind::MaxLifetime);
+            }
+        }
+        if let Some(idle) = self.timeouts.idle {
+            if since(&self.last_activity_ms) >= idle {
+                return Some(TimeoutKind::Idle);
+            }
+        }
+        None
+    }
+}
+
+/// Which timeout fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutKind {
+    /// No request for the idle period.
+    Idle,
+    /// Up for longer than the maximum lifetime.
+    MaxLifetime,
+}
+
+type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// Where a fork's child starts: the parent's full snapshot taken for it.
+#[derive(Debug, Clone)]
+pub(crate) struct ForkPoint {
+    pub parent: SandboxRecord,
+    pub snapshot: SnapshotId,
+    pub dir: PathBuf,
+}
+
+/// Every request a sandbox's state driver takes. The node turns its public calls into these.
+pub(crate) enum Request {
+    /// The record as of now (live activity time).
+    Info(Reply<SandboxRecord>),
+    /// Stop the vCPUs.
+    Pause(Reply<()>),
+    /// Restart the vCPUs.
+    Resume(Reply<()>),
+    /// Full snapshot, VM exits, RAM file freed.
+    Suspend(Reply<SnapshotRecord>),
+    /// Back to Running from the restore point.
+    Restore(Reply<()>),
+    /// Take a snapshot now.
+    Snapshot(SnapshotKind, Reply<SnapshotRecord>),
+    /// Replace the VM with one started from a snapshot of this sandbox.
+    Rollback(SnapshotId, Reply<()>),
+    /// Take the full snapshot a child is restored from.
+    Fork(Reply<ForkPoint>),
+    /// A guest client (Running only).
+    Guest(Reply<GuestClient>),
+    /// Counts as activity, changes nothing.
+    Touch(Reply<()>),
+    /// VM and sandbox directory gone; record and snapshots stay.
+    Kill(Reply<()>),
+    /// From the reconciler: act if the timeout is (still) expired. Answers whether it acted.
+    Timeout(TimeoutKind, Reply<bool>),
+    /// Node shutdown: the VM is killed, the record stays as it is (recovery picks it up).
+    Shutdown(Reply<()>),
+}
+
+use State::{Failed, Paused, Running, Suspended, Terminated};
+
+const ALL: &[State] = &[Running, Paused, Suspended, Failed, Terminated];
+const LIVE: &[State] = &[Running, Paused];
+const ALIVE_OR_SUSPENDED: &[State] = &[Running, Paused, Suspended, Failed];
+
+impl Request {
+    /// The request's name in messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Info(_) => "inspect",
+            Request::Pause(_) => "pause",
+            Request::Resume(_) => "resume",
+            Request::Suspend(_) => "suspend",
+            Request::Restore(_) => "restore",
+            Request::Snapshot(..) => "snapshot",
+            Request::Rollback(..) => "rollback",
+            Request::Fork(_) => "fork",
+            Request::Guest(_) => "guest access",
+            Request::Touch(_) => "touch",
+            Request::Kill(_) => "kill",
+            Request::Timeout(..) => "timeout",
+            Request::Shutdown(_) => "shutdown",
+        }
+    }
+
+    /// The states in which the request is legal.
+    pub fn legal(&self) -> &'static [State] {
+        match self {
+            Request::Info(_) | Request::Shutdown(_) => ALL,
+            Request::Pause(_) | Request::Guest(_) => &[Running],
+            Request::Resume(_) => &[Paused],
+            Request::Suspend(_) | Request::Snapshot(..) | Request::Fork(_) => LIVE,
+            Request::Restore(_) => &[Suspended],
+            Request::Rollback(..) | Request::Kill(_) => ALIVE_OR_SUSPENDED,
+            Request::Touch(_) => &[Running, Paused, Suspended],
+            Request::Timeout(..) => LIVE,
+        }
+    }
+
+    /// Whether the request counts as activity for the idle timeout.
+    fn is_activity(&self) -> bool {
+        !matches!(
+            self,
+            Request::Info(_) | Request::Timeout(..) | Request::Shutdown(_) | Request::Kill(_)
+        )
+    }
+
+    /// Answers the request with `err` (a refusal).
+    fn refuse(self, err: NodeError) {
+        match self {
+            Request::Info(r) => drop(r.send(Err(err))),
+            Request::Pause(r)
+            | Request::Resume(r)
+            | Request::Restore(r)
+            | Request::Rollback(_, r)
+            | Request::Touch(r)
+            | Request::Kill(r)
+            | Request::Shutdown(r) => drop(r.send(Err(err))),
+            Request::Suspend(r) | Request::Snapshot(_, r) => drop(r.send(Err(err))),
+            Request::Fork(r) => drop(r.send(Err(err))),
+            Request::Guest(r) => drop(r.send(Err(err))),
+            Request::Timeout(_, r) => drop(r.send(Ok(false))),
+        }
+    }
+}
+
+/// The node's handle on a sandbox actor.
+#[derive(Clone)]
+pub(crate) struct Handle {
+    pub tx: mpsc::Sender<Request>,
+    pub status: Arc<Status>,
+}
+
+/// A started VM and its ready guest, before the actor takes them.
+pub(crate) struct Live {
+    pub vm: QemuVm,
+    pub client: GuestClient,
+}
+
+/// How to start a sandbox's VM.
+pub(crate) enum Launch {
+    /// Restore a full snapshot.
+    Restore { snapshot: PathBuf },
+    /// Cold boot on a clone of `rootfs`.
+    Boot {
+        kernel: PathBuf,
+        rootfs: PathBuf,
+        vcpus: u32,
+        memory_mib: u64,
+        kernel_cmdline: Option<String>,
+    },
+}
+
+/// The identity a guest takes after every start: fresh entropy from the host's RNG, the wall
+/// clock, hostname and sandbox id, the sandbox's environment.
+pub(crate) fn identity(record: &SandboxRecord) -> Identity {
+    let mut entropy = vec![0u8; 64];
+    rand::rngs::OsRng.fill_bytes(&mut entropy);
+    Identity {
+        sandbox_id: record.id.to_string(),
+        entropy,
+        time_unix_ns: Some(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0),
+        ),
+        hostname: Some(record.id.to_string()),
+        env: record.options.env.clone(),
+    }
+}
+
+/// Files a VM leaves in its sandbox directory that must go before another VM starts there
+/// (the logs stay).
+const VM_FILES: &[&str] = &["mem", "rootfs.ext4", "qmp.sock", "ctl.sock", "egress.sock"];
+
+pub(crate) fn clear_vm_files(dir: &Path) -> Result<()> {
+    for name in VM_FILES {
+        let p = dir.join(name);
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NodeError::io("removing", p)(e)),
+        }
+    }
+    Ok(())
+}
+
+/// How often the identity step is tried on a fresh connection when the connection drops.
+const IDENTITY_ATTEMPTS: u32 = 4;
+
+/// Starts a VM in `dir` and brings its guest to ready with `record`'s identity. On failure
+/// the VM is killed and its files removed from `dir`.
+pub(crate) async fn launch(
+    ctx: &Ctx,
+    dir: &Path,
+    how: Launch,
+    record: &SandboxRecord,
+) -> Result<Live> {
+    let t0 = Instant::now();
+    let vm = match how {
+        Launch::Restore { snapshot } => {
+            ctx.runtime
+                .restore(RestoreSpec {
+                    snapshot,
+                    dir: dir.to_owned(),
+                    paused: false,
+                    kernel: None,
+                })
+                .await
+        }
+        Launch::Boot {
+            kernel,
+            rootfs,
+            vcpus,
+            memory_mib,
+            kernel_cmdline,
+        } => {
+            ctx.runtime
+                .boot(BootSpec {
+                    dir: dir.to_owned(),
+                    kernel,
+                    rootfs,
+                    vcpus,
+                    memory_mib,
+                    kernel_cmdline,
+                })
+                .await
+        }
+    }
+    .map_err(|e| template::stale_or(&record.template, e))?;
+    let started = t0.elapsed();
+    let ready = async {
+        // The daemon may drop a connection that answered (a stale connection's close from an
+        // earlier attempt reaching it late); the identity step is idempotent, so a lost
+        // connection is retried on a fresh one, a few times.
+        let mut attempt = 1;
+        loop {
+            let client = vm.wait_ready(ctx.ready_timeout).await?;
+            match client.identity(&identity(record)).await {
+                Ok(_) => return Ok::<_, NodeError>(client),
+                Err(e @ (ClientError::Closed | ClientError::Transport(_)))
+                    if attempt < IDENTITY_ATTEMPTS =>
+                {
+                    tracing::debug!(id = %record.id, attempt, error = %e, "identity step: reconnecting");
+                    attempt += 1;
+                }
+                Err(source) => {
+                    return Err(NodeError::Guest {
+                        what: "identity",
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    .await;
+    match ready {
+        Ok(client) => {
+            tracing::debug!(id = %record.id, ?started, ready = ?t0.elapsed(), "sandbox VM ready");
+            Ok(Live { vm, client })
+        }
+        Err(e) => {
+            let _ = vm.kill().await;
+            drop(vm);
+            if let Err(cleanup) = clear_vm_files(dir) {
+                tracing::error!(error = %cleanup, "cleaning up after a failed start");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Apparent size of the files in a snapshot directory.
+fn dir_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// The actor.
+pub(crate) struct Sandbox {
+    ctx: Arc<Ctx>,
+    record: SandboxRecord,
+    status: Arc<Status>,
+    dir: PathBuf,
+    vm: Option<QemuVm>,
+    client: Option<GuestClient>,
+}
+
+/// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
+const QUEUE: usize = 64;
+
+impl Sandbox {
+    /// Starts the actor of a sandbox whose record is written and whose VM (if any) is live.
+    pub fn spawn(ctx: Arc<Ctx>, record: SandboxRecord, live: Option<Live>) -> Result<Handle> {
+        let dir = ctx.layout.sandbox_dir(record.id.as_str())?;
+        let status = Arc::new(Status {
+            state: Mutex::new(record.state),
+            last_activity_ms: AtomicU64::new(record.last_activity_unix_ms),
+            started_ms: AtomicU64::new(record.started_unix_ms),
+            timeouts: record.options.timeouts,
+        });
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let (vm, client) = match live {
+            Some(l) => (Some(l.vm), Some(l.client)),
+            None => (None, None),
+        };
+        let actor = Sandbox {
+            ctx,
+            record,
+            status: status.clone(),
+            dir,
+            vm,
+            client,
+        };
+        tokio::spawn(actor.run(rx));
+        Ok(Handle { tx, status })
+    }
+
+    async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
+        loop {
+            let next = {
+                let exited = async {
+                    match &self.vm {
+                        Some(vm) => vm.wait().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    req = rx.recv() => Ok(req),
+                    exit = exited => Err(exit),
+                }
+            };
+            match next {
+                Ok(None) => break,
+                Ok(Some(req)) => {
+                    let state = self.record.state;
+                    if !req.legal().contains(&state) {
+                        let err = NodeError::IllegalState {
+                            id: self.record.id.clone(),
+                            request: req.name(),
+                            state,
+                            legal: req.legal(),
+                        };
+                        req.refuse(err);
+                        continue;
+                    }
+                    if req.is_activity() {
+                        self.status.touch();
+                    }
+                    if self.handle(req).await {
+                        break;
+                    }
+                }
+                Err(exit) => self.vm_exited(exit.to_string()).await,
+            }
+        }
+        // Dropping the VM handle kills QEMU if it still runs (node shutdown).
+        drop(self.client.take());
+        drop(self.vm.take());
+    }
+
+    /// Handles one legal request; true when the actor should stop.
+    async fn handle(&mut self, req: Request) -> bool {
+        match req {
+            Request::Info(r) => {
+                let mut rec = self.record.clone();
+                rec.last_activity_unix_ms = self.status.last_activity_ms.load(Ordering::Relaxed);
+                let _ = r.send(Ok(rec));
+            }
+            Request::Pause(r) => {
+                let res = self.pause().await;
+                let _ = r.send(res);
+            }
+            Request::Resume(r) => {
+                let res = self.resume().await;
+                let _ = r.send(res);
+            }
+            Request::Suspend(r) => {
+                let res = self.suspend().await;
+                let _ = r.send(res);
+            }
+            Request::Restore(r) => {
+                let res = self.restore().await;
+                let _ = r.send(res);
+            }
+            Request::Snapshot(kind, r) => {
+                let res = self.snapshot(kind, SnapshotReason::Request).await;
+                let _ = r.send(res);
+            }
+            Request::Rollback(snap, r) => {
+                let res = self.rollback(snap).await;
+                let _ = r.send(res);
+            }
+            Request::Fork(r) => {
+                let res = self
+                    .snapshot(SnapshotKind::Full, SnapshotReason::Fork)
+                    .await;
+                let res = res.and_then(|s| {
+                    Ok(ForkPoint {
+                        parent: self.record.clone(),
+                        dir: self
+                            .ctx
+                            .layout
+                            .snapshot_dir(self.record.id.as_str(), s.id.as_str())?,
+                        snapshot: s.id,
+                    })
+                });
+                let _ = r.send(res);
+            }
+            Request::Guest(r) => {
+                let res = self.guest().await;
+                let _ = r.send(res);
+            }
+            Request::Touch(r) => {
+                let _ = r.send(Ok(()));
+            }
+            Request::Kill(r) => {
+                let res = self.kill().await;
+                let done = res.is_ok();
+                let _ = r.send(res);
+                return done;
+            }
+            Request::Timeout(kind, r) => {
+                let res = self.timeout(kind).await;
+                let done = self.record.state == Terminated;
+                let _ = r.send(res);
+                return done;
+            }
+            Request::Shutdown(r) => {
+                if let Some(vm) = self.vm.take() {
+                    let _ = vm.kill().await;
+                }
+                let _ = r.send(Ok(()));
+                return true;
+            }
+        }
+        false
+    }
+
+    // ---- record keeping ------------------------------------------------------------------
+
+    fn write(&mut self) -> Result<()> {
+        self.record.last_activity_unix_ms = self.status.last_activity_ms.load(Ordering::Relaxed);
+        Ok(self.ctx.records.write(&self.record)?)
+    }
+
+    /// Writes the intent of a transition.
+    fn begin(&mut self, request: &str, target: State, snapshot: Option<&SnapshotId>) -> Result<()> {
+        self.record.pending = Some(Pending {
+            request: request.to_owned(),
+            target,
+            snapshot: snapshot.cloned(),
+            started_unix_ms: now_ms(),
+        });
+        self.write()
+    }
+
+    /// Writes the outcome: the new state, nothing pending.
+    fn finish(&mut self, state: State) -> Result<()> {
+        if state != self.record.state {
+            self.record.state = state;
+            self.record.state_since_unix_ms = now_ms();
+        }
+        self.record.pending = None;
+        self.status.set_state(state);
+        self.write()
+    }
+
+    /// Clears a pending intent after a failure that changed nothing. A record that cannot be
+    /// written here is logged: the caller already reports the original error.
+    fn abandon(&mut self) {
+        self.record.pending = None;
+        if let Err(e) = self.write() {
+            tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
+        }
+    }
+
+    fn set_started(&mut self) {
+        let now = now_ms();
+        self.record.started_unix_ms = now;
+        self.status.started_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn vm(&self) -> &QemuVm {
+        self.vm
+            .as_ref()
+            .expect("a running or paused sandbox has a VM")
+    }
+
+    fn new_snapshot_id(&self, kind: &str) -> SnapshotId {
+        let mut ms = now_ms();
+        loop {
+            let id = SnapshotId::generate(ms, kind);
+            if self.record.snapshot(&id).is_none() {
+                return id;
+            }
+            ms += 1;
+        }
+    }
+
+    // ---- transitions ---------------------------------------------------------------------
+
+    async fn pause(&mut self) -> Result<()> {
+        self.begin("pause", Paused, None)?;
+        if let Err(e) = self.vm().pause().await {
+            self.abandon();
+            return Err(e.into());
+        }
+        self.finish(Paused)
+    }
+
+    async fn resume(&mut self) -> Result<()> {
+        self.begin("resume", Running, None)?;
+        if let Err(e) = self.vm().resume().await {
+            self.abandon();
+            return Err(e.into());
+        }
+        self.finish(Running)
+    }
+
+    /// Takes a snapshot of the live VM into a new read-only volume and lists it.
+    async fn snapshot(
+        &mut self,
+        kind: SnapshotKind,
+        reason: SnapshotReason,
+    ) -> Result<SnapshotRecord> {
+        let label = match (kind, reason) {
+            (_, SnapshotReason::Suspend) => "suspend",
+            (_, SnapshotReason::Fork) => "fork",
+            (_, SnapshotReason::PreRollback) => "undo",
+            (SnapshotKind::Disk, _) => "disk",
+            (SnapshotKind::Full, _) => "full",
+        };
+        let id = self.new_snapshot_id(label);
+        let state = self.record.state;
+        self.begin("snapshot", state, Some(&id))?;
+        match self.take_snapshot(&id, kind, reason).await {
+            Ok(rec) => {
+                self.record.snapshots.push(rec.clone());
+                self.record.pending = None;
+                self.write()?;
+                Ok(rec)
+            }
+            Err(e) => {
+                self.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    async fn take_snapshot(
+        &mut self,
+        id: &SnapshotId,
+        kind: SnapshotKind,
+        reason: SnapshotReason,
+    ) -> Result<SnapshotRecord> {
+        let sandbox = self.record.id.as_str();
+        let parent = self.ctx.layout.snapshots_of(sandbox)?;
+        let dir = self.ctx.layout.snapshot_dir(sandbox, id.as_str())?;
+        std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
+        let storage = self.ctx.storage.clone();
+        {
+            let (s, d) = (storage.clone(), dir.clone());
+            blocking(move || Ok(s.create_volume(&d)?)).await?;
+        }
+        let taken = match kind {
+            SnapshotKind::Full => self.full_snapshot(&dir).await,
+            SnapshotKind::Disk => self.disk_snapshot(&dir).await,
+        };
+        let paused_for = match taken {
+            Ok(p) => p,
+            Err(e) => {
+                let (s, d) = (storage.clone(), dir.clone());
+                if let Err(cleanup) = blocking(move || Ok(s.delete_volume(&d)?)).await {
+                    tracing::error!(error = %cleanup, "removing a failed snapshot");
+                }
+                return Err(e);
+            }
+        };
+        let (s, d) = (storage, dir.clone());
+        blocking(move || Ok(s.set_readonly(&d)?)).await?;
+        Ok(SnapshotRecord {
+            id: id.clone(),
+            kind,
+            reason,
+            created_unix_ms: now_ms(),
+            size_bytes: dir_size(&dir),
+            paused_for_us: paused_for.as_micros() as u64,
+        })
+    }
+
+    /// The runtime's full snapshot into `dest`. QEMU sometimes refuses the `cont` that ends
+    /// a snapshot for a moment after the migration reported completion ("Migration is not
+    /// finalized yet"): the runtime then removes the snapshot's files and the VM stays
+    /// stopped. The VM is resumed (a failed snapshot must not freeze a running sandbox) and
+    /// the snapshot tried once more.
+    async fn full_snapshot(&self, dest: &Path) -> Result<Duration> {
+        let running = self.record.state == Running;
+        let mut attempt = 1;
+        loop {
+            match self.vm().snapshot(dest).await {
+                Ok(info) => return Ok(info.paused_for),
+                Err(e) => {
+                    if running {
+                        self.resume_after_failure().await;
+                    }
+                    let cont_refused = matches!(
+                        &e,
+                        space_runtime::Error::Qmp(space_runtime::qmp::QmpError::Command { command, .. })
+                            if command == "cont"
+                    );
+                    if !cont_refused || attempt >= 2 {
+                        return Err(e.into());
+                    }
+                    tracing::warn!(id = %self.record.id, error = %e, "snapshot: QEMU refused to continue; retrying");
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Makes sure a Running sandbox's vCPUs run again after a failed operation stopped them.
+    /// Returns whether they do.
+    async fn resume_after_failure(&self) -> bool {
+        for _ in 0..10 {
+            if self.vm().resume().await.is_ok() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::error!(id = %self.record.id, "could not resume the VM after a failed operation");
+        false
+    }
+
+    /// Disk-only snapshot: the guest flushes its page cache (`sync`), the vCPUs stop, the
+    /// disk file is cloned, the vCPUs go on. Returns how long they were stopped. A paused
+    /// sandbox is not woken for the `sync`: its snapshot is crash-consistent.
+    async fn disk_snapshot(&mut self, dest: &Path) -> Result<Duration> {
+        let running = self.record.state == Running;
+        if running {
+            let client = self.guest().await?;
+            let mut spec = ExecSpec::shell("sync");
+            spec.timeout_ms = Some(60_000);
+            let out = client.run(spec).await.map_err(|source| NodeError::Guest {
+                what: "sync before a disk snapshot",
+                source,
+            })?;
+            if !out.status.success() {
+                return Err(NodeError::Invalid(format!(
+                    "`sync` in the guest failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+        let vm = self.vm();
+        let t0 = Instant::now();
+        if running {
+            vm.pause().await?;
+        }
+        let (s, src, dst) = (
+            self.ctx.storage.clone(),
+            self.dir.join("rootfs.ext4"),
+            dest.join("rootfs.ext4"),
+        );
+        let cloned = blocking(move || Ok(s.clone_file(&src, &dst)?)).await;
+        let resumed = if running { vm.resume().await } else { Ok(()) };
+        let paused_for = if running {
+            t0.elapsed()
+        } else {
+            Duration::ZERO
+        };
+        cloned?;
+        if resumed.is_err() && !self.resume_after_failure().await {
+            resumed?;
+        }
+        Ok(paused_for)
+    }
+
+    async fn suspend(&mut self) -> Result<SnapshotRecord> {
+        let id = self.new_snapshot_id("suspend");
+        self.begin("suspend", Suspended, Some(&id))?;
+        let snap = match self
+            .take_snapshot(&id, SnapshotKind::Full, SnapshotReason::Suspend)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                self.abandon();
+                return Err(e);
+            }
+        };
+        self.record.snapshots.push(snap.clone());
+        self.record.restore_point = Some(id);
+        self.stop_vm().await;
+        self.finish(Suspended)?;
+        Ok(snap)
+    }
+
+    /// Kills the VM and frees its RAM and disk files (the logs stay).
+    async fn stop_vm(&mut self) {
+        drop(self.client.take());
+        if let Some(vm) = self.vm.take() {
+            let _ = vm.kill().await;
+        }
+        if let Err(e) = clear_vm_files(&self.dir) {
+            tracing::error!(id = %self.record.id, error = %e, "freeing a stopped VM's files");
+        }
+    }
+
+    async fn restore(&mut self) -> Result<()> {
+        let point = self.record.restore_point.clone().ok_or_else(|| {
+            NodeError::Invalid("a suspended sandbox without a restore point".into())
+        })?;
+        let dir = self
+            .ctx
+            .layout
+            .snapshot_dir(self.record.id.as_str(), point.as_str())?;
+        self.begin("restore", Running, Some(&point))?;
+        clear_vm_files(&self.dir)?;
+        match launch(
+            &self.ctx,
+            &self.dir,
+            Launch::Restore { snapshot: dir },
+            &self.record,
+        )
+        .await
+        {
+            Ok(live) => {
+                self.vm = Some(live.vm);
+                self.client = Some(live.client);
+                self.record.origin = Origin::Snapshot {
+                    sandbox: self.record.id.clone(),
+                    snapshot: point,
+                };
+                self.record.restore_point = None;
+                self.set_started();
+                self.finish(Running)
+            }
+            Err(e) => {
+                self.abandon();
+                Err(e)
+            }
+        }
+    }
+
+    async fn rollback(&mut self, target: SnapshotId) -> Result<()> {
+        let snap =
+            self.record
+                .snapshot(&target)
+                .cloned()
+                .ok_or_else(|| NodeError::SnapshotNotFound {
+                    sandbox: self.record.id.clone(),
+                    snapshot: target.clone(),
+                    owner: None,
+                })?;
+        let snap_dir = self
+            .ctx
+            .layout
+            .snapshot_dir(self.record.id.as_str(), target.as_str())?;
+        // Everything that can be checked is checked before the current VM is touched.
+        let how = match snap.kind {
+            SnapshotKind::Full => {
+                let m = space_runtime::Manifest::read(&snap_dir.join("manifest.json")).map_err(
+                    |e| NodeError::Invalid(format!("snapshot {target} cannot be restored: {e}")),
+                )?;
+                m.check_host(self.ctx.runtime.version(), self.ctx.runtime.accel())
+                    .map_err(|e| {
+                        NodeError::Invalid(format!("snapshot {target} cannot be restored: {e}"))
+                    })?;
+                Launch::Restore { snapshot: snap_dir }
+            }
+            SnapshotKind::Disk => {
+                let disk = snap_dir.join("rootfs.ext4");
+                if !disk.is_file() {
+                    return Err(NodeError::Invalid(format!(
+                        "snapshot {target} has no disk image"
+                    )));
+                }
+                let t = template::resolve(
+                    &self.ctx.layout,
+                    &self.record.template.name,
+                    &VersionReq::Exact(self.record.template.version.clone()),
+                )?;
+                Launch::Boot {
+                    kernel: t.kernel(),
+                    rootfs: disk,
+                    vcpus: self.record.vcpus,
+                    memory_mib: self.record.memory_mib,
+                    kernel_cmdline: Some(t.manifest.kernel_cmdline.clone()),
+                }
+            }
+        };
+        self.begin("rollback", Running, Some(&target))?;
+        // An undo point first, so a failure below loses nothing.
+        if self.vm.is_some() {
+            let undo = self.new_snapshot_id("undo");
+            match self
+                .take_snapshot(&undo, SnapshotKind::Full, SnapshotReason::PreRollback)
+                .await
+            {
+                Ok(s) => {
+                    self.record.snapshots.push(s);
+                    self.record.restore_point = Some(undo);
+                }
+                Err(e) => {
+                    self.abandon();
+                    return Err(e);
+                }
+            }
+        }
+        let before = self.record.state;
+        self.stop_vm().await;
+        match launch(&self.ctx, &self.dir, how, &self.record).await {
+            Ok(live) => {
+                self.vm = Some(live.vm);
+                self.client = Some(live.client);
+                self.record.origin = match snap.kind {
+                    SnapshotKind::Full => Origin::Snapshot {
+                        sandbox: self.record.id.clone(),
+                        snapshot: target,
+                    },
+                    SnapshotKind::Disk => Origin::DiskSnapshot { snapshot: target },
+                };
+                self.record.restore_point = None;
+                self.record.failure = None;
+                self.set_started();
+                self.finish(Running)
+            }
+            Err(e) => {
+                // The old VM is gone: fall back to the undo point (or stay where we were).
+                let fallback = if self.record.restore_point.is_some() {
+                    Suspended
+                } else {
+                    before
+                };
+                self.finish(fallback)?;
+                Err(e)
+            }
+        }
+    }
+
+    async fn guest(&mut self) -> Result<GuestClient> {
+        if let Some(c) = &self.client {
+            if !c.is_closed() {
+                return Ok(c.clone());
+            }
+        }
+        // The connection died (the guest daemon restarted it, or a client misbehaved): a new
+        // one, the same way a restore makes one.
+        drop(self.client.take());
+        let client = self.vm().wait_ready(self.ctx.ready_timeout).await?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        self.begin("kill", Terminated, None)?;
+        self.stop_vm().await;
+        let (s, d) = (self.ctx.storage.clone(), self.dir.clone());
+        if let Err(e) = blocking(move || Ok(s.delete_volume(&d)?)).await {
+            // The VM is gone either way; the directory is retried by whoever cleans up next.
+            tracing::error!(id = %self.record.id, error = %e, "removing a killed sandbox's directory");
+            self.record.failure = Some(format!("removing the sandbox directory: {e}"));
+        }
+        self.record.restore_point = None;
+        self.finish(Terminated)
+    }
+
+    async fn timeout(&mut self, kind: TimeoutKind) -> Result<bool> {
+        // Activity may have come in since the reconciler looked.
+        if self.status.expired(now_ms()) != Some(kind) {
+            return Ok(false);
+        }
+        let action = self.record.options.timeouts.action;
+        tracing::info!(id = %self.record.id, ?kind, ?action, "timeout");
+        match action {
+            TimeoutAction::Suspend => self.suspend().await.map(|_| true),
+            TimeoutAction::Kill => self.kill().await.map(|_| true),
+        }
+    }
+
+    async fn vm_exited(&mut self, exit: String) {
+        let console = self
+            .vm
+            .as_ref()
+            .map(|vm| vm.console_tail(2048))
+            .unwrap_or_default();
+        tracing::error!(id = %self.record.id, %exit, "sandbox VM exited on its own\n{console}");
+        drop(self.client.take());
+        drop(self.vm.take());
+        if let Err(e) = clear_vm_files(&self.dir) {
+            tracing::error!(id = %self.record.id, error = %e, "freeing an exited VM's files");
+        }
+        self.record.failure = Some(format!("the VM exited ({exit})"));
+        if let Err(e) = self.finish(Failed) {
+            tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
+        }
+    }
+}
+
+/// What [`crate::Node::create`] asks for.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    /// Template name.
+    pub template: TemplateName,
+    /// Which build (`latest` by default).
+    pub version: VersionReq,
+    /// Shape, environment, metadata, timeouts.
+    pub options: crate::record::SandboxOptions,
+}
+
+impl CreateRequest {
+    /// The newest build of `template`, default options.
+    pub fn new(template: TemplateName) -> Self {
+        CreateRequest {
+            template,
+            version: VersionReq::Latest,
+            options: Default::default(),
+        }
+    }
+}
+
+/// Public view of a sandbox: its record.
+pub type SandboxInfo = SandboxRecord;

@@ -1,0 +1,234 @@
+//! Shared pieces of the node's integration tests: a node on a fresh data directory (a
+//! loop-mounted btrfs image, or plain ext4 with the copy driver) that is torn down even when
+//! the test fails, the `minimal` template, and shortcuts for talking to the guest.
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use space_node::storage::{DriverKind, Layout, Storage, StorageOptions};
+use space_node::{
+    CreateRequest, Node, NodeConfig, SandboxId, SandboxOptions, TemplateRef, TemplateSpec,
+};
+use space_proto::{ExecSpec, WriteOptions};
+use space_runtime::GuestClient;
+
+/// A path from the environment, or a panic that says how to get it set.
+pub fn env_path(var: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            assert!(p.exists(), "{var}={} does not exist", p.display());
+            p
+        }
+        _ => panic!(
+            "{var} is not set: these tests boot real guests; run them with `make test` (or \
+             `source target/space/env.sh` first), which sets SPACE_KERNEL and \
+             SPACE_ROOTFS_MINIMAL"
+        ),
+    }
+}
+
+/// Which storage a test node runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disk {
+    /// A loop-mounted btrfs image over the data directory (made by `storage::open`).
+    Btrfs,
+    /// The data directory as it is (ext4 here), with the copying driver.
+    Copy,
+}
+
+/// Runs `test` against a fresh node on its own tokio runtime, then tears everything down in
+/// an order that works even after a panic: the runtime goes first (its tasks own the VMs;
+/// dropping a VM handle kills QEMU and waits for it), then the loop mount, then the
+/// temporary directory with the image.
+pub fn with_node<F, Fut>(disk: Disk, config: impl FnOnce(&mut NodeConfig), test: F)
+where
+    F: FnOnce(Node) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            std::env::var("RUST_LOG")
+                .unwrap_or_else(|_| "space_node=info,space_runtime=warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let tmp = tempfile::Builder::new()
+        .prefix("space-node-test")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let data = tmp.path().join("data");
+    let mut cfg = NodeConfig::new(&data);
+    cfg.storage = match disk {
+        Disk::Btrfs => StorageOptions {
+            driver: Some(DriverKind::Btrfs),
+            loop_image_size: 8 << 30,
+            loop_image: true,
+        },
+        Disk::Copy => StorageOptions {
+            driver: Some(DriverKind::Copy),
+            loop_image_size: 0,
+            loop_image: false,
+        },
+    };
+    cfg.ready_timeout = Duration::from_secs(120);
+    config(&mut cfg);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut storage = None;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        rt.block_on(async {
+            let node = Node::open(cfg).await.expect("opening the node");
+            storage = Some((node.storage().clone(), node.layout().clone()));
+            test(node.clone()).await;
+            node.shutdown().await;
+        })
+    }));
+    drop(rt);
+    if let Some((storage, layout)) = storage {
+        if storage.kind() != DriverKind::Btrfs {
+            // Read-only volumes of the other drivers are immutable files: only the driver
+            // removes them.
+            delete_volumes(&*storage, &layout);
+        }
+    }
+    unmount(&data);
+    drop(tmp);
+    if let Err(panic) = result {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+fn delete_volumes(storage: &dyn Storage, layout: &Layout) {
+    let children = |d: PathBuf| -> Vec<PathBuf> {
+        std::fs::read_dir(d)
+            .map(|e| e.filter_map(|e| Some(e.ok()?.path())).collect())
+            .unwrap_or_default()
+    };
+    for parent in children(layout.templates())
+        .into_iter()
+        .chain(children(layout.snapshots()))
+    {
+        for volume in children(parent) {
+            storage.delete_volume(&volume).unwrap();
+        }
+    }
+    for volume in children(layout.sandboxes()) {
+        storage.delete_volume(&volume).unwrap();
+    }
+}
+
+fn unmount(data: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(a), Ok(b)) = (
+        std::fs::metadata(data),
+        std::fs::metadata(data.parent().unwrap()),
+    ) else {
+        return;
+    };
+    if a.dev() == b.dev() {
+        return;
+    }
+    if nix::mount::umount2(data, nix::mount::MntFlags::empty()).is_err() {
+        // Something still holds a file open: detach now, the kernel finishes later.
+        nix::mount::umount2(data, nix::mount::MntFlags::MNT_DETACH).expect("unmounting");
+    }
+}
+
+/// Builds the `minimal` template as version `version`.
+pub async fn build_minimal(node: &Node, version: &str) -> TemplateRef {
+    let template = TemplateRef::new("minimal", version).unwrap();
+    node.build_template(TemplateSpec {
+        template: template.clone(),
+        kernel: env_path("SPACE_KERNEL"),
+        rootfs: env_path("SPACE_ROOTFS_MINIMAL"),
+        vcpus: 1,
+        memory_mib: 256,
+        kernel_cmdline: None,
+        ready_timeout: Duration::from_secs(120),
+    })
+    .await
+    .expect("building the minimal template");
+    template
+}
+
+/// A create request for the newest `minimal` build.
+pub fn minimal() -> CreateRequest {
+    CreateRequest::new("minimal".parse().unwrap())
+}
+
+/// Creates a sandbox from `minimal` with `options`.
+pub async fn create(node: &Node, options: SandboxOptions) -> SandboxId {
+    let mut req = minimal();
+    req.options = options;
+    node.create(req).await.expect("create").id
+}
+
+/// Runs a shell line in the guest and insists on success; returns stdout.
+pub async fn sh(client: &GuestClient, line: &str) -> String {
+    let out = client.run(ExecSpec::shell(line)).await.unwrap();
+    assert!(
+        out.status.success(),
+        "`{line}` failed: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.to_vec()).unwrap()
+}
+
+/// Writes `len` random bytes to `path` in the guest; returns their SHA-256.
+pub async fn write_random(client: &GuestClient, path: &str, len: usize) -> String {
+    let data: Vec<u8> = (0..len).map(|_| rand::random::<u8>()).collect();
+    client
+        .write_file(path, data.clone(), WriteOptions::default())
+        .await
+        .unwrap();
+    sha256(&data)
+}
+
+/// SHA-256 of a guest file as the host reads it.
+pub async fn guest_sha(client: &GuestClient, path: &str) -> String {
+    sha256(&client.read_file_bytes(path).await.unwrap())
+}
+
+/// Whether a guest file exists.
+pub async fn exists(client: &GuestClient, path: &str) -> bool {
+    client.stat(path).await.is_ok()
+}
+
+pub fn sha256(data: &[u8]) -> String {
+    Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Starts `sleep 100000` in the guest and returns its pid (the process outlives the request).
+pub async fn start_sleeper(client: &GuestClient) -> u32 {
+    let h = client
+        .exec(ExecSpec::argv(["sleep", "100000"]))
+        .await
+        .unwrap();
+    h.pid()
+}
+
+/// Whether the sleeper `pid` runs in the guest (by its command line, so a reused pid does
+/// not count).
+pub async fn alive(client: &GuestClient, pid: u32) -> bool {
+    let out = client
+        .run(ExecSpec::shell(format!("cat /proc/{pid}/cmdline")))
+        .await
+        .unwrap();
+    out.status.success() && out.stdout.as_ref() == b"sleep\x00100000\x00"
+}
+
+/// The bytes of a sandbox's record file.
+pub fn record_bytes(node: &Node, id: &SandboxId) -> Vec<u8> {
+    std::fs::read(node.record_path(id)).unwrap()
+}
