@@ -72,6 +72,8 @@ const MAX_VCPUS: u32 = 64;
 const MIGRATION_CAPABILITIES: &[&str] = &["x-ignore-shared", "events"];
 /// Largest device state kept in memory for a repeated snapshot of a VM that stayed paused.
 const MAX_CACHED_STATE: u64 = 16 << 20;
+/// How long `cont` is retried while QEMU is still finalizing a migration.
+const CONT_RETRY_FOR: Duration = Duration::from_secs(2);
 /// `getfd` names.
 const SNAPSHOT_FD: &str = "snapshot-out";
 const RESTORE_FD: &str = "restore-in";
@@ -539,7 +541,7 @@ impl QemuRuntime {
             incoming: false,
         };
         let vm = self.start(&spec.dir, config, kernel).await?;
-        vm.command(vm.qmp().execute("cont", None)).await?;
+        vm.cont().await?;
         Ok(vm)
     }
 
@@ -619,7 +621,7 @@ impl QemuRuntime {
         vm.wait_migration(events).await?;
         let loaded = t0.elapsed();
         if !spec.paused {
-            vm.command(qmp.execute("cont", None)).await?;
+            vm.cont().await?;
         }
         tracing::debug!(
             ?mem_clone, ?disk_clone, ?cloned, ?started, ?loaded, total = ?t0.elapsed(),
@@ -845,6 +847,25 @@ impl QemuVm {
         .await
     }
 
+    /// Restarts the vCPUs. Right after a migration QEMU announces completion before it has
+    /// finished tearing the migration down, and refuses `cont` meanwhile ("Migration is not
+    /// finalized yet"); that refusal is retried briefly instead of failing the operation.
+    async fn cont(&self) -> Result<()> {
+        let deadline = Instant::now() + CONT_RETRY_FOR;
+        let mut delay = Duration::from_millis(1);
+        loop {
+            match self.command(self.qmp().execute("cont", None)).await {
+                Err(Error::Qmp(QmpError::Command { desc, .. }))
+                    if desc.contains("not finalized") && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_millis(20));
+                }
+                r => return r.map(drop),
+            }
+        }
+    }
+
     /// Waits until the current migration (either direction) completes or fails. Polls
     /// `query-migrate` whenever a MIGRATION event arrives, and every few milliseconds in case
     /// events were dropped.
@@ -906,7 +927,7 @@ impl QemuVm {
         let paused_for = stopped_at.elapsed();
         if was_running {
             // Resume even when saving failed: a failed snapshot must not freeze the sandbox.
-            let resumed = self.command(qmp.execute("cont", None)).await;
+            let resumed = self.cont().await;
             if saved.is_ok() {
                 resumed?;
             }
@@ -1031,9 +1052,7 @@ impl Vm for QemuVm {
     async fn resume(&self) -> Result<()> {
         let _op = self.ops.lock().await;
         *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.command(self.qmp().execute("cont", None))
-            .await
-            .map(drop)
+        self.cont().await
     }
 
     async fn snapshot(&self, dest: &Path) -> Result<SnapshotInfo> {
