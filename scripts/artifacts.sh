@@ -26,7 +26,9 @@ kernel=$(guest/build-kernel.sh | tail -n1)
 
 log "image: minimal"
 minimal=$(guest/build-image.sh minimal "$guestd" | tail -n1)
-base=""
+# A run that builds only `minimal` keeps the base image recorded by an earlier run.
+base=$(sed -n "s/^export SPACE_ROOTFS_BASE='\(.*\)'$/\1/p" target/space/env.sh 2>/dev/null || true)
+[[ -f $base ]] || base=""
 if [[ $which_images == all || $which_images == base ]]; then
     log "image: base (the first build runs debootstrap: a few minutes)"
     base=$(guest/build-image.sh base "$guestd" | tail -n1)

@@ -7,8 +7,9 @@
 //! connected and starts delivering bytes when one connects. So the port loop is:
 //!
 //! 1. wait, without spinning, until bytes arrive: a read of 0 means no host; the daemon then
-//!    sleeps until SIGIO (the driver signals connects and data when `O_ASYNC` is set), an
-//!    epoll edge, or a 20 ms fallback tick, whichever comes first;
+//!    sleeps until SIGIO (the driver signals connects and data when `O_ASYNC` is set) or a
+//!    20 ms fallback tick, whichever comes first (see [`Port`] for why a hang-up must never
+//!    be waited on through the reactor);
 //! 2. discard bytes until the HTTP/2 client preface, so stale bytes from a previous host
 //!    cannot poison the new connection;
 //! 3. serve one HTTP/2 connection, replaying the preface to hyper;
@@ -25,8 +26,9 @@
 //! the host side handles that by reconnecting when its first request fails (see
 //! `docs/protocol.md`).
 
+use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -53,6 +55,12 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const MAX_FRAME_SIZE: u32 = 256 * 1024;
 /// How often a disconnected port is re-checked when no signal arrives.
 const DISCONNECTED_POLL: Duration = Duration::from_millis(20);
+/// Longest a started HTTP/2 frame may stay incomplete while nothing more can be read. A host
+/// writes each frame whole, so a frame still incomplete after this long was cut off: its host
+/// went away mid-frame (or the guest was restored from a snapshot taken mid-frame). A host
+/// that reconnects at once is not seen to leave (the port never reads end-of-file), and
+/// without this bound its preface would be taken for the rest of the dead host's frame.
+const FRAME_DEADLINE: Duration = Duration::from_secs(3);
 
 /// Transport failures that stop serving.
 #[derive(Debug, thiserror::Error)]
@@ -131,8 +139,16 @@ pub fn find_port(name: &str) -> Option<PathBuf> {
 }
 
 /// The open port.
+///
+/// The descriptor itself is never registered with the reactor. Tokio takes a hang-up
+/// (`EPOLLHUP`) as final: once its reactor has seen one, the registration reports the
+/// descriptor readable and writable forever, and readiness can no longer be waited for. A
+/// port reports a hang-up whenever no host is connected — after every disconnect, and on
+/// every snapshot restore until the new host connects — and then carries on with the next
+/// host. So each wait uses a registration of its own (a duplicate of the descriptor) and a
+/// registration that reported a hang-up is replaced once the host is back, never reused.
 pub struct Port {
-    fd: AsyncFd<OwnedFd>,
+    fd: OwnedFd,
 }
 
 impl Port {
@@ -148,13 +164,20 @@ impl Port {
         if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETOWN, libc::getpid()) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Port {
-            fd: crate::sys::register(fd)?,
-        })
+        Ok(Port { fd })
+    }
+
+    /// A new reactor registration of the port, with readiness as it is now.
+    fn register(&self) -> io::Result<AsyncFd<OwnedFd>> {
+        crate::sys::register(self.fd.try_clone()?)
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
     }
 
     fn set_async(&self, on: bool) {
-        let raw = self.fd.get_ref().as_raw_fd();
+        let raw = self.raw();
         if let Ok(flags) = fcntl(raw, FcntlArg::F_GETFL) {
             let mut flags = OFlag::from_bits_truncate(flags);
             flags.set(OFlag::O_ASYNC, on);
@@ -165,7 +188,7 @@ impl Port {
     /// Whether the host side is gone (POLLHUP), checked without blocking.
     fn hung_up(&self) -> bool {
         let mut pfd = libc::pollfd {
-            fd: self.fd.get_ref().as_raw_fd(),
+            fd: self.raw(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -174,18 +197,32 @@ impl Port {
         let n = unsafe { libc::poll(&mut pfd, 1, 0) };
         n > 0 && pfd.revents & libc::POLLHUP != 0
     }
+}
 
-    /// Waits for something to change: an epoll edge, SIGIO, or the fallback tick.
-    async fn wait_event(&self, sigio: &mut Signal, fallback: Duration) {
-        tokio::select! {
-            r = self.fd.readable() => {
-                if let Ok(mut guard) = r {
+/// Waits for something to change: SIGIO, an edge on `reg` (if any), or the fallback tick.
+/// Returns true if `reg` reported a hang-up, which makes it useless for further waits.
+async fn wait_event(
+    sigio: &mut Signal,
+    reg: Option<&AsyncFd<OwnedFd>>,
+    fallback: Duration,
+) -> bool {
+    let readable = async {
+        match reg {
+            Some(reg) => match reg.readable().await {
+                Ok(mut guard) => {
+                    let hung_up = guard.ready().is_read_closed();
                     guard.clear_ready();
+                    hung_up
                 }
-            }
-            _ = sigio.recv() => {}
-            _ = tokio::time::sleep(fallback) => {}
+                Err(_) => true,
+            },
+            None => std::future::pending().await,
         }
+    };
+    tokio::select! {
+        hung_up = readable => hung_up,
+        _ = sigio.recv() => false,
+        _ = tokio::time::sleep(fallback) => false,
     }
 }
 
@@ -228,6 +265,7 @@ pub async fn serve_port(
 
 async fn serve_port_fd(port: Arc<Port>, sigio: &mut Signal, daemon: &Arc<Daemon>) -> io::Error {
     let mut carry = BytesMut::new();
+    let mut number = 0u64;
     loop {
         port.set_async(true);
         let leftover = match wait_for_preface(&port, carry, sigio).await {
@@ -235,12 +273,35 @@ async fn serve_port_fd(port: Arc<Port>, sigio: &mut Signal, daemon: &Arc<Daemon>
             Err(e) => return e,
         };
         port.set_async(false);
-        let conn = PortConn::new(port.clone(), leftover);
+        number += 1;
+        let conn = match PortConn::new(port.clone(), leftover) {
+            Ok(c) => c,
+            Err(e) => return e,
+        };
         let carry_slot = conn.carry.clone();
         if let Err(e) = serve_io(conn, daemon.clone()).await {
-            daemon.warn_limited("control connection ended", &e);
+            daemon.warn_limited(
+                &format!("control connection {number} ended"),
+                &ErrorChain(&e),
+            );
         }
         carry = std::mem::take(&mut *carry_slot.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// Displays an error followed by its sources (hyper's own text is often just "connection
+/// error").
+struct ErrorChain<'a>(&'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for ErrorChain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(s) = source {
+            write!(f, ": {s}")?;
+            source = s.source();
+        }
+        Ok(())
     }
 }
 
@@ -256,6 +317,9 @@ async fn wait_for_preface(
     sigio: &mut Signal,
 ) -> io::Result<BytesMut> {
     let mut buf = vec![0u8; 16 * 1024];
+    // Only while a host is connected (a registration made while none is would report a
+    // hang-up from the start); dropped when it reports one.
+    let mut reg: Option<AsyncFd<OwnedFd>> = None;
     loop {
         if let Some(pos) = find(&window, PREFACE) {
             return Ok(window.split_off(pos + PREFACE.len()));
@@ -264,15 +328,23 @@ async fn wait_for_preface(
         if window.len() >= PREFACE.len() {
             window.advance(window.len() - (PREFACE.len() - 1));
         }
-        match raw_read(port.fd.get_ref().as_raw_fd(), &mut buf) {
+        match raw_read(port.raw(), &mut buf) {
             Ok(0) => {
-                // No host connected.
+                // No host connected: SIGIO announces the next one.
                 window.clear();
-                port.wait_event(sigio, DISCONNECTED_POLL).await;
+                reg = None;
+                wait_event(sigio, None, DISCONNECTED_POLL).await;
             }
             Ok(n) => window.extend_from_slice(&buf[..n]),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                port.wait_event(sigio, Duration::from_secs(1)).await;
+                // A host is connected and has sent nothing more yet.
+                let current = match reg.take() {
+                    Some(r) => r,
+                    None => port.register()?,
+                };
+                if !wait_event(sigio, Some(&current), Duration::from_secs(1)).await {
+                    reg = Some(current);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -287,6 +359,8 @@ pub struct FrameTracker {
     header: [u8; 9],
     have: usize,
     payload_left: usize,
+    /// Frames whose first header byte was seen.
+    started: u64,
 }
 
 /// Result of scanning a chunk.
@@ -313,7 +387,18 @@ impl FrameTracker {
             header: [0; 9],
             have: 0,
             payload_left: 0,
+            started: 0,
         }
+    }
+
+    /// Whether the bytes scanned so far end inside a frame (its header or its payload).
+    pub fn mid_frame(&self) -> bool {
+        self.have > 0 || self.payload_left > 0
+    }
+
+    /// How many frames have started so far.
+    pub fn started(&self) -> u64 {
+        self.started
     }
 
     pub fn scan(&mut self, data: &[u8]) -> Scan {
@@ -326,6 +411,9 @@ impl FrameTracker {
                 continue;
             }
             let started_here = self.have == 0;
+            if started_here {
+                self.started += 1;
+            }
             let start = i;
             let take = (9 - self.have).min(data.len() - i);
             self.header[self.have..self.have + take].copy_from_slice(&data[i..i + take]);
@@ -351,6 +439,8 @@ impl FrameTracker {
 /// One HTTP/2 connection's view of the port.
 struct PortConn {
     port: Arc<Port>,
+    /// This connection's reactor registration of the port.
+    io: AsyncFd<OwnedFd>,
     /// How much of the preface has been replayed to hyper.
     preface_sent: usize,
     /// Bytes read from the port not yet given to hyper.
@@ -361,11 +451,14 @@ struct PortConn {
     ended: bool,
     /// A new host's bytes, for the next connection.
     carry: Arc<Mutex<BytesMut>>,
+    /// Runs while the bytes delivered so far end inside a frame; restarted by every new frame.
+    frame_timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl PortConn {
-    fn new(port: Arc<Port>, leftover: BytesMut) -> PortConn {
-        PortConn {
+    fn new(port: Arc<Port>, leftover: BytesMut) -> io::Result<PortConn> {
+        Ok(PortConn {
+            io: port.register()?,
             port,
             preface_sent: 0,
             pending: leftover,
@@ -373,6 +466,30 @@ impl PortConn {
             scratch: vec![0u8; 64 * 1024].into_boxed_slice(),
             ended: false,
             carry: Arc::new(Mutex::new(BytesMut::new())),
+            frame_timer: None,
+        })
+    }
+
+    /// Handles a read or write that would block although the registration called the port
+    /// ready. If the registration has seen a hang-up it reports readiness forever (see
+    /// [`Port`]); as the host is back (the call would block rather than fail or read
+    /// end-of-file), a fresh registration replaces it. The task is woken so that it polls
+    /// both directions against the new registration: wakers left on the old one are lost.
+    fn after_would_block(&mut self, hung_up: bool, cx: &mut Context<'_>) -> io::Result<()> {
+        if hung_up {
+            self.io = self.port.register()?;
+            cx.waker().wake_by_ref();
+        }
+        Ok(())
+    }
+
+    /// Starts, restarts or stops the frame timer after a scan that began with `started_before`
+    /// frames started.
+    fn track_frame_progress(&mut self, started_before: u64) {
+        if !self.tracker.mid_frame() {
+            self.frame_timer = None;
+        } else if self.frame_timer.is_none() || self.tracker.started() != started_before {
+            self.frame_timer = Some(Box::pin(tokio::time::sleep(FRAME_DEADLINE)));
         }
     }
 }
@@ -395,7 +512,23 @@ impl AsyncRead for PortConn {
         }
         if this.pending.is_empty() {
             loop {
-                let mut guard = ready!(this.port.fd.poll_read_ready(cx))?;
+                let mut guard = match this.io.poll_read_ready(cx) {
+                    Poll::Ready(r) => r?,
+                    Poll::Pending => {
+                        let expired = match this.frame_timer.as_mut() {
+                            Some(timer) => timer.as_mut().poll(cx).is_ready(),
+                            None => false,
+                        };
+                        if expired {
+                            // The frame in progress will never complete: end the connection
+                            // so the next host is looked for from its preface on.
+                            this.ended = true;
+                            return Poll::Ready(Ok(()));
+                        }
+                        return Poll::Pending;
+                    }
+                };
+                let hung_up = guard.ready().is_read_closed();
                 let scratch = &mut this.scratch;
                 match guard.try_io(|fd| raw_read(fd.as_raw_fd(), scratch)) {
                     Ok(Ok(0)) => {
@@ -409,15 +542,17 @@ impl AsyncRead for PortConn {
                     }
                     Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
                     Ok(Err(e)) => return Poll::Ready(Err(e)),
-                    Err(_would_block) => {}
+                    Err(_would_block) => this.after_would_block(hung_up, cx)?,
                 }
             }
         }
         let n = this.pending.len().min(buf.remaining());
+        let started_before = this.tracker.started();
         match this.tracker.scan(&this.pending[..n]) {
             Scan::Clean => {
                 buf.put_slice(&this.pending[..n]);
                 this.pending.advance(n);
+                this.track_frame_progress(started_before);
             }
             Scan::NewClient { deliver, rest } => {
                 buf.put_slice(&this.pending[..deliver]);
@@ -445,7 +580,8 @@ impl AsyncWrite for PortConn {
             return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
         }
         loop {
-            let mut guard = ready!(this.port.fd.poll_write_ready(cx))?;
+            let mut guard = ready!(this.io.poll_write_ready(cx))?;
+            let hung_up = guard.ready().is_write_closed();
             match guard.try_io(|fd| raw_write(fd.as_raw_fd(), data)) {
                 Ok(Ok(n)) => return Poll::Ready(Ok(n)),
                 Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -457,6 +593,7 @@ impl AsyncWrite for PortConn {
                         this.ended = true;
                         return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
                     }
+                    this.after_would_block(hung_up, cx)?;
                 }
             }
         }
@@ -533,6 +670,23 @@ mod tests {
                 }
             );
         }
+    }
+
+    #[test]
+    fn tracker_knows_when_it_is_inside_a_frame() {
+        let mut t = FrameTracker::new();
+        assert!(!t.mid_frame());
+        let bytes = frame(10, 0);
+        assert_eq!(t.scan(&bytes[..4]), Scan::Clean);
+        assert!(t.mid_frame());
+        assert_eq!(t.scan(&bytes[4..12]), Scan::Clean);
+        assert!(t.mid_frame());
+        assert_eq!(t.started(), 1);
+        assert_eq!(t.scan(&bytes[12..]), Scan::Clean);
+        assert!(!t.mid_frame());
+        assert_eq!(t.scan(&frame(0, 4)), Scan::Clean);
+        assert!(!t.mid_frame());
+        assert_eq!(t.started(), 2);
     }
 
     #[test]
