@@ -48,10 +48,36 @@ fn restore_spec(snapshot: &Path, dir: &Path, paused: bool) -> RestoreSpec {
 }
 
 /// Reads a file out of an ext4 image on the host, without mounting it.
+/// Reads a file out of an ext4 image from the host. The guest's `sync` commits its writes to
+/// the journal, but ext4 copies metadata to its home location only at a later checkpoint, and
+/// debugfs does not replay the journal: so the image is copied and the copy's journal replayed
+/// with e2fsck first. The image itself is never modified (it may be a read-only snapshot or
+/// belong to a running VM).
 fn debugfs_cat(image: &Path, path: &str) -> String {
+    let scratch = tempfile::tempdir().unwrap();
+    let copy = scratch.path().join("image.ext4");
+    let status = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(image)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success(), "copying {}", image.display());
+    // Exit codes 0-2 mean clean or repaired; a journal replay alone is "repaired".
+    let fsck = Command::new("e2fsck")
+        .args(["-fy"])
+        .arg(&copy)
+        .output()
+        .expect("e2fsck (e2fsprogs) must be installed");
+    assert!(
+        fsck.status.code().is_some_and(|c| c <= 2),
+        "e2fsck on a copy of {}: {}",
+        image.display(),
+        String::from_utf8_lossy(&fsck.stdout)
+    );
     let out = Command::new("debugfs")
         .args(["-R", &format!("cat {path}")])
-        .arg(image)
+        .arg(&copy)
         .output()
         .expect("debugfs (e2fsprogs) must be installed");
     String::from_utf8_lossy(&out.stdout).into_owned()
