@@ -64,6 +64,10 @@ pub enum NodeError {
     /// The node is shutting down; its sandboxes take no more requests.
     #[error("the node is shutting down")]
     ShuttingDown,
+    /// The node has no room for another VM (memory, vCPUs or sandbox count); see
+    /// [`crate::admission`]. Nothing was started.
+    #[error("{0}")]
+    Capacity(String),
     /// The VM runtime failed.
     #[error("runtime")]
     Runtime(#[from] space_runtime::Error),
@@ -107,6 +111,7 @@ impl NodeError {
                 | NodeError::InvalidId(_)
                 | NodeError::Invalid(_)
                 | NodeError::ShuttingDown
+                | NodeError::Capacity(_)
         )
     }
 

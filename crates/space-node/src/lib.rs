@@ -6,24 +6,36 @@
 //! - [`record`]: the persisted per-sandbox record.
 //! - [`sandbox`]: the per-sandbox state driver and its request enum.
 //! - [`node`]: the [`Node`] API over all of it, and the timeout reconciler.
+//! - [`pool`]: warm pools (VMs restored, warmed and paused ahead of creates).
+//! - [`scheduler`]: rolling snapshots and retention, around [`retention`].
+//! - [`recovery`]: crash recovery (adoption, restores, cut-short transitions, orphans).
+//! - [`admission`]: the memory, vCPU and sandbox-count limits a create must fit in.
 //!
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
+pub mod admission;
 pub mod error;
 pub mod ids;
 pub mod node;
+pub mod pool;
 pub mod record;
+pub mod recovery;
 pub mod retention;
 pub mod sandbox;
+pub mod scheduler;
 pub mod storage;
 pub mod template;
 
+pub use admission::AdmissionConfig;
 pub use error::{NodeError, Result};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
 pub use node::{Node, NodeConfig};
+pub use pool::{PoolConfig, PoolStats};
 pub use record::{
-    Origin, SandboxOptions, SandboxRecord, SnapshotKind, SnapshotReason, SnapshotRecord, State,
-    TimeoutAction, TimeoutPolicy,
+    Origin, RecoveryAction, RecoveryEvent, SandboxOptions, SandboxRecord, SnapshotKind,
+    SnapshotReason, SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
 };
+pub use recovery::RecoveryReport;
 pub use sandbox::{CreateRequest, SandboxInfo, TimeoutKind};
+pub use scheduler::{RollingConfig, RollingReport};
 pub use template::{Template, TemplateManifest, TemplateSpec};

@@ -18,16 +18,20 @@ use std::time::Duration;
 use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
 use tokio::sync::oneshot;
 
+use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, SnapshotId, TemplateName, VersionReq};
+use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{
     now_ms, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
     SnapshotRecord, State, RECORD_FORMAT,
 };
+use crate::recovery::{self, RecoveryReport};
 use crate::sandbox::{
-    clear_vm_files, launch, CreateRequest, Ctx, ForkPoint, Handle, Launch, Request, Sandbox,
+    clear_vm_files, launch, CreateRequest, Ctx, ForkPoint, Handle, Launch, Live, Request, Sandbox,
     SandboxInfo,
 };
+use crate::scheduler::{RollingConfig, RollingReport};
 use crate::storage::{self, Layout, Storage, StorageOptions};
 use crate::template::{self, blocking, Template, TemplateSpec};
 
@@ -46,6 +50,15 @@ pub struct NodeConfig {
     /// How often the timeout reconciler runs; `None` disables it (call
     /// [`Node::reconcile_timeouts`] yourself).
     pub timeout_tick: Option<Duration>,
+    /// Restore a VM that dies while the node runs from its newest snapshot (see
+    /// [`crate::recovery`]); off: the sandbox becomes Failed.
+    pub auto_restore: bool,
+    /// Memory, vCPU and sandbox-count limits of VMs on this node.
+    pub admission: AdmissionConfig,
+    /// Warm pools per template ([`crate::pool`]).
+    pub pools: PoolConfig,
+    /// Rolling snapshots and retention ([`crate::scheduler`]).
+    pub rolling: RollingConfig,
 }
 
 impl NodeConfig {
@@ -54,9 +67,18 @@ impl NodeConfig {
         NodeConfig {
             data_dir: data_dir.into(),
             storage: StorageOptions::default(),
-            qemu: QemuRuntimeConfig::default(),
+            // VMs outlive the node process, so a node crash does not take them down: the
+            // next node adopts them (crate::recovery).
+            qemu: QemuRuntimeConfig {
+                detached: true,
+                ..QemuRuntimeConfig::default()
+            },
             ready_timeout: Duration::from_secs(120),
             timeout_tick: Some(Duration::from_secs(1)),
+            auto_restore: true,
+            admission: AdmissionConfig::default(),
+            pools: PoolConfig::default(),
+            rolling: RollingConfig::default(),
         }
     }
 }
@@ -70,6 +92,9 @@ const MAX_ENV_BYTES: usize = 256 * 1024;
 
 struct Inner {
     ctx: Arc<Ctx>,
+    admission: Admission,
+    pools: Arc<Pools>,
+    rolling: RollingConfig,
     sandboxes: Mutex<HashMap<SandboxId, Handle>>,
     shutting_down: std::sync::atomic::AtomicBool,
 }
@@ -82,8 +107,9 @@ pub struct Node {
 
 impl Node {
     /// Prepares the data directory (mounting a loop-backed btrfs image when needed), probes
-    /// QEMU, and starts the timeout reconciler. Existing records are not adopted yet (crash
-    /// recovery is separate): sandboxes left by an earlier process are listed but inactive.
+    /// QEMU, recovers the sandboxes an earlier node process left ([`crate::recovery`]: live
+    /// VMs adopted, lost ones restored, cut-short transitions finished or undone, orphans
+    /// removed), and starts the timeout reconciler.
     pub async fn open(config: NodeConfig) -> Result<Node> {
         let (data, opts) = (config.data_dir.clone(), config.storage.clone());
         let (storage, layout): (Arc<dyn Storage>, Layout) =
@@ -96,17 +122,27 @@ impl Node {
             layout,
             records,
             ready_timeout: config.ready_timeout,
+            auto_restore: config.auto_restore,
         });
         let node = Node {
             inner: Arc::new(Inner {
+                pools: Pools::new(ctx.clone(), config.pools.clone()),
                 ctx,
+                admission: Admission::new(config.admission.clone()),
+                rolling: config.rolling,
                 sandboxes: Mutex::default(),
                 shutting_down: false.into(),
             }),
         };
+        node.recover_pass(true).await?;
         if let Some(tick) = config.timeout_tick {
             tokio::spawn(timeout_loop(Arc::downgrade(&node.inner), tick));
         }
+        if config.rolling.enabled {
+            tokio::spawn(rolling_loop(Arc::downgrade(&node.inner), config.rolling));
+        }
+        // After recovery, which removes sandbox directories no record names.
+        node.inner.pools.spawn_loop();
         Ok(node)
     }
 
@@ -125,6 +161,67 @@ impl Node {
         &self.inner.ctx.runtime
     }
 
+    /// Runs crash recovery again ([`crate::recovery`]): sandboxes the node drives and
+    /// transitions in flight are left alone; orphans and cgroups are swept only at start.
+    /// Running it when nothing was left behind changes nothing.
+    pub async fn recover(&self) -> Result<RecoveryReport> {
+        self.recover_pass(false).await
+    }
+
+    async fn recover_pass(&self, at_start: bool) -> Result<RecoveryReport> {
+        let registered = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let done = recovery::run(&self.inner.ctx, &registered, at_start).await?;
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(done.handles);
+        Ok(done.report)
+    }
+
+    /// Admits a new VM of this shape next to the live ones, or refuses.
+    fn admit(&self, vcpus: u32, memory_mib: u64) -> Result<Ticket> {
+        let live: Vec<Shape> = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|h| matches!(h.status.state(), State::Running | State::Paused))
+            .map(|h| Shape {
+                vcpus: h.status.vcpus,
+                memory_mib: h.status.memory_mib,
+            })
+            .collect();
+        self.inner
+            .admission
+            .admit(Shape { vcpus, memory_mib }, &live)
+    }
+
+    /// Admission for a request that starts a VM for a sandbox that has none now.
+    fn admit_for(&self, id: &SandboxId) -> Result<Option<Ticket>> {
+        let h = self
+            .inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned();
+        match h {
+            Some(h) if matches!(h.status.state(), State::Suspended | State::Failed) => {
+                self.admit(h.status.vcpus, h.status.memory_mib).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The file of a sandbox's record.
     pub fn record_path(&self, id: &SandboxId) -> PathBuf {
         self.inner.ctx.records.path(id)
@@ -135,7 +232,10 @@ impl Node {
     /// Builds a template version (see [`crate::template`]).
     pub async fn build_template(&self, spec: TemplateSpec) -> Result<Template> {
         let ctx = &self.inner.ctx;
-        template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await
+        let built = template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
+        // A new version replaces the pool of the previous one.
+        self.inner.pools.wake();
+        built
     }
 
     /// A complete template build; `latest` resolves to the newest.
@@ -166,6 +266,7 @@ impl Node {
         validate_options(&opts, &t)?;
         let vcpus = opts.vcpus.unwrap_or(t.manifest.vcpus);
         let memory_mib = opts.memory_mib.unwrap_or(t.manifest.memory_mib);
+        let ticket = self.admit(vcpus, memory_mib)?;
         let (how, origin) = if vcpus == t.manifest.vcpus && memory_mib == t.manifest.memory_mib {
             (
                 Launch::Restore {
@@ -185,7 +286,7 @@ impl Node {
                 Origin::TemplateColdBoot,
             )
         };
-        let record = new_record(
+        let mut record = new_record(
             SandboxId::generate(),
             t.template_ref().clone(),
             opts,
@@ -194,7 +295,13 @@ impl Node {
             origin,
             None,
         );
-        self.start(record, how).await
+        if let Launch::Restore { .. } = how {
+            // A warm-pool member if there is one (`crate::pool`), else the restore below.
+            if let Some(live) = self.inner.pools.take(t.template_ref(), &mut record).await {
+                return self.register(record, live);
+            }
+        }
+        self.start(record, how, ticket).await
     }
 
     /// Forks a Running or Paused sandbox: a full snapshot of the parent (listed among its
@@ -202,6 +309,8 @@ impl Node {
     /// entropy. The child is Running; the parent stays as it was.
     pub async fn fork(&self, id: &SandboxId) -> Result<SandboxInfo> {
         self.check_open()?;
+        let shape = self.info(id).await?;
+        let ticket = self.admit(shape.vcpus, shape.memory_mib)?;
         let point: ForkPoint = self.call(id, Request::Fork).await?;
         let parent = point.parent;
         let record = new_record(
@@ -221,12 +330,19 @@ impl Node {
             Launch::Restore {
                 snapshot: point.dir,
             },
+            ticket,
         )
         .await
     }
 
     /// Makes the sandbox directory, starts the VM, records the outcome and spawns the driver.
-    async fn start(&self, mut record: SandboxRecord, how: Launch) -> Result<SandboxInfo> {
+    /// `_ticket` (admission) is held until the driver is registered and counts the VM.
+    async fn start(
+        &self,
+        record: SandboxRecord,
+        how: Launch,
+        _ticket: Ticket,
+    ) -> Result<SandboxInfo> {
         let ctx = self.inner.ctx.clone();
         let id = record.id.clone();
         let dir = ctx.layout.sandbox_dir(id.as_str())?;
@@ -251,6 +367,14 @@ impl Node {
                 return Err(e);
             }
         };
+        self.register(record, live)
+    }
+
+    /// Records a sandbox whose VM is ready (`live`) as Running and spawns its driver.
+    fn register(&self, mut record: SandboxRecord, live: Live) -> Result<SandboxInfo> {
+        let ctx = self.inner.ctx.clone();
+        let id = record.id.clone();
+        let dir = ctx.layout.sandbox_dir(id.as_str())?;
         let now = now_ms();
         record.state = State::Running;
         record.pending = None;
@@ -334,7 +458,8 @@ impl Node {
     /// Every sandbox with a record on this node (terminated ones included), oldest first.
     pub async fn list(&self) -> Result<Vec<SandboxInfo>> {
         let ctx = self.inner.ctx.clone();
-        blocking(move || Ok(ctx.records.list()?)).await
+        let all = blocking(move || Ok(ctx.records.list()?)).await?;
+        Ok(all.into_iter().filter(|r| !r.is_pooled()).collect())
     }
 
     /// Stops the vCPUs (Running only); memory stays.
@@ -354,6 +479,7 @@ impl Node {
 
     /// Back to Running from the suspend snapshot, with a new identity step (Suspended only).
     pub async fn restore(&self, id: &SandboxId) -> Result<()> {
+        let _ticket = self.admit_for(id)?;
         self.call(id, Request::Restore).await
     }
 
@@ -372,6 +498,7 @@ impl Node {
     /// Legal when Running, Paused, Suspended or Failed; ends Running.
     pub async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> Result<()> {
         let snap = snapshot.clone();
+        let _ticket = self.admit_for(id)?;
         match self.call(id, |r| Request::Rollback(snap, r)).await {
             Err(NodeError::SnapshotNotFound {
                 sandbox,
@@ -427,6 +554,23 @@ impl Node {
         reconcile(&self.inner).await
     }
 
+    /// Brings the warm pools to their configured sizes and drops pools of templates that are
+    /// gone or superseded ([`crate::pool`]). Takes no input; returns how many VMs it made.
+    pub async fn reconcile_pools(&self) -> usize {
+        self.inner.pools.reconcile().await
+    }
+
+    /// Size, readiness, hits and misses of every warm pool.
+    pub fn pool_stats(&self) -> Vec<PoolStats> {
+        self.inner.pools.stats()
+    }
+
+    /// Takes the rolling snapshots that are due and deletes what retention says
+    /// ([`crate::scheduler`]). Takes no input and can run at any time.
+    pub async fn reconcile_snapshots(&self) -> RollingReport {
+        rolling_pass(&self.inner).await
+    }
+
     // ---- shutdown ------------------------------------------------------------------------
 
     fn is_shutting_down(&self) -> bool {
@@ -462,10 +606,11 @@ impl Node {
                 let _ = rx.await;
             }
         }
+        self.inner.pools.close().await;
     }
 }
 
-fn new_record(
+pub(crate) fn new_record(
     id: SandboxId,
     template: crate::ids::TemplateRef,
     options: SandboxOptions,
@@ -503,6 +648,7 @@ fn new_record(
         state_since_unix_ms: now,
         started_unix_ms: now,
         last_activity_unix_ms: now,
+        recoveries: Vec::new(),
     }
 }
 
@@ -590,6 +736,33 @@ async fn reconcile(inner: &Inner) -> usize {
         }
     }
     acted
+}
+
+async fn rolling_pass(inner: &Inner) -> RollingReport {
+    let handles: Vec<(SandboxId, Handle)> = inner
+        .sandboxes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(id, h)| (id.clone(), h.clone()))
+        .collect();
+    crate::scheduler::reconcile(&inner.ctx, handles, &inner.rolling).await
+}
+
+async fn rolling_loop(inner: Weak<Inner>, config: RollingConfig) {
+    let mut interval = tokio::time::interval(config.tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(inner) = inner.upgrade() else { return };
+        if inner
+            .shutting_down
+            .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return;
+        }
+        rolling_pass(&inner).await;
+    }
 }
 
 async fn timeout_loop(inner: Weak<Inner>, tick: Duration) {

@@ -21,6 +21,9 @@ use crate::ids::{SandboxId, SnapshotId, TemplateRef};
 /// Bumped on incompatible changes of [`SandboxRecord`].
 pub const RECORD_FORMAT: u32 = 1;
 
+/// `Pending::request` of a warm-pool member's record ([`SandboxRecord::is_pooled`]).
+pub const POOL_REQUEST: &str = "pool";
+
 /// Records are a few KiB; anything far larger is not ours.
 const MAX_RECORD: u64 = 4 << 20;
 
@@ -168,6 +171,8 @@ pub enum SnapshotReason {
     Fork,
     /// Taken just before a rollback replaced the running VM (undo point).
     PreRollback,
+    /// Taken by the rolling snapshot scheduler (`crate::scheduler`): thinned by retention.
+    Rolling,
 }
 
 /// One snapshot of a sandbox, as listed.
@@ -260,12 +265,68 @@ pub struct SandboxRecord {
     pub started_unix_ms: u64,
     /// Last request through the node, as of the last write (the live value is in memory).
     pub last_activity_unix_ms: u64,
+    /// What crash recovery and the VM monitor did to this sandbox, oldest first (the last
+    /// [`MAX_RECOVERY_EVENTS`]). Absent from the file while empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<RecoveryEvent>,
+}
+
+/// How many recovery events a record keeps.
+pub const MAX_RECOVERY_EVENTS: usize = 32;
+
+/// What recovery did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecoveryAction {
+    /// A VM that outlived the node process was taken over as it was.
+    Adopted,
+    /// The VM was gone; a new one was restored from a full snapshot.
+    Restored,
+    /// The VM was gone and there was no full snapshot; one was cold-booted on a disk snapshot.
+    ColdBooted,
+    /// A transition cut short by the node's death was completed.
+    FinishedPending,
+    /// A transition cut short by the node's death was undone.
+    RolledBackPending,
+    /// The VM was gone and could not be brought back: the sandbox is Failed.
+    Lost,
+}
+
+/// One thing recovery did to a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryEvent {
+    /// When, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// What.
+    pub action: RecoveryAction,
+    /// The snapshot it restored from, if any.
+    pub snapshot: Option<SnapshotId>,
+    /// Why, in words (the exit that was noticed, the transition that was cut short, ...).
+    pub detail: String,
 }
 
 impl SandboxRecord {
     /// The snapshot `id` of this sandbox.
     pub fn snapshot(&self, id: &SnapshotId) -> Option<&SnapshotRecord> {
         self.snapshots.iter().find(|s| &s.id == id)
+    }
+
+    /// Appends a recovery event, keeping the last [`MAX_RECOVERY_EVENTS`].
+    pub fn push_recovery(&mut self, event: RecoveryEvent) {
+        self.recoveries.push(event);
+        let excess = self.recoveries.len().saturating_sub(MAX_RECOVERY_EVENTS);
+        self.recoveries.drain(..excess);
+    }
+
+    /// A warm-pool member (`crate::pool`): a VM made ahead of a create, not yet handed out.
+    /// Recorded as `creating` with `pending.request == "pool"`, so whatever cleans up half-made
+    /// creates after a crash removes it the same way.
+    pub fn is_pooled(&self) -> bool {
+        self.state == State::Creating
+            && self
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.request == POOL_REQUEST)
     }
 }
 
@@ -475,6 +536,7 @@ mod tests {
             state_since_unix_ms: 11,
             started_unix_ms: 12,
             last_activity_unix_ms: 13,
+            recoveries: Vec::new(),
         }
     }
 

@@ -48,6 +48,7 @@ use crate::record::{
     now_ms, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
     SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
 };
+use crate::scheduler::{DiskMark, RollingJob, RollingOutcome, DISK_FILE};
 use crate::storage::{Layout, Storage};
 use crate::template::{self, blocking};
 
@@ -59,6 +60,8 @@ pub(crate) struct Ctx {
     pub records: RecordStore,
     /// How long a started VM may take until its daemon answers.
     pub ready_timeout: Duration,
+    /// Whether a VM that dies while the node runs is restored at once ([`crate::recovery`]).
+    pub auto_restore: bool,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -70,6 +73,9 @@ pub(crate) struct Status {
     /// When the current VM started, ms since the epoch.
     pub started_ms: AtomicU64,
     pub timeouts: TimeoutPolicy,
+    /// vCPUs and guest RAM (MiB) of the sandbox's VM, for admission control.
+    pub vcpus: u32,
+    pub memory_mib: u64,
 }
 
 impl Status {
@@ -77,7 +83,7 @@ impl Status {
         *self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set_state(&self, s: State) {
+    pub(crate) fn set_state(&self, s: State) {
         *self.state.lock().unwrap_or_else(|e| e.into_inner()) = s;
     }
 
@@ -152,6 +158,8 @@ pub(crate) enum Request {
     Kill(Reply<()>),
     /// From the reconciler: act if the timeout is (still) expired. Answers whether it acted.
     Timeout(TimeoutKind, Reply<bool>),
+    /// From the snapshot scheduler: the due rolling snapshot (Running only), then retention.
+    Rolling(RollingJob, Reply<RollingOutcome>),
     /// Node shutdown: the VM is killed, the record stays as it is (recovery picks it up).
     Shutdown(Reply<()>),
 }
@@ -177,6 +185,7 @@ impl Request {
             Request::Guest(_) => "guest access",
             Request::Touch(_) => "touch",
             Request::Kill(_) => "kill",
+            Request::Rolling(..) => "rolling snapshot",
             Request::Timeout(..) => "timeout",
             Request::Shutdown(_) => "shutdown",
         }
@@ -193,6 +202,7 @@ impl Request {
             Request::Rollback(..) | Request::Kill(_) => ALIVE_OR_SUSPENDED,
             Request::Touch(_) => &[Running, Paused, Suspended],
             Request::Timeout(..) => LIVE,
+            Request::Rolling(..) => ALIVE_OR_SUSPENDED,
         }
     }
 
@@ -200,7 +210,11 @@ impl Request {
     fn is_activity(&self) -> bool {
         !matches!(
             self,
-            Request::Info(_) | Request::Timeout(..) | Request::Shutdown(_) | Request::Kill(_)
+            Request::Info(_)
+                | Request::Timeout(..)
+                | Request::Shutdown(_)
+                | Request::Kill(_)
+                | Request::Rolling(..)
         )
     }
 
@@ -219,6 +233,7 @@ impl Request {
             Request::Fork(r) => drop(r.send(Err(err))),
             Request::Guest(r) => drop(r.send(Err(err))),
             Request::Timeout(_, r) => drop(r.send(Ok(false))),
+            Request::Rolling(_, r) => drop(r.send(Err(err))),
         }
     }
 }
@@ -233,7 +248,8 @@ pub(crate) struct Handle {
 /// A started VM and its ready guest, before the actor takes them.
 pub(crate) struct Live {
     pub vm: QemuVm,
-    pub client: GuestClient,
+    /// `None` for an adopted paused VM (the driver connects when the guest runs again).
+    pub client: Option<GuestClient>,
 }
 
 /// How to start a sandbox's VM.
@@ -357,7 +373,10 @@ pub(crate) async fn launch(
     match ready {
         Ok(client) => {
             tracing::debug!(id = %record.id, ?started, ready = ?t0.elapsed(), "sandbox VM ready");
-            Ok(Live { vm, client })
+            Ok(Live {
+                vm,
+                client: Some(client),
+            })
         }
         Err(e) => {
             let _ = vm.kill().await;
@@ -371,7 +390,7 @@ pub(crate) async fn launch(
 }
 
 /// Apparent size of the files in a snapshot directory.
-fn dir_size(dir: &Path) -> u64 {
+pub(crate) fn dir_size(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
         .map(|entries| {
             entries
@@ -385,12 +404,15 @@ fn dir_size(dir: &Path) -> u64 {
 
 /// The actor.
 pub(crate) struct Sandbox {
-    ctx: Arc<Ctx>,
-    record: SandboxRecord,
+    pub(crate) ctx: Arc<Ctx>,
+    pub(crate) record: SandboxRecord,
     status: Arc<Status>,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     vm: Option<QemuVm>,
     client: Option<GuestClient>,
+    /// The disk image's fingerprint when its content was last known to be held by a snapshot
+    /// or the VM's origin; the rolling scheduler compares it ([`crate::scheduler`]).
+    pub(crate) disk_mark: Option<DiskMark>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
@@ -405,12 +427,21 @@ impl Sandbox {
             last_activity_ms: AtomicU64::new(record.last_activity_unix_ms),
             started_ms: AtomicU64::new(record.started_unix_ms),
             timeouts: record.options.timeouts,
+            vcpus: record.vcpus,
+            memory_mib: record.memory_mib,
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let (vm, client) = match live {
-            Some(l) => (Some(l.vm), Some(l.client)),
+            Some(l) => (Some(l.vm), l.client),
             None => (None, None),
         };
+        // A VM that just started (create, fork, a restore by recovery) holds its origin's disk:
+        // nobody has written to it yet. An adopted VM may have been written since its last
+        // snapshot, so it starts unknown, which counts as changed.
+        let just_started = now_ms().saturating_sub(record.started_unix_ms) < 5_000;
+        let disk_mark = (vm.is_some() && just_started)
+            .then(|| DiskMark::of(&dir.join(DISK_FILE)))
+            .flatten();
         let actor = Sandbox {
             ctx,
             record,
@@ -418,6 +449,7 @@ impl Sandbox {
             dir,
             vm,
             client,
+            disk_mark,
         };
         tokio::spawn(actor.run(rx));
         Ok(Handle { tx, status })
@@ -533,6 +565,10 @@ impl Sandbox {
                 let _ = r.send(res);
                 return done;
             }
+            Request::Rolling(job, r) => {
+                let res = self.rolling(job).await;
+                let _ = r.send(res);
+            }
             Request::Shutdown(r) => {
                 if let Some(vm) = self.vm.take() {
                     let _ = vm.kill().await;
@@ -546,7 +582,7 @@ impl Sandbox {
 
     // ---- record keeping ------------------------------------------------------------------
 
-    fn write(&mut self) -> Result<()> {
+    pub(crate) fn write(&mut self) -> Result<()> {
         self.record.last_activity_unix_ms = self.status.last_activity_ms.load(Ordering::Relaxed);
         Ok(self.ctx.records.write(&self.record)?)
     }
@@ -583,6 +619,7 @@ impl Sandbox {
     }
 
     fn set_started(&mut self) {
+        self.disk_mark = DiskMark::of(&self.dir.join(DISK_FILE));
         let now = now_ms();
         self.record.started_unix_ms = now;
         self.status.started_ms.store(now, Ordering::Relaxed);
@@ -626,7 +663,7 @@ impl Sandbox {
     }
 
     /// Takes a snapshot of the live VM into a new read-only volume and lists it.
-    async fn snapshot(
+    pub(crate) async fn snapshot(
         &mut self,
         kind: SnapshotKind,
         reason: SnapshotReason,
@@ -769,14 +806,19 @@ impl Sandbox {
             self.dir.join("rootfs.ext4"),
             dest.join("rootfs.ext4"),
         );
-        let cloned = blocking(move || Ok(s.clone_file(&src, &dst)?)).await;
+        let cloned = blocking(move || {
+            let mark = DiskMark::of(&src);
+            s.clone_file(&src, &dst)?;
+            Ok(mark)
+        })
+        .await;
         let resumed = if running { vm.resume().await } else { Ok(()) };
         let paused_for = if running {
             t0.elapsed()
         } else {
             Duration::ZERO
         };
-        cloned?;
+        self.disk_mark = cloned?;
         if resumed.is_err() && !self.resume_after_failure().await {
             resumed?;
         }
@@ -834,7 +876,7 @@ impl Sandbox {
         {
             Ok(live) => {
                 self.vm = Some(live.vm);
-                self.client = Some(live.client);
+                self.client = live.client;
                 self.record.origin = Origin::Snapshot {
                     sandbox: self.record.id.clone(),
                     snapshot: point,
@@ -920,7 +962,7 @@ impl Sandbox {
         match launch(&self.ctx, &self.dir, how, &self.record).await {
             Ok(live) => {
                 self.vm = Some(live.vm);
-                self.client = Some(live.client);
+                self.client = live.client;
                 self.record.origin = match snap.kind {
                     SnapshotKind::Full => Origin::Snapshot {
                         sandbox: self.record.id.clone(),
@@ -995,6 +1037,23 @@ impl Sandbox {
         tracing::error!(id = %self.record.id, %exit, "sandbox VM exited on its own\n{console}");
         drop(self.client.take());
         drop(self.vm.take());
+        if self.ctx.auto_restore {
+            self.record.last_activity_unix_ms =
+                self.status.last_activity_ms.load(Ordering::Relaxed);
+            let why = format!("the VM exited ({exit})");
+            match crate::recovery::relaunch(&self.ctx, &mut self.record, &self.dir, &why).await {
+                Ok(live) => {
+                    self.vm = Some(live.vm);
+                    self.client = live.client;
+                    self.status.set_state(self.record.state);
+                    let started = self.record.started_unix_ms;
+                    self.status.started_ms.store(started, Ordering::Relaxed);
+                    return;
+                }
+                // The record says Failed already, with the reason.
+                Err(_) => return self.status.set_state(self.record.state),
+            }
+        }
         if let Err(e) = clear_vm_files(&self.dir) {
             tracing::error!(id = %self.record.id, error = %e, "freeing an exited VM's files");
         }

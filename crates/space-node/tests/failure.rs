@@ -1,5 +1,6 @@
-//! A VM that dies on its own (QEMU killed from outside) makes its sandbox Failed: only kill
-//! and rollback are accepted, and a rollback to one of its snapshots brings it back.
+//! A VM that dies on its own (QEMU killed from outside) makes its sandbox Failed when automatic
+//! restore is off: only kill and rollback are accepted, and a rollback to one of its snapshots
+//! brings it back. (With it on, the default, `recovery.rs` tests the restore.)
 
 mod common;
 
@@ -28,7 +29,7 @@ fn qemu_in(dir: &Path) -> Option<i32> {
 fn a_vm_that_dies_makes_the_sandbox_failed_and_rollback_recovers_it() {
     with_node(
         Disk::Btrfs,
-        |_| {},
+        |c| c.auto_restore = false,
         |node| async move {
             build_minimal(&node, "1").await;
             let id = create(&node, SandboxOptions::default()).await;

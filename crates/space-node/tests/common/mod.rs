@@ -75,6 +75,10 @@ where
         },
     };
     cfg.ready_timeout = Duration::from_secs(120);
+    // Background VMs and snapshots only where a test asks for them (tests/pool.rs,
+    // tests/rolling.rs): elsewhere they would change what a test counts and load the host.
+    cfg.pools = space_node::PoolConfig::disabled();
+    cfg.rolling.enabled = false;
     config(&mut cfg);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,0 +1,271 @@
+//! Warm pools on real guests: a create from the pool behaves like any create (files,
+//! processes, its own identity), concurrent creates never share a VM, the pool refills after
+//! takes, an empty pool falls back to a restore, and pools follow the newest template build and
+//! go away with the node.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::*;
+use space_node::{Node, NodeConfig, Origin, PoolConfig, SandboxOptions, State};
+
+fn pool_of(size: usize, tick: Option<Duration>) -> impl FnOnce(&mut NodeConfig) {
+    move |c| {
+        c.pools = PoolConfig {
+            sizes: BTreeMap::from([("minimal".parse().unwrap(), size)]),
+            default_size: 0,
+            tick,
+        }
+    }
+}
+
+/// (ready, hits, misses) of the pool of `minimal:version`.
+fn stats(node: &Node, version: &str) -> Option<(usize, u64, u64)> {
+    node.pool_stats()
+        .into_iter()
+        .find(|s| s.template.name.as_str() == "minimal" && s.template.version.as_str() == version)
+        .map(|s| (s.ready, s.hits, s.misses))
+}
+
+fn sandbox_dirs(node: &Node) -> HashSet<PathBuf> {
+    std::fs::read_dir(node.layout().sandboxes())
+        .map(|e| e.map(|e| e.unwrap().path()).collect())
+        .unwrap_or_default()
+}
+
+/// Sandbox directories that belong to no listed sandbox: the pool's members.
+async fn member_dirs(node: &Node) -> HashSet<PathBuf> {
+    let listed: HashSet<PathBuf> = node
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| node.layout().sandbox_dir(r.id.as_str()).unwrap())
+        .collect();
+    sandbox_dirs(node).difference(&listed).cloned().collect()
+}
+
+fn qemu_pid(dir: &Path) -> i32 {
+    std::fs::read_to_string(dir.join("qemu.pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn a_create_from_the_pool_is_a_create() {
+    with_node(Disk::Btrfs, pool_of(2, None), |node| async move {
+        build_minimal(&node, "1").await;
+        assert_eq!(node.reconcile_pools().await, 2);
+        assert_eq!(stats(&node, "1"), Some((2, 0, 0)));
+        // Idempotent: nothing to do now.
+        assert_eq!(node.reconcile_pools().await, 0);
+        let members = member_dirs(&node).await;
+        assert_eq!(members.len(), 2, "{members:?}");
+        // Members are not sandboxes anyone can see.
+        assert!(node.list().await.unwrap().is_empty());
+
+        let mut opts = SandboxOptions::default();
+        opts.env.insert("GREETING".into(), "from-the-pool".into());
+        let t0 = Instant::now();
+        let a = node.create(minimal_with(opts.clone())).await.unwrap();
+        println!("create from the pool: {:?}", t0.elapsed());
+        assert_eq!(stats(&node, "1"), Some((1, 1, 0)));
+        assert_eq!(a.state, State::Running);
+        assert_eq!(a.origin, Origin::Template);
+        assert_eq!(a.options, opts);
+        let a_dir = node.layout().sandbox_dir(a.id.as_str()).unwrap();
+        assert!(members.contains(&a_dir), "not one of the pool's VMs");
+        let saved = node.info(&a.id).await.unwrap();
+        assert_eq!(saved.state, State::Running);
+        assert!(saved.pending.is_none());
+
+        // Identity: its own hostname and entropy, the create's environment.
+        let g = node.guest(&a.id).await.unwrap();
+        assert_eq!(sh(&g, "hostname").await.trim(), a.id.as_str());
+        assert_eq!(sh(&g, "echo $GREETING").await.trim(), "from-the-pool");
+        let date: u64 = sh(&g, "date +%s").await.trim().parse().unwrap();
+        let host = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(date.abs_diff(host) < 60, "guest clock {date}, host {host}");
+
+        // Files and processes, and they survive suspend/restore like any sandbox's.
+        let sum = write_random(&g, "/root/data.bin", 50_000).await;
+        let pid = start_sleeper(&g).await;
+        assert!(alive(&g, pid).await);
+        node.suspend(&a.id).await.unwrap();
+        node.restore(&a.id).await.unwrap();
+        let g = node.guest(&a.id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/data.bin").await, sum);
+        assert!(alive(&g, pid).await);
+
+        // The second member: another VM with another identity.
+        let t0 = Instant::now();
+        let b = node.create(minimal()).await.unwrap();
+        println!("create from the pool: {:?}", t0.elapsed());
+        assert_eq!(stats(&node, "1"), Some((0, 2, 0)));
+        let gb = node.guest(&b.id).await.unwrap();
+        assert_eq!(sh(&gb, "hostname").await.trim(), b.id.as_str());
+        assert_ne!(
+            sh(&gb, "cat /proc/sys/kernel/random/uuid").await,
+            sh(&g, "cat /proc/sys/kernel/random/uuid").await
+        );
+        assert!(!exists(&gb, "/root/data.bin").await);
+        assert_eq!(sh(&gb, "echo ${GREETING:-unset}").await.trim(), "unset");
+
+        // Empty pool: a create restores the normal way and counts a miss.
+        let t0 = Instant::now();
+        let c = node.create(minimal()).await.unwrap();
+        println!("create with an empty pool: {:?}", t0.elapsed());
+        assert_eq!(stats(&node, "1"), Some((0, 2, 1)));
+        assert!(!members.contains(&node.layout().sandbox_dir(c.id.as_str()).unwrap()));
+        let gc = node.guest(&c.id).await.unwrap();
+        assert_eq!(sh(&gc, "hostname").await.trim(), c.id.as_str());
+
+        // Another shape is a cold boot and leaves the pool alone.
+        assert_eq!(node.reconcile_pools().await, 2);
+        let mut big = minimal();
+        big.options.memory_mib = Some(320);
+        let d = node.create(big).await.unwrap();
+        assert_eq!(d.origin, Origin::TemplateColdBoot);
+        assert_eq!(stats(&node, "1"), Some((2, 2, 1)));
+
+        // Killed sandboxes from the pool go like any other.
+        node.kill(&a.id).await.unwrap();
+        assert!(!a_dir.exists());
+    });
+}
+
+fn minimal_with(options: SandboxOptions) -> space_node::CreateRequest {
+    let mut r = minimal();
+    r.options = options;
+    r
+}
+
+#[test]
+fn concurrent_creates_never_share_a_vm() {
+    with_node(Disk::Btrfs, pool_of(2, None), |node| async move {
+        build_minimal(&node, "1").await;
+        assert_eq!(node.reconcile_pools().await, 2);
+        let members = member_dirs(&node).await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..4 {
+            let node = node.clone();
+            tasks.spawn(async move { node.create(minimal()).await.unwrap() });
+        }
+        let mut created = Vec::new();
+        while let Some(r) = tasks.join_next().await {
+            created.push(r.unwrap());
+        }
+        // Two from the pool, two restored; no VM handed out twice.
+        assert_eq!(stats(&node, "1"), Some((0, 2, 2)));
+        let dirs: HashSet<PathBuf> = created
+            .iter()
+            .map(|r| node.layout().sandbox_dir(r.id.as_str()).unwrap())
+            .collect();
+        assert_eq!(dirs.len(), 4);
+        assert_eq!(dirs.intersection(&members).count(), 2);
+        let pids: HashSet<i32> = dirs.iter().map(|d| qemu_pid(d)).collect();
+        assert_eq!(pids.len(), 4, "{pids:?}");
+        // Each guest is its own: it sees its own marker only, and its own random id.
+        let mut uuids = HashSet::new();
+        for r in &created {
+            let g = node.guest(&r.id).await.unwrap();
+            assert_eq!(sh(&g, "hostname").await.trim(), r.id.as_str());
+            sh(&g, &format!("echo {} > /root/me", r.id)).await;
+            uuids.insert(sh(&g, "cat /proc/sys/kernel/random/uuid").await);
+        }
+        assert_eq!(uuids.len(), 4);
+        for r in &created {
+            let g = node.guest(&r.id).await.unwrap();
+            assert_eq!(sh(&g, "cat /root/me").await.trim(), r.id.as_str());
+        }
+    });
+}
+
+#[test]
+fn the_pool_refills_follows_the_newest_build_and_goes_with_the_node() {
+    with_node(
+        Disk::Btrfs,
+        pool_of(2, Some(Duration::from_millis(500))),
+        |node| async move {
+            build_minimal(&node, "1").await;
+            // The background reconciler fills the pool and refills it after takes.
+            wait_for(&node, "1", 2).await;
+            let a = node.create(minimal()).await.unwrap();
+            let b = node.create(minimal()).await.unwrap();
+            assert_eq!(stats(&node, "1").unwrap().1, 2);
+            wait_for(&node, "1", 2).await;
+            assert_eq!(member_dirs(&node).await.len(), 2);
+
+            // A member whose VM died is dropped, never handed out; the pool makes another.
+            let dead = member_dirs(&node).await.into_iter().next().unwrap();
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(qemu_pid(&dead)),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            let c = node.create(minimal()).await.unwrap();
+            let d = node.create(minimal()).await.unwrap();
+            for s in [&c, &d] {
+                assert_ne!(node.layout().sandbox_dir(s.id.as_str()).unwrap(), dead);
+                let g = node.guest(&s.id).await.unwrap();
+                assert_eq!(sh(&g, "hostname").await.trim(), s.id.as_str());
+            }
+            wait_for(&node, "1", 2).await;
+            assert!(!dead.exists(), "the dead member's directory is still there");
+
+            // A new version replaces the pool: the old members go, new ones come.
+            let old = member_dirs(&node).await;
+            build_minimal(&node, "2").await;
+            wait_for(&node, "2", 2).await;
+            assert!(stats(&node, "1").is_none());
+            assert!(old.iter().all(|d| !d.exists()), "old members left behind");
+            let e = node.create(minimal()).await.unwrap();
+            assert_eq!(e.template.version.as_str(), "2");
+            assert_eq!(stats(&node, "2").unwrap().1, 1);
+
+            // Sandboxes made from the pool are untouched by all this.
+            for s in [&a, &b, &c, &d, &e] {
+                assert_eq!(node.info(&s.id).await.unwrap().state, State::Running);
+            }
+
+            // Shutdown removes the members: VMs, directories, records.
+            assert!(!member_dirs(&node).await.is_empty());
+            node.shutdown().await;
+            assert!(member_dirs(&node).await.is_empty(), "members left behind");
+            let records = node.record_path(&a.id).parent().unwrap().to_owned();
+            for f in std::fs::read_dir(records).unwrap() {
+                let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+                assert!(
+                    !text.contains("\"creating\""),
+                    "a member's record is left: {text}"
+                );
+            }
+            assert!(node.pool_stats().is_empty());
+        },
+    );
+}
+
+/// Waits until the pool of `minimal:version` has `n` members ready (the reconciler runs in
+/// the background; a bound only against hanging forever).
+async fn wait_for(node: &Node, version: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if stats(node, version).is_some_and(|s| s.0 == n) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pool of minimal:{version} did not reach {n}: {:?}",
+            node.pool_stats()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
