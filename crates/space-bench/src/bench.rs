@@ -589,7 +589,7 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// Reports a failed run in full on stderr and returns its one-line summary for stdout.
-fn failed(i: usize, what: &str, e: &anyhow::Error) -> String {
+pub(crate) fn failed(i: usize, what: &str, e: &anyhow::Error) -> String {
     eprintln!("[space-bench] run {i}: {what} failed: {e:#}");
     let cause = e.root_cause().to_string();
     let first = cause.lines().next().unwrap_or("").to_owned();
@@ -619,7 +619,7 @@ fn unix_ns() -> u64 {
 }
 
 /// A progress line on stderr; the tables go to stdout.
-fn progress(what: &str) {
+pub(crate) fn progress(what: &str) {
     eprintln!("[space-bench] {what}");
 }
 

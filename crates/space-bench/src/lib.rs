@@ -1,13 +1,19 @@
 //! Benchmarks of space: the measurements `space-bench` runs and the tables it prints.
 //!
 //! - [`bench`]: the measurement groups (boot, snapshot, restore, pause, exec, files);
+//! - [`node`]: the node group (`space-bench node`): the lifecycle through `space_node::Node`;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
 //! - [`scratch`]: the loop-mounted btrfs (or plain) directory a run works in;
-//! - [`stats`]: samples, percentiles and the printed tables.
+//! - [`stats`]: samples, percentiles and the printed tables;
+//! - [`host`]: the host facts every header prints, and the signals that end a run;
+//! - [`procmem`]: RSS and PSS of a process from `/proc`.
 
 pub mod bare;
 pub mod bench;
+pub mod host;
+pub mod node;
+pub mod procmem;
 pub mod qmp;
 pub mod scratch;
 pub mod stats;

@@ -1,27 +1,36 @@
-//! `space-bench`: measures the sandbox runtime on this host and prints tables (p50/p90/p99,
-//! mean, n). It never asserts on timing; the numbers are for reading and quoting.
+//! `space-bench`: measures the sandbox runtime (and, with `node`, the node's lifecycle) on this
+//! host and prints tables (p50/p90/p99, mean, n). It never asserts on timing; the numbers are
+//! for reading and quoting.
 //!
 //! ```text
 //! source target/space/env.sh && cargo run --release -p space-bench -- [--runs N]
 //!     [--only boot,snapshot,restore,pause,exec,files] [--dir DIR | --no-btrfs]
+//! source target/space/env.sh && cargo run --release -p space-bench -- node [--runs N]
+//!     [--only create,pool,pause,snapshot,suspend,fork,memory] [--pool-size N] [--idle N]
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use space_runtime::{accel, cow, CloneMethod, QemuRuntime, QemuRuntimeConfig};
 
 use space_bench::bench::{Bench, Group, Plan};
+use space_bench::host::{host_summary, kernel_version, shutdown_signal, utc_timestamp};
+use space_bench::node::{NodeGroup, NodePlan};
 use space_bench::scratch::Scratch;
 
-/// Measures boot, snapshot, restore, pause/resume, exec and file transfer of space sandboxes.
+/// Measures boot, snapshot, restore, pause/resume, exec and file transfer of space sandboxes
+/// (`node`: the same lifecycle through the node).
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
-    /// Runs per measurement (exec and 4 KiB files run 5x this, large files half of it).
-    #[arg(long, default_value_t = 20)]
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Runs per measurement (in the runtime groups exec and 4 KiB files run 5x this, large
+    /// files half of it).
+    #[arg(long, default_value_t = 20, global = true)]
     runs: usize,
     /// Only these groups (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -34,20 +43,41 @@ struct Cli {
     #[arg(long)]
     no_btrfs: bool,
     /// Guest kernel (uncompressed vmlinux).
-    #[arg(long, env = "SPACE_KERNEL")]
-    kernel: PathBuf,
+    #[arg(long, env = "SPACE_KERNEL", global = true)]
+    kernel: Option<PathBuf>,
     /// Root disk image the guests boot.
-    #[arg(long, env = "SPACE_ROOTFS_MINIMAL")]
-    rootfs: PathBuf,
+    #[arg(long, env = "SPACE_ROOTFS_MINIMAL", global = true)]
+    rootfs: Option<PathBuf>,
     /// vCPUs per guest.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, global = true)]
     vcpus: u32,
     /// Guest RAM in MiB.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, global = true)]
     memory_mib: u64,
     /// QEMU binary.
-    #[arg(long, default_value = "qemu-system-x86_64")]
+    #[arg(long, default_value = "qemu-system-x86_64", global = true)]
     qemu: PathBuf,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Measures the node (crates/space-node) on a loop-mounted btrfs data directory: create
+    /// with and without a warm pool, pause/resume, snapshots, suspend/restore, fork, kill and
+    /// the host memory of idle sandboxes, against a bare QEMU restore of the same snapshot.
+    Node(NodeArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct NodeArgs {
+    /// Only these node groups (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<NodeGroup>,
+    /// Members of the `minimal` pool in the pool group (at least 2).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..=16))]
+    pool_size: u64,
+    /// Idle sandboxes kept running for the memory group.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=200))]
+    idle: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,13 +102,47 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
-    for (what, path) in [("kernel", &cli.kernel), ("root image", &cli.rootfs)] {
+    let mut paths = Vec::new();
+    for (what, flag, var, path) in [
+        ("kernel", "kernel", "SPACE_KERNEL", &cli.kernel),
+        ("root image", "rootfs", "SPACE_ROOTFS_MINIMAL", &cli.rootfs),
+    ] {
+        let Some(path) = path else {
+            bail!(
+                "no {what}: pass --{flag} or set {var} (build the artifacts and \
+                 `source target/space/env.sh`)"
+            );
+        };
         if !path.is_file() {
             bail!(
                 "{what} {} does not exist; build the artifacts and `source target/space/env.sh`",
                 path.display()
             );
         }
+        paths.push(path.clone());
+    }
+    let (kernel, rootfs) = (paths[0].clone(), paths[1].clone());
+    if let Some(Command::Node(args)) = &cli.command {
+        if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
+            bail!("--only, --dir and --no-btrfs before `node` belong to the runtime groups; put `--only` after `node`");
+        }
+        let groups = if args.only.is_empty() {
+            NodeGroup::ALL.to_vec()
+        } else {
+            args.only.clone()
+        };
+        let plan = NodePlan {
+            runs: cli.runs,
+            groups,
+            qemu: cli.qemu.clone(),
+            kernel,
+            rootfs,
+            vcpus: cli.vcpus,
+            memory_mib: cli.memory_mib,
+            pool_size: args.pool_size as usize,
+            idle: args.idle as usize,
+        };
+        return space_bench::node::run(&plan, shutdown_signal()).await;
     }
     let groups = if cli.only.is_empty() {
         vec![
@@ -105,7 +169,7 @@ async fn run(cli: Cli) -> Result<()> {
     // which kills its QEMU.
     let measured = async {
         tokio::select! {
-            r = measure(&cli, groups, &scratch) => r,
+            r = measure(&cli, groups, &scratch, &kernel, &rootfs) => r,
             s = shutdown_signal() => Err(anyhow!("interrupted by {s}")),
         }
     };
@@ -119,7 +183,13 @@ async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()> {
+async fn measure(
+    cli: &Cli,
+    groups: Vec<Group>,
+    scratch: &Scratch,
+    kernel: &Path,
+    rootfs_source: &Path,
+) -> Result<()> {
     let decision = accel::detect()?;
     let rt = QemuRuntime::new(QemuRuntimeConfig {
         qemu: cli.qemu.clone(),
@@ -133,7 +203,7 @@ async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()>
     let root = scratch.root().to_owned();
     let rootfs = root.join("template-rootfs.ext4");
     let t = Instant::now();
-    let (src, dst) = (cli.rootfs.clone(), rootfs.clone());
+    let (src, dst) = (rootfs_source.to_owned(), rootfs.clone());
     tokio::task::spawn_blocking(move || cow::clone_file(&src, &dst))
         .await?
         .context("copying the root image into the scratch area")?;
@@ -147,7 +217,7 @@ async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()>
     let probe_time = t.elapsed();
     std::fs::remove_file(&probe)?;
 
-    let image_size = std::fs::metadata(&cli.rootfs)?.len();
+    let image_size = std::fs::metadata(rootfs_source)?.len();
     println!("space-bench {}", utc_timestamp(SystemTime::now()));
     println!(
         "accelerator: {} ({})",
@@ -159,12 +229,12 @@ async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()>
         "guest:       {} vCPU, {} MiB RAM; kernel {} ({})",
         cli.vcpus,
         cli.memory_mib,
-        cli.kernel.display(),
-        kernel_version(&cli.kernel).unwrap_or_else(|| "version string not found".into())
+        kernel.display(),
+        kernel_version(kernel).unwrap_or_else(|| "version string not found".into())
     );
     println!(
         "root image:  {} ({} MiB)",
-        cli.rootfs.display(),
+        rootfs_source.display(),
         image_size >> 20
     );
     println!("host:        {}", host_summary());
@@ -191,7 +261,7 @@ async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()>
         runs: cli.runs,
         groups,
         qemu: cli.qemu.clone(),
-        kernel: cli.kernel.clone(),
+        kernel: kernel.to_owned(),
         rootfs,
         vcpus: cli.vcpus,
         memory_mib: cli.memory_mib,
@@ -200,127 +270,9 @@ async fn measure(cli: &Cli, groups: Vec<Group>, scratch: &Scratch) -> Result<()>
     Bench::new(&plan, &rt).run().await
 }
 
-/// Resolves on Ctrl-C, SIGTERM or SIGHUP, with the signal's name.
-async fn shutdown_signal() -> &'static str {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        let _ = tokio::signal::ctrl_c().await;
-        return "SIGINT";
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        _ = term.recv() => "SIGTERM",
-        _ = hup.recv() => "SIGHUP",
-    }
-}
-
-/// The `Linux version ...` banner embedded in a kernel image.
-fn kernel_version(path: &Path) -> Option<String> {
-    let bytes = std::fs::read(path).ok()?;
-    banner(&bytes)
-}
-
-fn banner(bytes: &[u8]) -> Option<String> {
-    let needle = b"Linux version ";
-    let start = bytes.windows(needle.len()).position(|w| w == needle)?;
-    let rest = &bytes[start..];
-    let end = rest
-        .iter()
-        .position(|&b| b == 0 || b == b'\n')
-        .unwrap_or(rest.len())
-        .min(160);
-    let text = String::from_utf8_lossy(&rest[..end]);
-    // "Linux version 6.1.x (builder@host) (compiler ...) #1 ...": the first three words say
-    // enough.
-    Some(
-        text.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" "),
-    )
-}
-
-/// CPU model, CPU count, kernel release and load of the host.
-fn host_summary() -> String {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            (k.trim() == "model name").then(|| v.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".into());
-    let cpus = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
-    format!(
-        "{model}, {cpus} CPUs, Linux {}, load average {}",
-        release.trim(),
-        load.join(" ")
-    )
-}
-
-/// `YYYY-MM-DD HH:MM:SS UTC` for a point in time.
-fn utc_timestamp(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Proleptic Gregorian date of a day count since 1970-01-01 (the era-based method: 400-year
-/// eras of 146097 days, years starting in March so the leap day comes last).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn dates() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(59), (1970, 3, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-        assert_eq!(civil_from_days(-1), (1969, 12, 31));
-        let t = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        assert_eq!(utc_timestamp(t), "2023-11-14 22:13:20 UTC");
-    }
-
-    #[test]
-    fn finds_the_kernel_banner() {
-        let mut image = vec![0u8; 64];
-        image.extend_from_slice(
-            b"Linux version 6.1.119 (root@build) (gcc (Debian 12.2.0-14) 12.2.0) #1 SMP\n\0",
-        );
-        assert_eq!(banner(&image).as_deref(), Some("Linux version 6.1.119"));
-        assert_eq!(banner(b"no banner here"), None);
-    }
 
     #[test]
     fn cli_parses_groups() {
@@ -359,5 +311,32 @@ mod tests {
             "warp"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn cli_parses_the_node_group() {
+        let cli = Cli::try_parse_from([
+            "space-bench",
+            "node",
+            "--runs",
+            "25",
+            "--only",
+            "pool,memory",
+            "--pool-size",
+            "3",
+            "--kernel",
+            "/k",
+        ])
+        .unwrap();
+        assert_eq!(cli.runs, 25);
+        assert_eq!(cli.kernel.as_deref(), Some(Path::new("/k")));
+        let Some(Command::Node(args)) = &cli.command else {
+            panic!("no node command: {cli:?}");
+        };
+        assert_eq!(args.only, [NodeGroup::Pool, NodeGroup::Memory]);
+        assert_eq!((args.pool_size, args.idle), (3, 20));
+        // A pool of one cannot refill while a take is served.
+        assert!(Cli::try_parse_from(["space-bench", "node", "--pool-size", "1"]).is_err());
+        assert!(Cli::try_parse_from(["space-bench", "node", "--only", "boot"]).is_err());
     }
 }

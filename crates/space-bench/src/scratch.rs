@@ -203,7 +203,7 @@ fn unmount(mnt: &Path) -> Result<()> {
 }
 
 /// The loop device backed by `image`, if one is attached.
-fn loop_device(image: &Path) -> Option<String> {
+pub(crate) fn loop_device(image: &Path) -> Option<String> {
     let out = Command::new("losetup").arg("-j").arg(image).output().ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let dev = text.lines().next()?.split(':').next()?.trim();
@@ -211,7 +211,7 @@ fn loop_device(image: &Path) -> Option<String> {
 }
 
 /// Runs a command to completion; its output is only shown when it fails.
-fn run(cmd: &mut Command) -> Result<()> {
+pub(crate) fn run(cmd: &mut Command) -> Result<()> {
     let program = cmd.get_program().to_string_lossy().into_owned();
     let out = cmd.output().with_context(|| format!("running {program}"))?;
     if !out.status.success() {

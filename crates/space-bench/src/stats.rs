@@ -235,6 +235,123 @@ impl Summary {
     }
 }
 
+/// Measured values against the targets (or others' reported numbers) they are read against.
+#[derive(Default)]
+pub struct Targets {
+    rows: Vec<[String; 5]>,
+}
+
+/// Whether the p50 and the p90 are within their bounds, in words.
+fn verdict(p50: Option<f64>, p90: Option<f64>, max50: f64, max90: f64) -> String {
+    match (p50, p90) {
+        (Some(a), Some(b)) if a <= max50 && b <= max90 => "met".into(),
+        (Some(a), Some(_)) if a <= max50 => "p50 met, p90 missed".into(),
+        (Some(_), Some(b)) if b <= max90 => "p90 met, p50 missed".into(),
+        (Some(_), Some(_)) => "missed".into(),
+        _ => "no samples".into(),
+    }
+}
+
+impl Targets {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A time in ms whose p50 should be at most `max50` and whose p90 at most `max90`.
+    pub fn time(&mut self, name: impl Into<String>, s: &Samples, max50: f64, max90: f64) {
+        let (p50, p90) = (s.percentile(50.0), s.percentile(90.0));
+        let target = if max50 == max90 {
+            format!("<= {} ms", fmt_bound(max50))
+        } else {
+            format!(
+                "p50 <= {} ms, p90 <= {} ms",
+                fmt_bound(max50),
+                fmt_bound(max90)
+            )
+        };
+        self.rows.push([
+            name.into(),
+            ms_cell(p50),
+            ms_cell(p90),
+            target,
+            verdict(p50, p90, max50, max90),
+        ]);
+    }
+
+    /// `numerator / denominator` at p50 and at p90, each at most `max`.
+    pub fn ratio(
+        &mut self,
+        name: impl Into<String>,
+        numerator: &Samples,
+        denominator: &Samples,
+        max: f64,
+    ) {
+        let at = |p| ratio(numerator.percentile(p), denominator.percentile(p));
+        let (p50, p90) = (at(50.0), at(90.0));
+        self.rows.push([
+            name.into(),
+            fmt_ratio(p50),
+            fmt_ratio(p90),
+            format!("<= {max:.1}x"),
+            verdict(p50, p90, max, max),
+        ]);
+    }
+
+    /// A time in ms next to numbers someone else reported (`their50`/`their90` ms): no
+    /// verdict, the ratio ours/theirs instead.
+    pub fn reference(
+        &mut self,
+        name: impl Into<String>,
+        s: &Samples,
+        who: &str,
+        their50: f64,
+        their90: f64,
+    ) {
+        let (p50, p90) = (s.percentile(50.0), s.percentile(90.0));
+        self.rows.push([
+            name.into(),
+            ms_cell(p50),
+            ms_cell(p90),
+            format!(
+                "{who}: p50 {} ms, p90 {} ms",
+                fmt_bound(their50),
+                fmt_bound(their90)
+            ),
+            format!(
+                "ours/theirs {} / {}",
+                fmt_ratio(ratio(p50, Some(their50))),
+                fmt_ratio(ratio(p90, Some(their90)))
+            ),
+        ]);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    pub fn render(&self) -> String {
+        let header = ["measure", "p50", "p90", "target", "verdict"].map(String::from);
+        let lines: Vec<Vec<String>> = self.rows.iter().map(|r| r.to_vec()).collect();
+        render_grid("Targets", &header, &lines, |i| i == 0 || i >= 3)
+    }
+}
+
+/// A bound as written down: `25`, `1.5`.
+fn fmt_bound(v: f64) -> String {
+    if v.fract() == 0.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v}")
+    }
+}
+
+fn ms_cell(v: Option<f64>) -> String {
+    match v {
+        Some(_) => format!("{} ms", fmt_value(v)),
+        None => "-".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -301,5 +418,32 @@ mod tests {
         assert!(lines[3].contains("| boot "));
         assert!(lines[3].contains(" 250 |"));
         assert_eq!(t.p50("boot"), Some(1.5));
+    }
+
+    #[test]
+    fn targets_judge_p50_and_p90() {
+        let mut s = Samples::new();
+        for v in 1..=10 {
+            s.push(v as f64 * 4.0);
+        }
+        let mut t = Targets::new();
+        t.time("fast", &s, 25.0, 40.0);
+        t.time("slow", &s, 5.0, 5.0);
+        t.time("tail", &s, 25.0, 30.0);
+        t.reference("theirs", &s, "X", 40.0, 72.0);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "Targets");
+        assert!(
+            lines[3].contains("| 20.0 ms |") && lines[3].contains("| met "),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("<= 5 ms") && lines[4].contains("| missed "),
+            "{text}"
+        );
+        assert!(lines[5].contains("p50 met, p90 missed"), "{text}");
+        assert!(lines[6].contains("ours/theirs 0.50x / 0.50x"), "{text}");
+        assert_eq!(lines[1].len(), lines[6].len());
     }
 }

@@ -9,6 +9,7 @@ pub mod body;
 pub mod daemon;
 pub mod exec;
 pub mod files;
+pub mod grow;
 pub mod identity;
 pub mod init;
 pub mod pty;

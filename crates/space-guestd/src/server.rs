@@ -43,6 +43,7 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::RENAME) => crate::files::rename(req).await,
         (&Method::POST, routes::CHMOD) => crate::files::chmod(req).await,
         (&Method::GET, routes::WATCH) => crate::watch::watch(d, req).await,
+        (&Method::POST, routes::FS_GROW) => crate::grow::grow(&d, req).await,
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
         (&Method::POST, p) if routes::parse_signal_path(p).is_some() => {

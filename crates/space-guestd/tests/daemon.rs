@@ -555,6 +555,21 @@ async fn identity_outside_a_vm_changes_nothing_on_the_host() {
     assert_eq!(kind, ErrorKind::TooLarge);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn growing_a_filesystem_outside_a_vm_is_refused() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    // The host's filesystems are not the daemon's to resize.
+    let (kind, msg) = guest_kind(c.grow_fs("/", None).await);
+    assert_eq!(kind, ErrorKind::Unsupported, "{msg}");
+    assert!(msg.contains("PID 1"), "{msg}");
+    // Bad paths are refused before anything else.
+    match c.grow_fs("relative", None).await {
+        Err(ClientError::Invalid(e)) => assert_eq!(e.kind, ErrorKind::InvalidArgument),
+        other => panic!("expected a refused path, got {other:?}"),
+    }
+}
+
 /// A raw HTTP/2 client, to send what the real client never would.
 async fn raw_h2(
     sock: &std::path::Path,

@@ -59,6 +59,8 @@ pub struct NodeConfig {
     pub pools: PoolConfig,
     /// Rolling snapshots and retention ([`crate::scheduler`]).
     pub rolling: RollingConfig,
+    /// The largest root disk a create may ask for, in MiB.
+    pub max_disk_mib: u64,
 }
 
 impl NodeConfig {
@@ -79,6 +81,7 @@ impl NodeConfig {
             admission: AdmissionConfig::default(),
             pools: PoolConfig::default(),
             rolling: RollingConfig::default(),
+            max_disk_mib: DEFAULT_MAX_DISK_MIB,
         }
     }
 }
@@ -89,12 +92,15 @@ const MIN_MEMORY_MIB: u64 = 64;
 const MAX_MEMORY_MIB: u64 = 1 << 20;
 const MAX_METADATA_BYTES: usize = 64 * 1024;
 const MAX_ENV_BYTES: usize = 256 * 1024;
+/// [`NodeConfig::max_disk_mib`] by default: 64 GiB.
+pub const DEFAULT_MAX_DISK_MIB: u64 = 64 << 10;
 
 struct Inner {
     ctx: Arc<Ctx>,
     admission: Admission,
     pools: Arc<Pools>,
     rolling: RollingConfig,
+    max_disk_mib: u64,
     sandboxes: Mutex<HashMap<SandboxId, Handle>>,
     shutting_down: std::sync::atomic::AtomicBool,
 }
@@ -130,6 +136,7 @@ impl Node {
                 ctx,
                 admission: Admission::new(config.admission.clone()),
                 rolling: config.rolling,
+                max_disk_mib: config.max_disk_mib,
                 sandboxes: Mutex::default(),
                 shutting_down: false.into(),
             }),
@@ -255,7 +262,9 @@ impl Node {
     /// With the template's vCPUs and memory (the default) this restores the template's
     /// snapshot into a CoW clone; with another shape it cold-boots the template's kernel on a
     /// clone of its root image (seconds under TCG; build a template variant with that shape
-    /// for the fast path). A disk size other than the image's is refused. A create that fails
+    /// for the fast path). A disk size larger than the image's grows the disk and the root
+    /// filesystem once the guest runs (a smaller one, or one over
+    /// [`NodeConfig::max_disk_mib`], is refused). A create that fails
     /// leaves nothing behind (no directory, no record).
     pub async fn create(&self, req: CreateRequest) -> Result<SandboxInfo> {
         self.check_open()?;
@@ -263,9 +272,10 @@ impl Node {
         let t = template::resolve(&ctx.layout, &req.template, &req.version)?;
         t.check_runtime(&ctx.runtime)?;
         let opts = req.options;
-        validate_options(&opts, &t)?;
+        validate_options(&opts, &t, self.inner.max_disk_mib)?;
         let vcpus = opts.vcpus.unwrap_or(t.manifest.vcpus);
         let memory_mib = opts.memory_mib.unwrap_or(t.manifest.memory_mib);
+        let disk_mib = opts.disk_mib.unwrap_or(t.image_mib());
         let ticket = self.admit(vcpus, memory_mib)?;
         let (how, origin) = if vcpus == t.manifest.vcpus && memory_mib == t.manifest.memory_mib {
             (
@@ -290,8 +300,11 @@ impl Node {
             SandboxId::generate(),
             t.template_ref().clone(),
             opts,
-            vcpus,
-            memory_mib,
+            MachineShape {
+                vcpus,
+                memory_mib,
+                disk_mib,
+            },
             origin,
             None,
         );
@@ -317,8 +330,11 @@ impl Node {
             SandboxId::generate(),
             parent.template.clone(),
             parent.options.clone(),
-            parent.vcpus,
-            parent.memory_mib,
+            MachineShape {
+                vcpus: parent.vcpus,
+                memory_mib: parent.memory_mib,
+                disk_mib: parent.disk_mib,
+            },
             Origin::Snapshot {
                 sandbox: parent.id.clone(),
                 snapshot: point.snapshot.clone(),
@@ -610,15 +626,26 @@ impl Node {
     }
 }
 
+/// vCPUs, memory and root disk size of a new sandbox's VM.
+pub(crate) struct MachineShape {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+}
+
 pub(crate) fn new_record(
     id: SandboxId,
     template: crate::ids::TemplateRef,
     options: SandboxOptions,
-    vcpus: u32,
-    memory_mib: u64,
+    shape: MachineShape,
     origin: Origin,
     forked_from: Option<(SandboxId, SnapshotId)>,
 ) -> SandboxRecord {
+    let MachineShape {
+        vcpus,
+        memory_mib,
+        disk_mib,
+    } = shape;
     let now = now_ms();
     SandboxRecord {
         format: RECORD_FORMAT,
@@ -627,6 +654,7 @@ pub(crate) fn new_record(
         options,
         vcpus,
         memory_mib,
+        disk_mib,
         state: State::Creating,
         pending: Some(Pending {
             request: if forked_from.is_some() {
@@ -652,7 +680,7 @@ pub(crate) fn new_record(
     }
 }
 
-fn validate_options(o: &SandboxOptions, t: &Template) -> Result<()> {
+fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u64) -> Result<()> {
     if let Some(v) = o.vcpus {
         if v == 0 || v > MAX_VCPUS {
             return Err(NodeError::Invalid(format!(
@@ -668,12 +696,17 @@ fn validate_options(o: &SandboxOptions, t: &Template) -> Result<()> {
         }
     }
     if let Some(d) = o.disk_mib {
-        let image_mib = t.manifest.disk_bytes.div_ceil(1 << 20);
-        if d != image_mib {
+        let image_mib = t.image_mib();
+        if d < image_mib {
             return Err(NodeError::Invalid(format!(
-                "disk size {d} MiB: template {} has a {image_mib} MiB disk and resizing is not \
-                 supported yet (omit the disk size, or build a template with a larger image)",
+                "disk size {d} MiB is smaller than the {image_mib} MiB image of template {}: a \
+                 disk cannot shrink (omit the disk size for the image's own)",
                 t.template_ref()
+            )));
+        }
+        if d > max_disk_mib {
+            return Err(NodeError::Invalid(format!(
+                "disk size {d} MiB is over this node's maximum of {max_disk_mib} MiB"
             )));
         }
     }

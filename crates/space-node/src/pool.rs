@@ -41,7 +41,7 @@ use tokio::sync::Notify;
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, TemplateName, TemplateRef};
 use crate::record::{now_ms, Origin, SandboxOptions, SandboxRecord, POOL_REQUEST};
-use crate::sandbox::{clear_vm_files, identity, launch, Ctx, Launch, Live};
+use crate::sandbox::{clear_vm_files, ensure_disk, identity, launch, Ctx, Launch, Live};
 use crate::scheduler::chain;
 use crate::template::{self, blocking, Template};
 
@@ -242,6 +242,8 @@ impl Pools {
                     what: "identity",
                     source,
                 })?;
+            // Members have the template's disk; a larger one is grown now.
+            ensure_disk(&member.live.vm, client, &wanted).await?;
             Ok::<_, NodeError>(())
         }
         .await;
@@ -480,8 +482,11 @@ fn pooled_record(t: &Template) -> SandboxRecord {
         SandboxId::generate(),
         m.template.clone(),
         SandboxOptions::default(),
-        m.vcpus,
-        m.memory_mib,
+        crate::node::MachineShape {
+            vcpus: m.vcpus,
+            memory_mib: m.memory_mib,
+            disk_mib: t.image_mib(),
+        },
         Origin::Template,
         None,
     );

@@ -243,6 +243,10 @@ pub struct SandboxRecord {
     pub vcpus: u32,
     /// Guest RAM in MiB in use.
     pub memory_mib: u64,
+    /// Root disk size in MiB (the template image's, or the larger size asked for; 0 in
+    /// records written before the size was kept).
+    #[serde(default)]
+    pub disk_mib: u64,
     /// Current state (the last one reached).
     pub state: State,
     /// The transition in flight, if the node is in (or died in) the middle of one.
@@ -518,6 +522,7 @@ mod tests {
             options: SandboxOptions::default(),
             vcpus: 1,
             memory_mib: 256,
+            disk_mib: 256,
             state: State::Running,
             pending: None,
             origin: Origin::Template,

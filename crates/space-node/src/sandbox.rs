@@ -350,10 +350,10 @@ pub(crate) async fn launch(
         // earlier attempt reaching it late); the identity step is idempotent, so a lost
         // connection is retried on a fresh one, a few times.
         let mut attempt = 1;
-        loop {
+        let client = loop {
             let client = vm.wait_ready(ctx.ready_timeout).await?;
             match client.identity(&identity(record)).await {
-                Ok(_) => return Ok::<_, NodeError>(client),
+                Ok(_) => break client,
                 Err(e @ (ClientError::Closed | ClientError::Transport(_)))
                     if attempt < IDENTITY_ATTEMPTS =>
                 {
@@ -367,7 +367,9 @@ pub(crate) async fn launch(
                     })
                 }
             }
-        }
+        };
+        ensure_disk(&vm, &client, record).await?;
+        Ok::<_, NodeError>(client)
     }
     .await;
     match ready {
@@ -387,6 +389,38 @@ pub(crate) async fn launch(
             Err(e)
         }
     }
+}
+
+/// Grows the root disk and filesystem of a running guest to the size the sandbox was created
+/// with, when its disk is smaller (a VM from the template's snapshot or image; a fork, restore
+/// or rollback starts from a disk that already has the size, and this does nothing).
+pub(crate) async fn ensure_disk(
+    vm: &QemuVm,
+    client: &GuestClient,
+    record: &SandboxRecord,
+) -> Result<()> {
+    let Some(mib) = record.options.disk_mib else {
+        return Ok(());
+    };
+    let want = mib << 20;
+    let have = vm.disk_bytes().await?;
+    if have >= want {
+        return Ok(());
+    }
+    let t0 = Instant::now();
+    vm.resize_disk(want).await?;
+    let grown = client
+        .grow_fs("/", Some(want))
+        .await
+        .map_err(|source| NodeError::Guest {
+            what: "growing the root filesystem",
+            source,
+        })?;
+    tracing::debug!(
+        id = %record.id, from = have, to = want, fs_bytes = grown.new_bytes,
+        took = ?t0.elapsed(), "root disk grown"
+    );
+    Ok(())
 }
 
 /// Apparent size of the files in a snapshot directory.

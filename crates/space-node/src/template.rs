@@ -115,6 +115,11 @@ pub struct Template {
 }
 
 impl Template {
+    /// The root image's size in MiB, rounded up.
+    pub fn image_mib(&self) -> u64 {
+        self.manifest.disk_bytes.div_ceil(1 << 20)
+    }
+
     /// Name and version.
     pub fn template_ref(&self) -> &TemplateRef {
         &self.manifest.template

@@ -245,7 +245,7 @@ fn creates_and_builds_the_node_cannot_honour_are_refused() {
                         disk_mib: Some(100_000),
                         ..Default::default()
                     },
-                    "resizing is not supported",
+                    "maximum",
                 ),
                 (
                     SandboxOptions {

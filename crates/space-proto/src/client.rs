@@ -568,6 +568,18 @@ impl GuestClient {
         self.post_json(routes::IDENTITY, identity).await
     }
 
+    /// Grows the filesystem mounted at `path` to fill its block device, online. With
+    /// `device_bytes`, the guest first waits (bounded) until its kernel sees a device of at
+    /// least that size (right after the host grew the disk, the guest may not have yet).
+    pub async fn grow_fs(&self, path: &str, device_bytes: Option<u64>) -> Result<GrowFsResult> {
+        validate_path(path).map_err(ClientError::Invalid)?;
+        let req = GrowFsRequest {
+            path: path.into(),
+            device_bytes,
+        };
+        self.post_json(routes::FS_GROW, &req).await
+    }
+
     /// Asks the guest to power off (as PID 1) or the daemon to exit (outside a VM). The answer
     /// arrives before it happens.
     pub async fn shutdown(&self) -> Result<()> {

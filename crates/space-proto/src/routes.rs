@@ -19,6 +19,7 @@ pub const RENAME: &str = "/v1/rename";
 pub const CHMOD: &str = "/v1/chmod";
 pub const WATCH: &str = "/v1/watch";
 pub const IDENTITY: &str = "/v1/identity";
+pub const FS_GROW: &str = "/v1/fs/grow";
 pub const SHUTDOWN: &str = "/v1/shutdown";
 
 /// Path of the signal route for one process.

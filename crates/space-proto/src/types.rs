@@ -332,6 +332,31 @@ pub struct Identity {
     pub env: BTreeMap<String, String>,
 }
 
+/// `POST /v1/fs/grow`: grow the filesystem mounted at `path` to fill its block device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrowFsRequest {
+    /// A path on the filesystem to grow (usually its mount point, `/`).
+    pub path: String,
+    /// The device size in bytes the host just set: the daemon waits (a few seconds at most)
+    /// until the guest kernel sees at least this capacity before growing. `None`: grow to the
+    /// capacity visible now.
+    #[serde(default)]
+    pub device_bytes: Option<u64>,
+}
+
+/// Answer of `POST /v1/fs/grow`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrowFsResult {
+    /// The block device's capacity in bytes as the guest sees it.
+    pub device_bytes: u64,
+    /// The filesystem's size in bytes before the request (its block count times block size).
+    pub old_bytes: u64,
+    /// Its size in bytes now.
+    pub new_bytes: u64,
+    /// Its block size in bytes.
+    pub block_size: u64,
+}
+
 /// Answer of `POST /v1/identity`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityApplied {

@@ -18,6 +18,8 @@ use crate::accel::Accel;
 pub const MEM_FILE: &str = "mem";
 /// The guest's root disk (raw ext4).
 pub const DISK_FILE: &str = "rootfs.ext4";
+/// The block backend id of the root disk (what QMP's `block_resize` names).
+pub const DISK_DRIVE_ID: &str = "root";
 /// Serial console output.
 pub const CONSOLE_LOG: &str = "console.log";
 /// QEMU's own stderr.
@@ -113,8 +115,9 @@ pub fn build(cfg: &QemuConfig) -> Vec<OsString> {
     let console = format!("file,id=console,path={CONSOLE_LOG},append=on");
     push(&["-chardev", &console, "-serial", "chardev:console"]);
 
-    let drive = format!("file={DISK_FILE},format=raw,if=none,id=root,discard=unmap");
-    push(&["-drive", &drive, "-device", "virtio-blk-device,drive=root"]);
+    let drive = format!("file={DISK_FILE},format=raw,if=none,id={DISK_DRIVE_ID},discard=unmap");
+    let blk = format!("virtio-blk-device,drive={DISK_DRIVE_ID}");
+    push(&["-drive", &drive, "-device", &blk]);
     push(&["-device", "virtio-rng-device"]);
 
     // Port 0 of a virtio-serial bus is reserved for a console; ours are 1 and 2.

@@ -847,6 +847,54 @@ impl QemuVm {
         .await
     }
 
+    /// The root disk's size in bytes (its file's length).
+    pub async fn disk_bytes(&self) -> Result<u64> {
+        let path = self.dir.join(cmdline::DISK_FILE);
+        blocking(move || {
+            std::fs::metadata(&path)
+                .map(|m| m.len())
+                .map_err(|source| Error::Io {
+                    op: "stat",
+                    path,
+                    source,
+                })
+        })
+        .await
+    }
+
+    /// Grows the root disk to `bytes`, online: QMP `block_resize` extends the file (sparse)
+    /// and virtio-blk tells the guest its new capacity with a configuration-change interrupt.
+    /// The guest's filesystem is not touched: grow it from inside (the guest daemon's
+    /// `grow_fs`). The same size is a no-op; a smaller one, or one that is not a multiple of
+    /// 512 bytes, is refused (shrinking would cut the filesystem off). The VM may be running
+    /// or paused (a paused guest sees the change when it resumes), but not stopped right
+    /// after a snapshot: the disk is handed back to QEMU only by [`Vm::resume`].
+    pub async fn resize_disk(&self, bytes: u64) -> Result<()> {
+        let _op = self.ops.lock().await;
+        self.check_alive()?;
+        let current = self.disk_bytes().await?;
+        if bytes == current {
+            return Ok(());
+        }
+        if bytes < current {
+            return Err(Error::Invalid(format!(
+                "the root disk is {current} bytes; it cannot shrink to {bytes}"
+            )));
+        }
+        if !bytes.is_multiple_of(512) || bytes > i64::MAX as u64 {
+            return Err(Error::Invalid(format!(
+                "disk size {bytes}: it must be a multiple of 512 bytes and below 2^63"
+            )));
+        }
+        // The device state changes with the capacity: a cached one is stale now.
+        *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let args = json!({ "device": cmdline::DISK_DRIVE_ID, "size": bytes });
+        self.command(self.qmp().execute("block_resize", Some(args)))
+            .await?;
+        tracing::debug!(dir = %self.dir.display(), from = current, to = bytes, "root disk grown");
+        Ok(())
+    }
+
     /// Restarts the vCPUs. Right after a migration QEMU announces completion before it has
     /// finished tearing the migration down, and refuses `cont` meanwhile ("Migration is not
     /// finalized yet"); that refusal is retried briefly instead of failing the operation.
