@@ -8,6 +8,8 @@ log() { printf '[deps] %s\n' "$*" >&2; }
 PACKAGES=(
     # the sandbox runtime and the guest images
     qemu-system-x86 qemu-utils busybox-static e2fsprogs debootstrap btrfs-progs
+    # the reflink storage driver is tested on XFS
+    xfsprogs
     # the guest kernel, built from Debian's source package
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils cpio
     # tools the scripts and tests use

@@ -1,5 +1,5 @@
 //! Driver tests on real filesystems: btrfs on a loop-mounted image, the copy driver on the
-//! host's own filesystem, reflink on XFS when `mkfs.xfs` exists and on btrfs always.
+//! host's own filesystem, reflink on XFS (xfsprogs comes with `make test`) and on btrfs.
 
 use std::collections::BTreeMap;
 use std::fs;
