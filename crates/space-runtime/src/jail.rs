@@ -2,17 +2,18 @@
 //! and cgroup namespaces, the sandbox directory as its root, and a cgroup with limits.
 //!
 //! The runtime prepares everything on the host side ([`prepare`]): a uid, the cgroup, the
-//! mount points and ownership in the sandbox directory, the kernel linked in as `vmlinux`, and
-//! a [`Prepared`] value holding every path as a C string and every descriptor the child
-//! needs, so that the code between fork and exec only makes system calls. In the child (see
-//! [`crate::process::Process::spawn_with`]):
+//! mount points and ownership in the sandbox directory, the kernel's place at `vmlinux` (a
+//! mount point, or a clone), and a [`Prepared`] value holding every path as a C string and
+//! every descriptor the child needs, so that the code between fork and exec only makes
+//! system calls. In the child (see [`crate::process::Process::spawn_with`]):
 //!
 //! 1. join the cgroup (write `0` to each `cgroup.procs`), then `unshare` the namespaces and
 //!    fork again, so QEMU is PID 1 of the new PID namespace;
 //! 2. make every mount private; bind the sandbox directory onto itself (a root must be a
 //!    mount point); bind the host paths QEMU needs to run (`/usr`; `/lib` and `/lib64` as
-//!    links or binds, as on the host) read-only; mount a small tmpfs on `dev` with `null`,
-//!    `urandom` and, under KVM, `kvm`;
+//!    links or binds, as on the host) read-only, and the kernel onto `vmlinux` when it is
+//!    world-readable; mount a small tmpfs on `dev` with `null`, `urandom` and, under KVM,
+//!    `kvm`;
 //! 3. `pivot_root` into the sandbox directory and detach the old root, so no host path other
 //!    than the read-only binds is reachable; remount the root `nosuid,nodev,noexec`;
 //! 4. drop supplementary groups, switch gid and uid, set `no_new_privs`; exec QEMU, whose
@@ -36,7 +37,7 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -242,6 +243,8 @@ pub struct Prepared {
     cgroup_procs: Vec<OwnedFd>,
     dir: CString,
     binds: Vec<(CString, CString)>,
+    /// The host's kernel and its mount point `<dir>/vmlinux`, when it is bound in.
+    kernel: Option<(CString, CString)>,
     dev: CString,
     dev_nodes: Vec<DevNode>,
     uid: libc::uid_t,
@@ -344,6 +347,20 @@ impl Prepared {
                     libc::mount(null, dst.as_ptr(), null, flags, null.cast()).into(),
                 )?;
             }
+            if let Some((src, dst)) = &self.kernel {
+                let rc = libc::mount(src.as_ptr(), dst.as_ptr(), null, libc::MS_BIND, null.cast());
+                check(3, rc.into())?;
+                let flags = libc::MS_BIND
+                    | libc::MS_REMOUNT
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV
+                    | libc::MS_NOEXEC;
+                check(
+                    3,
+                    libc::mount(null, dst.as_ptr(), null, flags, null.cast()).into(),
+                )?;
+            }
             let opts = c"size=16k,nr_inodes=16,mode=0755";
             debug_assert_eq!(opts.to_bytes(), DEV_TMPFS_OPTIONS.as_bytes());
             let rc = libc::mount(
@@ -409,8 +426,8 @@ pub(crate) struct VmShape {
 }
 
 /// Prepares the jail of a VM in `dir`: ids, cgroup, mount points, ownership, and the kernel
-/// linked in as [`cmdline::KERNEL_FILE`]. On error nothing it allocated stays (files it
-/// linked or created in `dir` may).
+/// placed at [`cmdline::KERNEL_FILE`]. On error nothing it allocated stays (files it
+/// created in `dir` may).
 pub(crate) fn prepare(
     config: &JailConfig,
     layout: Option<&Layout>,
@@ -448,6 +465,7 @@ fn prepare_inner(
         move |source| JailError::Io { op, path, source }
     };
     let dir = std::path::absolute(dir).map_err(io("resolving", dir))?;
+    let t0 = std::time::Instant::now();
 
     let mut binds = Vec::new();
     for host in &config.host_paths {
@@ -503,7 +521,9 @@ fn prepare_inner(
         });
     }
 
-    link_kernel(kernel, &dir.join(cmdline::KERNEL_FILE), uid, gid)?;
+    let mount_points = t0.elapsed();
+    let kernel_bind = place_kernel(kernel, &dir.join(cmdline::KERNEL_FILE), uid, gid)?;
+    let kernel_placed = t0.elapsed();
     for name in [cmdline::MEM_FILE, cmdline::DISK_FILE, cmdline::CONSOLE_LOG] {
         let p = dir.join(name);
         match std::os::unix::fs::chown(&p, Some(uid), Some(gid)) {
@@ -516,6 +536,7 @@ fn prepare_inner(
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1770))
         .map_err(io("setting the mode of", &dir))?;
 
+    let owned = t0.elapsed();
     let mut cgroup_procs = Vec::new();
     if config.cgroups {
         let layout = layout.ok_or(CgroupError::NoHierarchy("cpu"))?;
@@ -530,12 +551,17 @@ fn prepare_inner(
         })?;
         *cgroup_out = Some(cg);
     }
+    tracing::debug!(
+        ?mount_points, ?kernel_placed, kernel_bound = kernel_bind.is_some(), ?owned,
+        cgroup = ?t0.elapsed(), "jail prepared"
+    );
 
     Ok(Setup {
         prepared: Arc::new(Prepared {
             cgroup_procs,
             dir: cstring(&dir),
             binds,
+            kernel: kernel_bind,
             dev: cstring(&dev),
             dev_nodes,
             uid,
@@ -566,9 +592,16 @@ pub(crate) fn check_binary(config: &JailConfig, binary: &Path) -> Result<(), Jai
     }
 }
 
-/// Makes the kernel visible in the jail: a hard link when it is world-readable and on the
-/// same file system (free, and shared by every VM), else a private clone owned by the VM.
-fn link_kernel(kernel: &Path, dst: &Path, uid: u32, gid: u32) -> Result<(), JailError> {
+/// Makes the kernel visible in the jail at `dst`. A world-readable kernel is bound read-only
+/// onto `dst` (an empty file here) by the child, which costs one mount whatever file system
+/// either is on; the host path and mount point are returned for that. Any other kernel is
+/// cloned to `dst` and owned by the VM (a full copy when no reflink is possible).
+fn place_kernel(
+    kernel: &Path,
+    dst: &Path,
+    uid: u32,
+    gid: u32,
+) -> Result<Option<(CString, CString)>, JailError> {
     match std::fs::remove_file(dst) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -580,16 +613,36 @@ fn link_kernel(kernel: &Path, dst: &Path, uid: u32, gid: u32) -> Result<(), Jail
             })
         }
     }
-    let readable = std::fs::metadata(kernel).is_ok_and(|m| m.mode() & 0o004 != 0);
-    if readable && std::fs::hard_link(kernel, dst).is_ok() {
-        return Ok(());
+    let meta = std::fs::metadata(kernel).map_err(|source| JailError::Io {
+        op: "reading",
+        path: kernel.to_owned(),
+        source,
+    })?;
+    if meta.is_file() && meta.mode() & 0o004 != 0 {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(dst)
+            .map_err(|source| JailError::Io {
+                op: "creating",
+                path: dst.to_owned(),
+                source,
+            })?;
+        let source = std::path::absolute(kernel).map_err(|source| JailError::Io {
+            op: "resolving",
+            path: kernel.to_owned(),
+            source,
+        })?;
+        return Ok(Some((cstring(&source), cstring(dst))));
     }
     crate::cow::clone_file(kernel, dst)?;
     std::os::unix::fs::chown(dst, Some(uid), Some(gid)).map_err(|source| JailError::Io {
         op: "chowning",
         path: dst.to_owned(),
         source,
-    })
+    })?;
+    Ok(None)
 }
 
 fn ensure_dir(path: &Path) -> Result<(), JailError> {
