@@ -143,10 +143,22 @@ impl Node {
         };
         node.recover_pass(true).await?;
         if let Some(tick) = config.timeout_tick {
-            tokio::spawn(timeout_loop(Arc::downgrade(&node.inner), tick));
+            tokio::spawn(reconcile_every(
+                Arc::downgrade(&node.inner),
+                tick,
+                |inner| async move {
+                    reconcile(&inner).await;
+                },
+            ));
         }
         if config.rolling.enabled {
-            tokio::spawn(rolling_loop(Arc::downgrade(&node.inner), config.rolling));
+            tokio::spawn(reconcile_every(
+                Arc::downgrade(&node.inner),
+                config.rolling.tick,
+                |inner| async move {
+                    rolling_pass(&inner).await;
+                },
+            ));
         }
         // After recovery, which removes sandbox directories no record names.
         node.inner.pools.spawn_loop();
@@ -782,23 +794,13 @@ async fn rolling_pass(inner: &Inner) -> RollingReport {
     crate::scheduler::reconcile(&inner.ctx, handles, &inner.rolling).await
 }
 
-async fn rolling_loop(inner: Weak<Inner>, config: RollingConfig) {
-    let mut interval = tokio::time::interval(config.tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        interval.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
-        if inner
-            .shutting_down
-            .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return;
-        }
-        rolling_pass(&inner).await;
-    }
-}
-
-async fn timeout_loop(inner: Weak<Inner>, tick: Duration) {
+/// Runs one reconciler pass every `tick` until the node is dropped or shutting down. A pass
+/// takes no input and may run at any time; a tick that is late is delayed, not doubled up.
+async fn reconcile_every<F, Fut>(inner: Weak<Inner>, tick: Duration, pass: F)
+where
+    F: Fn(Arc<Inner>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -810,6 +812,6 @@ async fn timeout_loop(inner: Weak<Inner>, tick: Duration) {
         {
             return;
         }
-        reconcile(&inner).await;
+        pass(inner).await;
     }
 }
