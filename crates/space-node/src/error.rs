@@ -47,6 +47,18 @@ pub enum NodeError {
     /// A build of that name and version exists already; versions are immutable.
     #[error("template {0} already exists; build a new version instead")]
     TemplateExists(TemplateRef),
+    /// Sandboxes made from the template build still exist.
+    #[error(
+        "template {template} is in use by {count} sandbox(es), e.g. {sandbox}; kill them first"
+    )]
+    TemplateInUse {
+        /// The template build.
+        template: TemplateRef,
+        /// One of the sandboxes.
+        sandbox: SandboxId,
+        /// How many.
+        count: usize,
+    },
     /// The template's snapshot cannot be restored by this host's runtime any more.
     #[error("template {template} cannot be restored on this node ({reason}); rebuild it as a new version")]
     TemplateStale {
@@ -107,6 +119,7 @@ impl NodeError {
                 | NodeError::SnapshotNotFound { .. }
                 | NodeError::TemplateNotFound(_)
                 | NodeError::TemplateExists(_)
+                | NodeError::TemplateInUse { .. }
                 | NodeError::TemplateStale { .. }
                 | NodeError::InvalidId(_)
                 | NodeError::Invalid(_)

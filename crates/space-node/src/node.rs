@@ -20,11 +20,11 @@ use tokio::sync::oneshot;
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::error::{NodeError, Result};
-use crate::ids::{SandboxId, SnapshotId, TemplateName, VersionReq};
+use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
 use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{
     now_ms, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
-    SnapshotRecord, State, RECORD_FORMAT,
+    SnapshotRecord, State, TimeoutPolicy, RECORD_FORMAT,
 };
 use crate::recovery::{self, RecoveryReport};
 use crate::sandbox::{
@@ -265,6 +265,41 @@ impl Node {
     /// Every complete template build.
     pub fn templates(&self) -> Result<Vec<Template>> {
         template::list(&self.inner.ctx.layout)
+    }
+
+    /// Deletes a template build. Refused ([`NodeError::TemplateInUse`]) while a sandbox that
+    /// is not terminated was made from it: a cold boot or a crash recovery may still need its
+    /// kernel and image. Its warm pool goes with the next pool pass.
+    pub async fn delete_template(&self, template: &TemplateRef) -> Result<()> {
+        self.check_open()?;
+        let ctx = &self.inner.ctx;
+        let version = VersionReq::Exact(template.version.clone());
+        let t = template::resolve(&ctx.layout, &template.name, &version)?;
+        let users: Vec<SandboxId> = blocking({
+            let records = ctx.records.clone();
+            move || Ok(records.list()?)
+        })
+        .await?
+        .into_iter()
+        .filter(|r| &r.template == template && r.state != State::Terminated && !r.is_pooled())
+        .map(|r| r.id)
+        .collect();
+        if let Some(first) = users.first() {
+            return Err(NodeError::TemplateInUse {
+                template: template.clone(),
+                sandbox: first.clone(),
+                count: users.len(),
+            });
+        }
+        let (s, d) = (ctx.storage.clone(), t.dir.clone());
+        blocking(move || Ok(s.delete_volume(&d)?)).await?;
+        if let Some(parent) = t.dir.parent() {
+            // Only succeeds once the name has no versions left.
+            let _ = std::fs::remove_dir(parent);
+        }
+        self.inner.pools.wake();
+        tracing::info!(template = %template, "template deleted");
+        Ok(())
     }
 
     // ---- create --------------------------------------------------------------------------
@@ -556,6 +591,31 @@ impl Node {
         self.call(id, Request::Guest).await
     }
 
+    /// Replaces the idle timeout, maximum lifetime and timeout action of a sandbox that is not
+    /// terminated; the reconciler uses the new values from its next pass.
+    pub async fn set_timeouts(
+        &self,
+        id: &SandboxId,
+        timeouts: TimeoutPolicy,
+    ) -> Result<SandboxInfo> {
+        validate_timeouts(&timeouts)?;
+        self.call(id, |r| Request::SetTimeouts(timeouts, r)).await
+    }
+
+    /// The last `max_bytes` of the sandbox's serial console (kernel messages and whatever the
+    /// guest writes there). Empty once the sandbox directory is gone (killed).
+    pub async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> Result<Vec<u8>> {
+        // The id must be one of ours; the file itself needs no actor.
+        self.info(id).await?;
+        let path = self
+            .inner
+            .ctx
+            .layout
+            .sandbox_dir(id.as_str())?
+            .join(space_runtime::cmdline::CONSOLE_LOG);
+        blocking(move || tail_of(&path, max_bytes)).await
+    }
+
     /// Counts as activity for the idle timeout (for callers that use a client they hold).
     pub async fn touch(&self, id: &SandboxId) -> Result<()> {
         self.call(id, Request::Touch).await
@@ -618,6 +678,18 @@ impl Node {
     /// Stops every driver and kills every VM. Records stay as they are (a later node sees the
     /// sandboxes as they were). Does not unmount the data directory.
     pub async fn shutdown(&self) {
+        self.stop(false).await
+    }
+
+    /// Stops every driver and leaves the VMs running (warm-pool members excepted): the next
+    /// node process on this data directory adopts them ([`crate::recovery`]), so a restart
+    /// of the node costs the sandboxes nothing. Needs a runtime with detached VMs (the
+    /// default); others die with the process anyway.
+    pub async fn shutdown_detach(&self) {
+        self.stop(true).await
+    }
+
+    async fn stop(&self, detach: bool) {
         self.inner
             .shutting_down
             .store(true, std::sync::atomic::Ordering::SeqCst);
@@ -630,7 +702,7 @@ impl Node {
             .collect();
         for (_, h) in handles {
             let (tx, rx) = oneshot::channel();
-            if h.tx.send(Request::Shutdown(tx)).await.is_ok() {
+            if h.tx.send(Request::Shutdown(detach, tx)).await.is_ok() {
                 let _ = rx.await;
             }
         }
@@ -743,10 +815,11 @@ fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u64) -> Resu
             "metadata is {meta} bytes; the limit is {MAX_METADATA_BYTES}"
         )));
     }
-    for (what, d) in [
-        ("idle timeout", o.timeouts.idle),
-        ("max lifetime", o.timeouts.max_lifetime),
-    ] {
+    validate_timeouts(&o.timeouts)
+}
+
+fn validate_timeouts(t: &TimeoutPolicy) -> Result<()> {
+    for (what, d) in [("idle timeout", t.idle), ("max lifetime", t.max_lifetime)] {
         if d == Some(Duration::ZERO) {
             return Err(NodeError::Invalid(format!(
                 "{what} must be positive (omit it for none)"
@@ -814,4 +887,26 @@ where
         }
         pass(inner).await;
     }
+}
+
+/// The last `max` bytes of a file; empty when it does not exist.
+fn tail_of(path: &std::path::Path, max: usize) -> Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(NodeError::io("opening", path)(e)),
+    };
+    let len = f
+        .metadata()
+        .map_err(NodeError::io("inspecting", path))?
+        .len();
+    let start = len.saturating_sub(max as u64);
+    f.seek(SeekFrom::Start(start))
+        .map_err(NodeError::io("seeking", path))?;
+    let mut out = Vec::with_capacity((len - start) as usize);
+    f.take(max as u64)
+        .read_to_end(&mut out)
+        .map_err(NodeError::io("reading", path))?;
+    Ok(out)
 }

@@ -72,7 +72,8 @@ pub(crate) struct Status {
     pub last_activity_ms: AtomicU64,
     /// When the current VM started, ms since the epoch.
     pub started_ms: AtomicU64,
-    pub timeouts: TimeoutPolicy,
+    /// Changed by [`Request::SetTimeouts`]; read by the reconciler.
+    pub timeouts: Mutex<TimeoutPolicy>,
     /// vCPUs and guest RAM (MiB) of the sandbox's VM, for admission control.
     pub vcpus: u32,
     pub memory_mib: u64,
@@ -99,12 +100,13 @@ impl Status {
         }
         let since =
             |t: &AtomicU64| Duration::from_millis(now.saturating_sub(t.load(Ordering::Relaxed)));
-        if let Some(max) = self.timeouts.max_lifetime {
+        let timeouts = *self.timeouts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(max) = timeouts.max_lifetime {
             if since(&self.started_ms) >= max {
                 return Some(TimeoutKind::MaxLifetime);
             }
         }
-        if let Some(idle) = self.timeouts.idle {
+        if let Some(idle) = timeouts.idle {
             if since(&self.last_activity_ms) >= idle {
                 return Some(TimeoutKind::Idle);
             }
@@ -160,8 +162,11 @@ pub(crate) enum Request {
     Timeout(TimeoutKind, Reply<bool>),
     /// From the snapshot scheduler: the due rolling snapshot (Running only), then retention.
     Rolling(RollingJob, Reply<RollingOutcome>),
-    /// Node shutdown: the VM is killed, the record stays as it is (recovery picks it up).
-    Shutdown(Reply<()>),
+    /// Replace the idle timeout, maximum lifetime and action; answers the new record.
+    SetTimeouts(TimeoutPolicy, Reply<SandboxRecord>),
+    /// Node shutdown: the VM is killed (`false`) or left running for the next node process
+    /// to adopt (`true`); the record stays as it is (recovery picks it up).
+    Shutdown(bool, Reply<()>),
 }
 
 use State::{Failed, Paused, Running, Suspended, Terminated};
@@ -187,14 +192,16 @@ impl Request {
             Request::Kill(_) => "kill",
             Request::Rolling(..) => "rolling snapshot",
             Request::Timeout(..) => "timeout",
-            Request::Shutdown(_) => "shutdown",
+            Request::SetTimeouts(..) => "set timeouts",
+            Request::Shutdown(..) => "shutdown",
         }
     }
 
     /// The states in which the request is legal.
     pub fn legal(&self) -> &'static [State] {
         match self {
-            Request::Info(_) | Request::Shutdown(_) => ALL,
+            Request::Info(_) | Request::Shutdown(..) => ALL,
+            Request::SetTimeouts(..) => ALIVE_OR_SUSPENDED,
             Request::Pause(_) | Request::Guest(_) => &[Running],
             Request::Resume(_) => &[Paused],
             Request::Suspend(_) | Request::Snapshot(..) | Request::Fork(_) => LIVE,
@@ -212,7 +219,7 @@ impl Request {
             self,
             Request::Info(_)
                 | Request::Timeout(..)
-                | Request::Shutdown(_)
+                | Request::Shutdown(..)
                 | Request::Kill(_)
                 | Request::Rolling(..)
         )
@@ -228,7 +235,8 @@ impl Request {
             | Request::Rollback(_, r)
             | Request::Touch(r)
             | Request::Kill(r)
-            | Request::Shutdown(r) => drop(r.send(Err(err))),
+            | Request::Shutdown(_, r) => drop(r.send(Err(err))),
+            Request::SetTimeouts(_, r) => drop(r.send(Err(err))),
             Request::Suspend(r) | Request::Snapshot(_, r) => drop(r.send(Err(err))),
             Request::Fork(r) => drop(r.send(Err(err))),
             Request::Guest(r) => drop(r.send(Err(err))),
@@ -460,7 +468,7 @@ impl Sandbox {
             state: Mutex::new(record.state),
             last_activity_ms: AtomicU64::new(record.last_activity_unix_ms),
             started_ms: AtomicU64::new(record.started_unix_ms),
-            timeouts: record.options.timeouts,
+            timeouts: Mutex::new(record.options.timeouts),
             vcpus: record.vcpus,
             memory_mib: record.memory_mib,
         });
@@ -603,9 +611,17 @@ impl Sandbox {
                 let res = self.rolling(job).await;
                 let _ = r.send(res);
             }
-            Request::Shutdown(r) => {
+            Request::SetTimeouts(policy, r) => {
+                let res = self.set_timeouts(policy);
+                let _ = r.send(res);
+            }
+            Request::Shutdown(detach, r) => {
                 if let Some(vm) = self.vm.take() {
-                    let _ = vm.kill().await;
+                    if detach {
+                        vm.detach();
+                    } else {
+                        let _ = vm.kill().await;
+                    }
                 }
                 let _ = r.send(Ok(()));
                 return true;
@@ -1047,6 +1063,21 @@ impl Sandbox {
         }
         self.record.restore_point = None;
         self.finish(Terminated)
+    }
+
+    fn set_timeouts(&mut self, policy: TimeoutPolicy) -> Result<SandboxRecord> {
+        let old = self.record.options.timeouts;
+        self.record.options.timeouts = policy;
+        if let Err(e) = self.write() {
+            self.record.options.timeouts = old;
+            return Err(e);
+        }
+        *self
+            .status
+            .timeouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = policy;
+        Ok(self.record.clone())
     }
 
     async fn timeout(&mut self, kind: TimeoutKind) -> Result<bool> {
