@@ -29,6 +29,7 @@ lint: deps
 	@$(CARGO) clippy --quiet --workspace --all-targets -- -D warnings
 
 test: artifacts lint
+	@scripts/python-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && $(CARGO) test --workspace
 

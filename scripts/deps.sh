@@ -13,7 +13,7 @@ PACKAGES=(
     # the guest kernel, built from Debian's source package
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils cpio
     # tools the scripts and tests use
-    util-linux procps ca-certificates curl
+    util-linux procps ca-certificates curl python3-venv tmux
 )
 
 if [[ $(id -u) -ne 0 ]]; then

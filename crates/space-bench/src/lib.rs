@@ -9,6 +9,7 @@
 //! - [`host`]: the host facts every header prints, and the signals that end a run;
 //! - [`procmem`]: RSS and PSS of a process from `/proc`.
 
+pub mod api;
 pub mod bare;
 pub mod bench;
 pub mod host;

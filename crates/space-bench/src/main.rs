@@ -7,6 +7,8 @@
 //!     [--only boot,snapshot,restore,pause,exec,files] [--dir DIR | --no-btrfs]
 //! source target/space/env.sh && cargo run --release -p space-bench -- node [--runs N]
 //!     [--only create,pool,pause,snapshot,suspend,fork,memory] [--pool-size N] [--idle N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- api [--runs N]
+//!     [--concurrent N] [--pool-size N]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -65,6 +67,20 @@ enum Command {
     /// with and without a warm pool, pause/resume, snapshots, suspend/restore, fork, kill and
     /// the host memory of idle sandboxes, against a bare QEMU restore of the same snapshot.
     Node(NodeArgs),
+    /// Measures the public HTTP API (crates/space-control) against the node it serves: create
+    /// from the warm pool to the first exec through HTTP and through the node's library calls,
+    /// and a burst of concurrent creates.
+    Api(ApiArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ApiArgs {
+    /// Creates sent at once in the concurrent group (0: skip it).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=200))]
+    concurrent: u64,
+    /// Members of the `minimal` pool.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pool_size: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -122,6 +138,20 @@ async fn run(cli: Cli) -> Result<()> {
         paths.push(path.clone());
     }
     let (kernel, rootfs) = (paths[0].clone(), paths[1].clone());
+    if let Some(Command::Api(args)) = &cli.command {
+        if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
+            bail!("--only, --dir and --no-btrfs belong to the runtime groups, not to `api`");
+        }
+        let plan = space_bench::api::ApiPlan {
+            runs: cli.runs,
+            concurrent: args.concurrent as usize,
+            pool_size: args.pool_size as usize,
+            kernel,
+            rootfs,
+            qemu: cli.qemu.clone(),
+        };
+        return space_bench::api::run(&plan, shutdown_signal()).await;
+    }
     if let Some(Command::Node(args)) = &cli.command {
         if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
             bail!("--only, --dir and --no-btrfs before `node` belong to the runtime groups; put `--only` after `node`");

@@ -1065,7 +1065,7 @@ fn print_failures(what: &str, failures: &[String]) {
 /// The run's directory under `/var/tmp`: `data/` (the node's data directory, with the loop
 /// image the node mounts over it) and `data.btrfs.img` beside it. [`DataDir::cleanup`]
 /// unmounts and removes it; `Drop` does the same as a last resort.
-struct DataDir {
+pub(crate) struct DataDir {
     base: PathBuf,
     data: PathBuf,
     done: bool,
@@ -1073,8 +1073,13 @@ struct DataDir {
 
 impl DataDir {
     fn new() -> Result<DataDir> {
+        Self::with_prefix("space-bench-node-")
+    }
+
+    /// A fresh directory under `/var/tmp` named `prefix...`.
+    pub(crate) fn with_prefix(prefix: &str) -> Result<DataDir> {
         let base = tempfile::Builder::new()
-            .prefix("space-bench-node-")
+            .prefix(prefix)
             .tempdir_in(PARENT)
             .with_context(|| format!("creating a directory in {PARENT}"))?
             .keep();
@@ -1084,6 +1089,11 @@ impl DataDir {
             data,
             done: false,
         })
+    }
+
+    /// The node's data directory.
+    pub(crate) fn data(&self) -> &Path {
+        &self.data
     }
 
     /// Whether something is mounted on the data directory.
@@ -1097,7 +1107,7 @@ impl DataDir {
     /// Unmounts the image (retrying while the last QEMU processes let go of their files),
     /// detaches its loop device if the unmount did not, and removes the directory with the
     /// image. Safe to call twice.
-    fn cleanup(&mut self) -> Result<()> {
+    pub(crate) fn cleanup(&mut self) -> Result<()> {
         if std::mem::replace(&mut self.done, true) {
             return Ok(());
         }

@@ -1,1 +1,21 @@
-//! Control plane of space: the public HTTP API, tenants and API keys, audit, state.
+//! Control plane of space: the public HTTP API (`docs/api.md`), tenants and API keys,
+//! sandbox ownership, quotas, audit and metrics, in front of one node.
+//!
+//! - [`server`]: [`Server`], which opens the node and the state store and serves the API;
+//! - [`api`]: the router, authentication, tenant scoping and the handlers;
+//! - [`error`]: the API's error format and the mapping of every failure onto it;
+//! - [`quota`]: tenant quotas; [`metrics`]: Prometheus text;
+//! - [`store`], [`keys`]: the SQLite state store and API keys.
+//!
+//! `docs/control.md` describes how the pieces fit.
+
+pub mod api;
+pub mod error;
+pub mod keys;
+pub mod metrics;
+pub mod quota;
+pub mod server;
+pub mod store;
+
+pub use error::ApiError;
+pub use server::{Server, ServerConfig};

@@ -1,0 +1,417 @@
+//! Templates (list for everyone; build and delete with an admin key), tenants and keys
+//! (admin), and the audit log.
+
+use std::path::Path;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use space_node::{Template, TemplateRef, TemplateSpec};
+
+use super::{AdminCaller, ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
+use crate::error::{ApiError, ApiResult};
+use crate::keys;
+use crate::store::{AuditFilter, Quotas, TenantName, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT};
+
+/// vCPUs of a template build when the request names none.
+pub const DEFAULT_TEMPLATE_VCPUS: u32 = 1;
+/// Memory of a template build when the request names none.
+pub const DEFAULT_TEMPLATE_MEMORY_MIB: u64 = 256;
+
+/// The name of the image `t` was built from: the configured image with that root file, or
+/// the file's stem.
+fn image_name(st: &Shared, t: &Template) -> String {
+    let path = &t.manifest.rootfs.path;
+    st.images
+        .iter()
+        .find(|(_, p)| *p == path)
+        .map(|(n, _)| n.clone())
+        .unwrap_or_else(|| {
+            Path::new(path)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
+        })
+}
+
+/// The API's JSON form of a template build.
+pub fn template_json(st: &Shared, t: &Template) -> Value {
+    json!({
+        "name": t.manifest.template.name.as_str(),
+        "version": t.manifest.template.version.as_str(),
+        "vcpus": t.manifest.vcpus,
+        "memory_mib": t.manifest.memory_mib,
+        "image_mib": t.image_mib(),
+        "image": image_name(st, t),
+        "created_unix_ms": t.manifest.created_unix_ms,
+    })
+}
+
+/// `GET /v1/templates`
+pub async fn list_templates(
+    State(st): State<Shared>,
+    Caller(_who): Caller,
+) -> ApiResult<Json<Value>> {
+    let all = st.node.templates()?;
+    let list: Vec<Value> = all.iter().map(|t| template_json(&st, t)).collect();
+    Ok(Json(json!({ "templates": list })))
+}
+
+/// Body of `POST /v1/templates`.
+#[derive(Debug, Deserialize)]
+pub struct BuildBody {
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+    image: String,
+    #[serde(default)]
+    vcpus: Option<u32>,
+    #[serde(default)]
+    memory_mib: Option<u64>,
+}
+
+/// One more than the newest numeric version of `name`, or `1`.
+pub fn next_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> String {
+    let newest = versions
+        .into_iter()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .max();
+    newest.map_or(1, |n| n.saturating_add(1)).to_string()
+}
+
+/// `POST /v1/templates`: builds synchronously.
+pub async fn build_template(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiJson(body): ApiJson<BuildBody>,
+) -> ApiResult<Response> {
+    let result = build_inner(&st, body).await;
+    st.audit(
+        &who,
+        None,
+        "template.build",
+        result.as_ref().err(),
+        result
+            .as_ref()
+            .ok()
+            .map(|v| format!("template {}:{}", v["name"], v["version"]).replace('"', "")),
+    );
+    Ok((StatusCode::CREATED, Json(result?)).into_response())
+}
+
+async fn build_inner(st: &Shared, body: BuildBody) -> ApiResult<Value> {
+    if !TenantName::is_valid(&body.name) {
+        return Err(ApiError::invalid_id(format!(
+            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
+            body.name.chars().take(64).collect::<String>()
+        )));
+    }
+    let Some(rootfs) = st.images.get(&body.image) else {
+        let known: Vec<&str> = st.images.keys().map(String::as_str).collect();
+        return Err(ApiError::invalid(format!(
+            "no image {:?} on this server; it has: {}",
+            body.image.chars().take(64).collect::<String>(),
+            known.join(", ")
+        )));
+    };
+    // One build at a time: each boots a VM, and the default version must not race.
+    let _one = st.builds.lock().await;
+    let version = match body.version {
+        Some(v) => v,
+        None => {
+            let all = st.node.templates()?;
+            next_version(
+                all.iter()
+                    .filter(|t| t.manifest.template.name.as_str() == body.name)
+                    .map(|t| t.manifest.template.version.as_str()),
+            )
+        }
+    };
+    let template =
+        TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    let t = st
+        .node
+        .build_template(TemplateSpec {
+            template,
+            kernel: st.kernel.clone(),
+            rootfs: rootfs.clone(),
+            vcpus: body.vcpus.unwrap_or(DEFAULT_TEMPLATE_VCPUS),
+            memory_mib: body.memory_mib.unwrap_or(DEFAULT_TEMPLATE_MEMORY_MIB),
+            kernel_cmdline: None,
+            ready_timeout: st.ready_timeout,
+        })
+        .await?;
+    Ok(template_json(st, &t))
+}
+
+/// `DELETE /v1/templates/{name}/{version}`
+pub async fn delete_template(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath((name, version)): ApiPath<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let template =
+        TemplateRef::new(&name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    let result = st
+        .node
+        .delete_template(&template)
+        .await
+        .map_err(ApiError::from);
+    st.audit(
+        &who,
+        None,
+        "template.delete",
+        result.as_ref().err(),
+        Some(format!("template {template}")),
+    );
+    result.map(|()| StatusCode::NO_CONTENT)
+}
+
+fn tenant_name(raw: &str) -> ApiResult<TenantName> {
+    raw.parse()
+        .map_err(|e: crate::store::StoreError| ApiError::invalid_id(e.to_string()))
+}
+
+fn tenant_not_found(name: &TenantName) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "tenant_not_found",
+        format!("no tenant {name}"),
+    )
+}
+
+/// Quotas in a request: fields left out keep their value (or take the default).
+#[derive(Debug, Default, Deserialize)]
+pub struct QuotasBody {
+    #[serde(default)]
+    max_sandboxes: Option<u32>,
+    #[serde(default)]
+    max_vcpus: Option<u32>,
+    #[serde(default)]
+    max_memory_mib: Option<u64>,
+}
+
+impl QuotasBody {
+    fn apply(&self, mut q: Quotas) -> Quotas {
+        if let Some(v) = self.max_sandboxes {
+            q.max_sandboxes = v;
+        }
+        if let Some(v) = self.max_vcpus {
+            q.max_vcpus = v;
+        }
+        if let Some(v) = self.max_memory_mib {
+            q.max_memory_mib = v;
+        }
+        q
+    }
+}
+
+/// `GET /v1/tenants`
+pub async fn list_tenants(
+    State(st): State<Shared>,
+    AdminCaller(_who): AdminCaller,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(json!({ "tenants": st.store.tenants()? })))
+}
+
+/// Body of `POST /v1/tenants`.
+#[derive(Debug, Deserialize)]
+pub struct CreateTenantBody {
+    name: String,
+    #[serde(default)]
+    quotas: Option<QuotasBody>,
+}
+
+/// `POST /v1/tenants`: the tenant and a first, non-admin key.
+pub async fn create_tenant(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiJson(body): ApiJson<CreateTenantBody>,
+) -> ApiResult<Response> {
+    let name = tenant_name(&body.name)?;
+    let quotas = body.quotas.unwrap_or_default().apply(Quotas::default());
+    let result = (|| {
+        let tenant = st.store.create_tenant(&name, quotas)?;
+        let key = st.store.create_key(&name, false, Some("first"))?;
+        Ok::<_, ApiError>(json!({"tenant": tenant, "key": key}))
+    })();
+    st.audit(
+        &who,
+        None,
+        "tenant.create",
+        result.as_ref().err(),
+        Some(format!("tenant {name}")),
+    );
+    Ok((StatusCode::CREATED, Json(result?)).into_response())
+}
+
+/// Body of `PATCH /v1/tenants/{name}`.
+#[derive(Debug, Deserialize)]
+pub struct UpdateTenantBody {
+    quotas: QuotasBody,
+}
+
+/// `PATCH /v1/tenants/{name}`
+pub async fn update_tenant(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<UpdateTenantBody>,
+) -> ApiResult<Json<Value>> {
+    let name = tenant_name(&raw)?;
+    let result = (|| {
+        let current = st
+            .store
+            .tenant(&name)?
+            .ok_or_else(|| tenant_not_found(&name))?;
+        let tenant = st
+            .store
+            .set_quotas(&name, body.quotas.apply(current.quotas))?;
+        Ok::<_, ApiError>(json!(tenant))
+    })();
+    st.audit(
+        &who,
+        None,
+        "tenant.update",
+        result.as_ref().err(),
+        Some(format!("tenant {name}")),
+    );
+    result.map(Json)
+}
+
+/// `GET /v1/tenants/{name}/keys`
+pub async fn list_keys(
+    State(st): State<Shared>,
+    AdminCaller(_who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let name = tenant_name(&raw)?;
+    if st.store.tenant(&name)?.is_none() {
+        return Err(tenant_not_found(&name));
+    }
+    Ok(Json(json!({ "keys": st.store.keys(&name)? })))
+}
+
+/// Body of `POST /v1/tenants/{name}/keys`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CreateKeyBody {
+    #[serde(default)]
+    admin: bool,
+    #[serde(default)]
+    label: Option<String>,
+}
+
+/// `POST /v1/tenants/{name}/keys`
+pub async fn create_key(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+    OptionalJson(body): OptionalJson<CreateKeyBody>,
+) -> ApiResult<Response> {
+    let name = tenant_name(&raw)?;
+    let body = body.unwrap_or_default();
+    let result = (|| {
+        if st.store.tenant(&name)?.is_none() {
+            return Err(tenant_not_found(&name));
+        }
+        Ok(st
+            .store
+            .create_key(&name, body.admin, body.label.as_deref())?)
+    })();
+    st.audit(
+        &who,
+        None,
+        "key.create",
+        result.as_ref().err(),
+        result.as_ref().ok().map(|k| {
+            format!(
+                "key {} of tenant {name}{}",
+                k.info.id,
+                if k.info.admin { " (admin)" } else { "" }
+            )
+        }),
+    );
+    Ok((StatusCode::CREATED, Json(json!(result?))).into_response())
+}
+
+/// `DELETE /v1/keys/{key_id}`
+pub async fn revoke_key(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    if !keys::is_key_id(&raw) {
+        return Err(ApiError::invalid_id(format!(
+            "key id {:?} must be k plus 15 lowercase letters or digits",
+            raw.chars().take(64).collect::<String>()
+        )));
+    }
+    let result = st.store.revoke_key(&raw).map_err(ApiError::from);
+    st.audit(
+        &who,
+        None,
+        "key.revoke",
+        result.as_ref().err(),
+        Some(format!("key {raw}")),
+    );
+    result.map(|_| StatusCode::NO_CONTENT)
+}
+
+/// Query of `GET /v1/audit`.
+#[derive(Debug, Deserialize)]
+pub struct AuditQuery {
+    #[serde(default)]
+    sandbox: Option<String>,
+    #[serde(default)]
+    operation: Option<String>,
+    #[serde(default)]
+    since_unix_ms: Option<u64>,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+/// `GET /v1/audit`: a tenant key sees its tenant's events; an admin key sees all (or one
+/// tenant's with `tenant=`).
+pub async fn audit(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiQuery(q): ApiQuery<AuditQuery>,
+) -> ApiResult<Json<Value>> {
+    let limit = q.limit.unwrap_or(DEFAULT_AUDIT_LIMIT);
+    if limit == 0 || limit > MAX_AUDIT_LIMIT {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={MAX_AUDIT_LIMIT}, not {limit}"
+        )));
+    }
+    let tenant = if who.admin {
+        q.tenant.as_deref().map(tenant_name).transpose()?
+    } else {
+        Some(who.tenant.clone())
+    };
+    let filter = AuditFilter {
+        tenant,
+        sandbox: q.sandbox,
+        operation: q.operation,
+        since_unix_ms: q.since_unix_ms,
+        limit,
+    };
+    Ok(Json(json!({ "events": st.store.audit(&filter)? })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_version_follows_the_newest_number() {
+        assert_eq!(next_version([]), "1");
+        assert_eq!(next_version(["1", "2", "x"]), "3");
+        assert_eq!(next_version(["9", "10"]), "11");
+        assert_eq!(next_version(["beta"]), "1");
+    }
+}

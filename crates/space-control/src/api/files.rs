@@ -1,0 +1,232 @@
+//! File routes: streamed download and upload, remove, list, stat, mkdir, rename, watch.
+//!
+//! Uploads stream to the guest, which writes a temporary file and renames it into place only
+//! when the body ended cleanly. The server counts the bytes: an upload over the limit is cut
+//! off by failing the stream before the chunk that passes the limit reaches the guest, so the
+//! guest never commits it and the old file stays.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use space_proto::{GuestClient, WriteOptions};
+
+use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
+use crate::error::{node_error, ApiError, ApiResult};
+
+/// `?path=P` (and the flags some routes take).
+#[derive(Debug, Deserialize)]
+pub struct PathQuery {
+    path: String,
+    #[serde(default)]
+    recursive: Option<bool>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    parents: Option<bool>,
+}
+
+async fn guest(st: &Shared, who: &crate::store::Principal, raw: &str) -> ApiResult<GuestClient> {
+    let id = st.scope(who, raw)?;
+    st.node.guest(&id).await.map_err(node_error(&id))
+}
+
+/// `GET /v1/sandboxes/{id}/files?path=P`
+pub async fn download(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    let g = guest(&st, &who, &raw).await?;
+    let reader = g.read_file(&q.path).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        Body::from_stream(reader),
+    )
+        .into_response())
+}
+
+fn parse_mode(m: &str) -> ApiResult<u32> {
+    let digits = m.strip_prefix("0o").unwrap_or(m);
+    match u32::from_str_radix(digits, 8) {
+        Ok(v) if v <= 0o7777 && !digits.is_empty() => Ok(v),
+        _ => Err(ApiError::invalid(format!(
+            "mode {m:?} is not an octal file mode (0000 to 7777)"
+        ))),
+    }
+}
+
+/// `PUT /v1/sandboxes/{id}/files?path=P&mode=0644` with the raw bytes as body.
+pub async fn upload(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<Json<Value>> {
+    let limit = st.max_upload_bytes;
+    let too_large = || {
+        ApiError::too_large(format!(
+            "the upload is over this server's limit of {limit} bytes; nothing was written"
+        ))
+    };
+    let mode = q.mode.as_deref().map(parse_mode).transpose()?;
+    if let Some(len) = headers.get(header::CONTENT_LENGTH) {
+        let len: u64 = len
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| ApiError::invalid("Content-Length is not a number"))?;
+        if len > limit {
+            return Err(too_large());
+        }
+    }
+    let g = guest(&st, &who, &raw).await?;
+    let over = Arc::new(AtomicBool::new(false));
+    let flag = over.clone();
+    let mut seen: u64 = 0;
+    let mut done = false;
+    let stream = body.into_data_stream().map(move |chunk| {
+        let chunk = chunk.map_err(std::io::Error::other)?;
+        seen = seen.saturating_add(chunk.len() as u64);
+        if seen > limit {
+            flag.store(true, Ordering::SeqCst);
+            return Err(std::io::Error::other("upload over the limit"));
+        }
+        Ok::<Bytes, std::io::Error>(chunk)
+    });
+    // Stop after the first error, so nothing follows the failure.
+    let stream = stream.take_while(move |r| {
+        let keep = !done;
+        done = done || r.is_err();
+        futures::future::ready(keep)
+    });
+    let options = WriteOptions {
+        mode,
+        create_parents: q.parents.unwrap_or(false),
+    };
+    let result = g.write_file_stream(&q.path, stream, options).await;
+    if over.load(Ordering::SeqCst) {
+        return Err(too_large());
+    }
+    Ok(Json(json!(result?)))
+}
+
+/// `DELETE /v1/sandboxes/{id}/files?path=P&recursive=true`
+pub async fn remove(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<StatusCode> {
+    let g = guest(&st, &who, &raw).await?;
+    g.remove(&q.path, q.recursive.unwrap_or(false)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/sandboxes/{id}/files/list?path=P`
+pub async fn list(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<Value>> {
+    let g = guest(&st, &who, &raw).await?;
+    let entries = g.list(&q.path).await?;
+    Ok(Json(json!({ "entries": entries })))
+}
+
+/// `GET /v1/sandboxes/{id}/files/stat?path=P`
+pub async fn stat(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Json<Value>> {
+    let g = guest(&st, &who, &raw).await?;
+    Ok(Json(json!(g.stat(&q.path).await?)))
+}
+
+/// Body of `mkdir`.
+#[derive(Debug, Deserialize)]
+pub struct MkdirBody {
+    path: String,
+    #[serde(default)]
+    parents: Option<bool>,
+}
+
+/// `POST /v1/sandboxes/{id}/files/mkdir`
+pub async fn mkdir(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<MkdirBody>,
+) -> ApiResult<Json<Value>> {
+    let g = guest(&st, &who, &raw).await?;
+    let stat = g.mkdir(&body.path, body.parents.unwrap_or(true)).await?;
+    Ok(Json(json!(stat)))
+}
+
+/// Body of `rename`.
+#[derive(Debug, Deserialize)]
+pub struct RenameBody {
+    from: String,
+    to: String,
+}
+
+/// `POST /v1/sandboxes/{id}/files/rename`
+pub async fn rename(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<RenameBody>,
+) -> ApiResult<Json<Value>> {
+    let g = guest(&st, &who, &raw).await?;
+    Ok(Json(json!(g.rename(&body.from, &body.to).await?)))
+}
+
+/// `GET /v1/sandboxes/{id}/files/watch?path=P&recursive=true`: NDJSON events until the
+/// client goes away (dropping the stream ends the watch in the guest).
+pub async fn watch(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<PathQuery>,
+) -> ApiResult<Response> {
+    let g = guest(&st, &who, &raw).await?;
+    let events = g.watch(&q.path, q.recursive.unwrap_or(false)).await?;
+    let body = futures::stream::unfold(Some(events), |state| async move {
+        let mut events = state?;
+        let (v, more) = match events.next().await {
+            Ok(Some(ev)) => (json!(ev), true),
+            Ok(None) => return None,
+            Err(e) => {
+                let e = ApiError::from(e);
+                (
+                    json!({"type": "error", "code": e.code, "message": e.message}),
+                    false,
+                )
+            }
+        };
+        let mut line = serde_json::to_vec(&v).unwrap_or_default();
+        line.push(b'\n');
+        Some((
+            Ok::<_, std::convert::Infallible>(Bytes::from(line)),
+            more.then_some(events),
+        ))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response())
+}

@@ -1,0 +1,555 @@
+//! The public HTTP API (`docs/api.md`): the router, authentication, tenant scoping, request
+//! extractors that answer in the API's error format, and the metrics middleware.
+//!
+//! - [`sandboxes`]: lifecycle, timeouts, logs, snapshots;
+//! - [`streams`]: exec (NDJSON and WebSocket) and PTY;
+//! - [`files`]: file transfer and file system operations;
+//! - [`admin`]: templates, tenants, keys, audit.
+
+pub mod admin;
+pub mod files;
+pub mod sandboxes;
+pub mod streams;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, patch, post, put};
+use axum::{Json, Router};
+use serde::de::DeserializeOwned;
+use space_node::{Node, SandboxId};
+
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::Metrics;
+use crate::quota::QuotaLocks;
+use crate::store::{AuthError, NewAuditEvent, Principal, Store};
+
+/// One route of the API: method, axum path and the operation name used in metrics, audit
+/// events and the OpenAPI document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route {
+    /// HTTP method.
+    pub method: &'static str,
+    /// Path with `{param}` placeholders.
+    pub path: &'static str,
+    /// Operation name (`sandbox.create`, ...).
+    pub operation: &'static str,
+}
+
+const fn r(method: &'static str, path: &'static str, operation: &'static str) -> Route {
+    Route {
+        method,
+        path,
+        operation,
+    }
+}
+
+/// Every route the server answers.
+pub const ROUTES: &[Route] = &[
+    r("GET", "/v1/health", "health"),
+    r("GET", "/v1/openapi.json", "openapi"),
+    r("GET", "/metrics", "metrics"),
+    r("GET", "/v1/templates", "template.list"),
+    r("POST", "/v1/templates", "template.build"),
+    r(
+        "DELETE",
+        "/v1/templates/{name}/{version}",
+        "template.delete",
+    ),
+    r("POST", "/v1/sandboxes", "sandbox.create"),
+    r("GET", "/v1/sandboxes", "sandbox.list"),
+    r("GET", "/v1/sandboxes/{id}", "sandbox.get"),
+    r("DELETE", "/v1/sandboxes/{id}", "sandbox.kill"),
+    r("POST", "/v1/sandboxes/{id}/pause", "sandbox.pause"),
+    r("POST", "/v1/sandboxes/{id}/resume", "sandbox.resume"),
+    r("POST", "/v1/sandboxes/{id}/suspend", "sandbox.suspend"),
+    r("POST", "/v1/sandboxes/{id}/restore", "sandbox.restore"),
+    r("POST", "/v1/sandboxes/{id}/fork", "sandbox.fork"),
+    r("PUT", "/v1/sandboxes/{id}/timeouts", "sandbox.set_timeouts"),
+    r("GET", "/v1/sandboxes/{id}/logs", "sandbox.logs"),
+    r("POST", "/v1/sandboxes/{id}/exec", "sandbox.exec"),
+    r("GET", "/v1/sandboxes/{id}/exec/ws", "sandbox.exec_ws"),
+    r("GET", "/v1/sandboxes/{id}/pty", "sandbox.pty"),
+    r("GET", "/v1/sandboxes/{id}/files", "files.download"),
+    r("PUT", "/v1/sandboxes/{id}/files", "files.upload"),
+    r("DELETE", "/v1/sandboxes/{id}/files", "files.remove"),
+    r("GET", "/v1/sandboxes/{id}/files/list", "files.list"),
+    r("GET", "/v1/sandboxes/{id}/files/stat", "files.stat"),
+    r("POST", "/v1/sandboxes/{id}/files/mkdir", "files.mkdir"),
+    r("POST", "/v1/sandboxes/{id}/files/rename", "files.rename"),
+    r("GET", "/v1/sandboxes/{id}/files/watch", "files.watch"),
+    r("GET", "/v1/sandboxes/{id}/snapshots", "snapshot.list"),
+    r("POST", "/v1/sandboxes/{id}/snapshots", "snapshot.create"),
+    r("POST", "/v1/sandboxes/{id}/rollback", "snapshot.rollback"),
+    r("GET", "/v1/audit", "audit.list"),
+    r("GET", "/v1/tenants", "tenant.list"),
+    r("POST", "/v1/tenants", "tenant.create"),
+    r("PATCH", "/v1/tenants/{name}", "tenant.update"),
+    r("GET", "/v1/tenants/{name}/keys", "key.list"),
+    r("POST", "/v1/tenants/{name}/keys", "key.create"),
+    r("DELETE", "/v1/keys/{key_id}", "key.revoke"),
+];
+
+/// The OpenAPI document served at `GET /v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+/// Everything the handlers share.
+pub struct AppState {
+    /// The node doing the sandbox work.
+    pub node: Node,
+    /// Tenants, keys, ownership, audit.
+    pub store: Arc<Store>,
+    /// Request counters and latencies.
+    pub metrics: Arc<Metrics>,
+    /// Per-tenant quota locks.
+    pub quotas: QuotaLocks,
+    /// The kernel templates are built with.
+    pub kernel: PathBuf,
+    /// Root images templates can be built from, by name.
+    pub images: BTreeMap<String, PathBuf>,
+    /// Largest file upload, in bytes.
+    pub max_upload_bytes: u64,
+    /// How long a template build VM may take to report ready.
+    pub ready_timeout: Duration,
+    /// Serializes template builds (each boots a VM).
+    pub builds: tokio::sync::Mutex<()>,
+}
+
+/// The shared state as handlers see it.
+pub type Shared = Arc<AppState>;
+
+impl AppState {
+    /// Records an audit event of `who` (failures to record are logged, never answered).
+    pub fn audit(
+        &self,
+        who: &Principal,
+        sandbox: Option<&str>,
+        operation: &str,
+        outcome: Option<&ApiError>,
+        detail: Option<String>,
+    ) {
+        let event = NewAuditEvent {
+            tenant: Some(who.tenant.clone()),
+            key_id: Some(who.key_id.clone()),
+            sandbox: sandbox.map(str::to_owned),
+            operation: operation.to_owned(),
+            result: outcome.map_or("ok", |e| e.code).to_owned(),
+            detail: outcome.map(|e| e.message.clone()).or(detail),
+        };
+        if let Err(e) = self.store.record(event) {
+            tracing::error!(error = %e, operation, "recording an audit event");
+        }
+    }
+
+    /// Audits the outcome of `result` and passes it on.
+    pub fn audited<T>(
+        &self,
+        who: &Principal,
+        sandbox: Option<&str>,
+        operation: &str,
+        result: ApiResult<T>,
+    ) -> ApiResult<T> {
+        self.audit(who, sandbox, operation, result.as_ref().err(), None);
+        result
+    }
+
+    /// Resolves a sandbox id of the caller's tenant: a malformed id is `400 invalid_id`;
+    /// another tenant's sandbox answers exactly like a missing one.
+    pub fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {
+        let id: SandboxId = raw
+            .parse()
+            .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+        match self.store.sandbox_tenant(id.as_str())? {
+            Some(t) if t == who.tenant => Ok(id),
+            _ => Err(ApiError::sandbox_not_found(id.as_str())),
+        }
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Caller(pub Principal);
+
+impl FromRequestParts<Shared> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> ApiResult<Self> {
+        let result = match parts.headers.get(header::AUTHORIZATION) {
+            Some(h) => match h.to_str() {
+                Ok(s) => state.store.authenticate(Some(s)),
+                Err(_) => Err(AuthError::Malformed),
+            },
+            None => state.store.authenticate(None),
+        };
+        let e = match result {
+            Ok(p) => return Ok(Caller(p)),
+            Err(e) => e,
+        };
+        let key_id = e.key_id().map(str::to_owned);
+        let tenant = e.tenant().cloned();
+        let err = ApiError::from(e);
+        if err.code == "unauthorized" {
+            let event = NewAuditEvent {
+                tenant,
+                key_id,
+                sandbox: None,
+                operation: "auth".into(),
+                result: "unauthorized".into(),
+                detail: Some(err.message.clone()),
+            };
+            if let Err(e) = state.store.record(event) {
+                tracing::error!(error = %e, "recording an authentication failure");
+            }
+        }
+        Err(err)
+    }
+}
+
+/// An authenticated caller with an admin key (`403 forbidden` for a tenant key).
+#[derive(Debug, Clone)]
+pub struct AdminCaller(pub Principal);
+
+impl FromRequestParts<Shared> for AdminCaller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &Shared) -> ApiResult<Self> {
+        let Caller(p) = Caller::from_request_parts(parts, state).await?;
+        if !p.admin {
+            return Err(ApiError::forbidden(format!(
+                "this route needs an admin key; key {} of tenant {} is not one",
+                p.key_id, p.tenant
+            )));
+        }
+        Ok(AdminCaller(p))
+    }
+}
+
+/// A JSON body whose rejections answer in the API's error format.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(r) => Err(r.into()),
+        }
+    }
+}
+
+/// A JSON body that may be left out entirely (no body, no content type): `None` then.
+#[derive(Debug)]
+pub struct OptionalJson<T>(pub Option<T>);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for OptionalJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
+        let typed = req.headers().contains_key(header::CONTENT_TYPE);
+        let empty = req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() == b"0");
+        if !typed && (empty || !req.headers().contains_key(header::TRANSFER_ENCODING)) {
+            // No content type: only an empty body is accepted.
+            let bytes = axum::body::Bytes::from_request(req, state)
+                .await
+                .map_err(|r| {
+                    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                        ApiError::too_large("the request body is over the limit")
+                    } else {
+                        ApiError::invalid(r.body_text())
+                    }
+                })?;
+            if bytes.iter().all(u8::is_ascii_whitespace) {
+                return Ok(OptionalJson(None));
+            }
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "this route takes a JSON body: send Content-Type: application/json",
+            ));
+        }
+        let ApiJson(v) = ApiJson::<T>::from_request(req, state).await?;
+        Ok(OptionalJson(Some(v)))
+    }
+}
+
+/// A query string whose rejections answer in the API's error format.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
+            Err(r) => Err(r.into()),
+        }
+    }
+}
+
+/// Path parameters whose rejections answer in the API's error format.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> ApiResult<Self> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(v)) => Ok(ApiPath(v)),
+            Err(r) => Err(ApiError::invalid(r.body_text())),
+        }
+    }
+}
+
+/// The operation name of a matched route, for metrics.
+pub fn operation_of(method: &Method, matched: Option<&str>) -> &'static str {
+    static INDEX: OnceLock<HashMap<(&'static str, &'static str), &'static str>> = OnceLock::new();
+    let index = INDEX.get_or_init(|| {
+        ROUTES
+            .iter()
+            .map(|r| ((r.method, r.path), r.operation))
+            .collect()
+    });
+    match matched {
+        None => "route_not_found",
+        Some(path) => index
+            .get(&(method.as_str(), path))
+            .copied()
+            .unwrap_or("method_not_allowed"),
+    }
+}
+
+async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
+    let op = operation_of(
+        req.method(),
+        req.extensions()
+            .get::<MatchedPath>()
+            .map(MatchedPath::as_str),
+    );
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    state
+        .metrics
+        .observe(op, resp.status().as_u16(), start.elapsed().as_secs_f64());
+    resp
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::route_not_found(method.as_str(), uri.path())
+}
+
+async fn wrong_method(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(method.as_str(), uri.path())
+}
+
+async fn health(State(state): State<Shared>) -> Response {
+    Json(serde_json::json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "accelerator": state.node.runtime().accel().as_str(),
+    }))
+    .into_response()
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let mut by_state: BTreeMap<String, u64> = BTreeMap::new();
+    match state.node.list().await {
+        Ok(all) => {
+            for r in all {
+                *by_state.entry(r.state.as_str().to_owned()).or_default() += 1;
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "listing sandboxes for metrics"),
+    }
+    let text = state.metrics.render(&by_state, &state.node.pool_stats());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The API router over `state`; JSON bodies are limited to `max_body_bytes`.
+pub fn router(state: Shared, max_body_bytes: usize) -> Router {
+    use admin as a;
+    use files as f;
+    use sandboxes as s;
+    use streams as x;
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route(
+            "/v1/templates",
+            get(a::list_templates).post(a::build_template),
+        )
+        .route("/v1/templates/{name}/{version}", delete(a::delete_template))
+        .route("/v1/sandboxes", post(s::create).get(s::list))
+        .route("/v1/sandboxes/{id}", get(s::get).delete(s::kill))
+        .route("/v1/sandboxes/{id}/pause", post(s::pause))
+        .route("/v1/sandboxes/{id}/resume", post(s::resume))
+        .route("/v1/sandboxes/{id}/suspend", post(s::suspend))
+        .route("/v1/sandboxes/{id}/restore", post(s::restore))
+        .route("/v1/sandboxes/{id}/fork", post(s::fork))
+        .route("/v1/sandboxes/{id}/timeouts", put(s::set_timeouts))
+        .route("/v1/sandboxes/{id}/logs", get(s::logs))
+        .route("/v1/sandboxes/{id}/exec", post(x::exec))
+        .route("/v1/sandboxes/{id}/exec/ws", get(x::exec_ws))
+        .route("/v1/sandboxes/{id}/pty", get(x::pty))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(f::download).put(f::upload).delete(f::remove),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(f::list))
+        .route("/v1/sandboxes/{id}/files/stat", get(f::stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(f::mkdir))
+        .route("/v1/sandboxes/{id}/files/rename", post(f::rename))
+        .route("/v1/sandboxes/{id}/files/watch", get(f::watch))
+        .route(
+            "/v1/sandboxes/{id}/snapshots",
+            get(s::snapshots).post(s::snapshot),
+        )
+        .route("/v1/sandboxes/{id}/rollback", post(s::rollback))
+        .route("/v1/audit", get(a::audit))
+        .route("/v1/tenants", get(a::list_tenants).post(a::create_tenant))
+        .route("/v1/tenants/{name}", patch(a::update_tenant))
+        .route(
+            "/v1/tenants/{name}/keys",
+            get(a::list_keys).post(a::create_key),
+        )
+        .route("/v1/keys/{key_id}", delete(a::revoke_key))
+        .fallback(not_found)
+        .method_not_allowed_fallback(wrong_method)
+        .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), track))
+        .with_state(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use space_node::storage::{DriverKind, StorageOptions};
+    use space_node::NodeConfig;
+    use tower::ServiceExt;
+
+    #[test]
+    fn routes_are_unique_and_named() {
+        let mut seen = std::collections::HashSet::new();
+        for r in ROUTES {
+            assert!(seen.insert((r.method, r.path)), "{r:?} twice");
+            assert!(!r.operation.is_empty());
+        }
+        let ops: std::collections::HashSet<_> = ROUTES.iter().map(|r| r.operation).collect();
+        assert_eq!(ops.len(), ROUTES.len(), "operation names repeat");
+    }
+
+    /// A real node (copy driver, no VMs started) and a real store in a temp dir.
+    async fn state(dir: &std::path::Path) -> Shared {
+        let mut cfg = NodeConfig::new(dir.join("data"));
+        cfg.storage = StorageOptions {
+            driver: Some(DriverKind::Copy),
+            loop_image_size: 0,
+            loop_image: false,
+        };
+        cfg.pools = space_node::PoolConfig::disabled();
+        cfg.rolling.enabled = false;
+        cfg.timeout_tick = None;
+        let node = Node::open(cfg).await.expect("opening a node");
+        let store = Store::open(&dir.join("control.db")).expect("opening the store");
+        Arc::new(AppState {
+            node,
+            store: Arc::new(store),
+            metrics: Arc::new(Metrics::new()),
+            quotas: QuotaLocks::new(),
+            kernel: PathBuf::from("/nonexistent"),
+            images: BTreeMap::new(),
+            max_upload_bytes: 1 << 20,
+            ready_timeout: Duration::from_secs(1),
+            builds: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    async fn call(app: &Router, method: &str, path: &str) -> (StatusCode, serde_json::Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        (status, json)
+    }
+
+    #[tokio::test]
+    async fn every_route_is_routed_and_the_rest_is_json() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let st = state(dir.path()).await;
+        let app = router(st.clone(), 1 << 20);
+        for r in ROUTES {
+            let path = r
+                .path
+                .replace("{id}", "sbx-0011223344556677")
+                .replace("{name}", "acme")
+                .replace("{version}", "1")
+                .replace("{key_id}", "k00000000000000a");
+            let (status, body) = call(&app, r.method, &path).await;
+            assert!(
+                body["error"]["code"] != "route_not_found"
+                    && body["error"]["code"] != "method_not_allowed",
+                "{r:?} hit a fallback: {status} {body}"
+            );
+            // Everything but the three open routes wants a key.
+            if !matches!(r.operation, "health" | "openapi" | "metrics") {
+                assert_eq!(status, StatusCode::UNAUTHORIZED, "{r:?}: {body}");
+                assert_eq!(body["error"]["code"], "unauthorized");
+            } else {
+                assert_eq!(status, StatusCode::OK, "{r:?}");
+            }
+        }
+        let (status, body) = call(&app, "GET", "/v1/nothing/here").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"]["code"], "route_not_found");
+        let (status, body) = call(&app, "PATCH", "/v1/sandboxes").await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(body["error"]["code"], "method_not_allowed");
+        assert_eq!(st.metrics.requests("route_not_found", 404), 1);
+        assert_eq!(st.metrics.requests("method_not_allowed", 405), 1);
+        assert_eq!(st.metrics.requests("sandbox.create", 401), 1);
+        // Each refused request left an audit event.
+        let events = st
+            .store
+            .audit(&crate::store::AuditFilter {
+                operation: Some("auth".into()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(events.len(), ROUTES.len() - 3);
+        assert!(events.iter().all(|e| e.result == "unauthorized"));
+        st.node.shutdown().await;
+    }
+}

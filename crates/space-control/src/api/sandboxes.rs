@@ -1,0 +1,548 @@
+//! Sandbox lifecycle routes: create, list, get, kill, pause, resume, suspend, restore, fork,
+//! timeouts, console logs, snapshots and rollback.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Deserializer};
+use serde_json::{json, Value};
+use space_node::{
+    CreateRequest, SandboxId, SandboxOptions, SandboxRecord, SnapshotId, SnapshotKind,
+    State as SbState, TemplateName, TimeoutAction, TimeoutPolicy, VersionReq,
+};
+
+use super::{ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
+use crate::error::{node_error, ApiError, ApiResult};
+use crate::quota::{self, Usage};
+use crate::store::TenantName;
+
+/// Console bytes `logs` returns by default.
+pub const DEFAULT_LOG_TAIL: usize = 64 * 1024;
+/// The most console bytes `logs` returns.
+pub const MAX_LOG_TAIL: usize = 1024 * 1024;
+
+/// The API's JSON form of a sandbox.
+pub fn sandbox_json(r: &SandboxRecord, tenant: &TenantName) -> Value {
+    let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let t = &r.options.timeouts;
+    json!({
+        "id": r.id.as_str(),
+        "tenant": tenant.as_str(),
+        "template": r.template.name.as_str(),
+        "template_version": r.template.version.as_str(),
+        "state": r.state.as_str(),
+        "vcpus": r.vcpus,
+        "memory_mib": r.memory_mib,
+        "disk_mib": r.disk_mib,
+        "env": r.options.env,
+        "metadata": r.options.metadata,
+        "timeouts": {
+            "idle_ms": ms(t.idle),
+            "max_lifetime_ms": ms(t.max_lifetime),
+            "action": match t.action {
+                TimeoutAction::Suspend => "suspend",
+                TimeoutAction::Kill => "kill",
+            },
+        },
+        "forked_from": r.forked_from.as_ref().map(|(s, snap)| json!({
+            "sandbox": s.as_str(),
+            "snapshot": snap.as_str(),
+        })),
+        "failure": r.failure,
+        "created_unix_ms": r.created_unix_ms,
+        "state_since_unix_ms": r.state_since_unix_ms,
+        "last_activity_unix_ms": r.last_activity_unix_ms,
+    })
+}
+
+/// `Some(v)` for a field that is present (`v` may be `None` for JSON null); used with
+/// `#[serde(default)]`, so a missing field stays `None`.
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
+/// Timeout fields of a create or update: missing keeps (or defaults), null means never.
+#[derive(Debug, Default, Deserialize)]
+pub struct TimeoutsBody {
+    #[serde(default, deserialize_with = "present")]
+    idle_ms: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    max_lifetime_ms: Option<Option<u64>>,
+    #[serde(default)]
+    action: Option<TimeoutAction>,
+}
+
+impl TimeoutsBody {
+    /// `base` with the fields given here replaced.
+    fn apply(&self, mut base: TimeoutPolicy) -> ApiResult<TimeoutPolicy> {
+        for (name, field, slot) in [
+            ("idle_ms", self.idle_ms, &mut base.idle),
+            (
+                "max_lifetime_ms",
+                self.max_lifetime_ms,
+                &mut base.max_lifetime,
+            ),
+        ] {
+            match field {
+                None => {}
+                Some(Some(0)) => {
+                    return Err(ApiError::invalid(format!(
+                        "timeouts.{name} must be positive (null: never)"
+                    )))
+                }
+                Some(v) => *slot = v.map(Duration::from_millis),
+            }
+        }
+        if let Some(a) = self.action {
+            base.action = a;
+        }
+        Ok(base)
+    }
+}
+
+/// Body of `POST /v1/sandboxes`.
+#[derive(Debug, Deserialize)]
+pub struct CreateBody {
+    template: String,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default)]
+    vcpus: Option<u32>,
+    #[serde(default)]
+    memory_mib: Option<u64>,
+    #[serde(default)]
+    disk_mib: Option<u64>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    timeouts: Option<TimeoutsBody>,
+}
+
+fn created(v: Value) -> Response {
+    (StatusCode::CREATED, Json(v)).into_response()
+}
+
+/// `POST /v1/sandboxes`
+pub async fn create(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> ApiResult<Response> {
+    let result = create_inner(&st, &who.tenant, body).await;
+    let sandbox = result
+        .as_ref()
+        .ok()
+        .and_then(|v| v["id"].as_str().map(str::to_owned));
+    st.audit(
+        &who,
+        sandbox.as_deref(),
+        "sandbox.create",
+        result.as_ref().err(),
+        None,
+    );
+    result.map(created)
+}
+
+async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> ApiResult<Value> {
+    let name: TemplateName = body
+        .template
+        .parse()
+        .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+    let version: VersionReq = match &body.version {
+        None => VersionReq::Latest,
+        Some(v) => v
+            .parse()
+            .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?,
+    };
+    let t = st.node.template(&name, &version)?;
+    let timeouts = body
+        .timeouts
+        .as_ref()
+        .map_or(Ok(TimeoutPolicy::default()), |b| {
+            b.apply(TimeoutPolicy::default())
+        })?;
+    let need = Usage {
+        sandboxes: 1,
+        vcpus: body.vcpus.unwrap_or(t.manifest.vcpus),
+        memory_mib: body.memory_mib.unwrap_or(t.manifest.memory_mib),
+    };
+    let req = CreateRequest {
+        template: name,
+        version,
+        options: SandboxOptions {
+            vcpus: body.vcpus,
+            memory_mib: body.memory_mib,
+            disk_mib: body.disk_mib,
+            env: body.env,
+            metadata: body.metadata,
+            timeouts,
+        },
+    };
+    let guard = quota::admit(&st.quotas, &st.node, &st.store, tenant, need).await?;
+    let info = st.node.create(req).await?;
+    own(st, &info.id, tenant).await?;
+    drop(guard);
+    Ok(sandbox_json(&info, tenant))
+}
+
+/// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is killed
+/// (nobody could reach it) and the failure answered.
+async fn own(st: &Shared, id: &SandboxId, tenant: &TenantName) -> ApiResult<()> {
+    if let Err(e) = st.store.add_sandbox(id.as_str(), tenant) {
+        tracing::error!(%id, error = %e, "recording a new sandbox's tenant; killing it");
+        if let Err(k) = st.node.kill(id).await {
+            tracing::error!(%id, error = %k, "killing a sandbox no tenant owns");
+        }
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+/// `GET /v1/sandboxes?state=S&template=T&metadata.K=V`
+pub async fn list(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiQuery(query): ApiQuery<Vec<(String, String)>>,
+) -> ApiResult<Json<Value>> {
+    let mut state: Option<SbState> = None;
+    let mut template: Option<String> = None;
+    let mut metadata: Vec<(String, String)> = Vec::new();
+    for (k, v) in query {
+        if k == "state" {
+            let s = crate::metrics::STATES
+                .iter()
+                .position(|s| *s == v)
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "state {v:?} is not one of {}",
+                        crate::metrics::STATES.join(", ")
+                    ))
+                })?;
+            state = Some(
+                [
+                    SbState::Creating,
+                    SbState::Running,
+                    SbState::Paused,
+                    SbState::Suspended,
+                    SbState::Failed,
+                    SbState::Terminated,
+                ][s],
+            );
+        } else if k == "template" {
+            template = Some(v);
+        } else if let Some(key) = k.strip_prefix("metadata.") {
+            metadata.push((key.to_owned(), v));
+        } else {
+            return Err(ApiError::invalid(format!(
+                "unknown filter {k:?}: use state, template or metadata.<key>"
+            )));
+        }
+    }
+    let mut out: Vec<SandboxRecord> = Vec::new();
+    for id in st.store.sandboxes_of(&who.tenant)? {
+        let Ok(id) = id.parse::<SandboxId>() else {
+            continue;
+        };
+        let info = match st.node.info(&id).await {
+            Ok(i) => i,
+            Err(space_node::NodeError::NotFound(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        let state_ok = match state {
+            Some(s) => info.state == s,
+            None => info.state != SbState::Terminated,
+        };
+        let template_ok = match &template {
+            Some(t) => info.template.name.as_str() == t,
+            None => true,
+        };
+        let meta_ok = metadata
+            .iter()
+            .all(|(k, v)| info.options.metadata.get(k) == Some(v));
+        if state_ok && template_ok && meta_ok {
+            out.push(info);
+        }
+    }
+    out.sort_by(|a, b| (b.created_unix_ms, b.id.as_str()).cmp(&(a.created_unix_ms, a.id.as_str())));
+    let list: Vec<Value> = out.iter().map(|r| sandbox_json(r, &who.tenant)).collect();
+    Ok(Json(json!({ "sandboxes": list })))
+}
+
+/// `GET /v1/sandboxes/{id}`
+pub async fn get(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let id = st.scope(&who, &raw)?;
+    let info = st.node.info(&id).await.map_err(node_error(&id))?;
+    Ok(Json(sandbox_json(&info, &who.tenant)))
+}
+
+/// Runs a lifecycle request on an owned sandbox, audits it, and answers the sandbox as it is
+/// afterwards.
+async fn lifecycle<F, Fut>(
+    st: &Shared,
+    who: &crate::store::Principal,
+    raw: &str,
+    operation: &'static str,
+    op: F,
+) -> ApiResult<Json<Value>>
+where
+    F: FnOnce(Shared, SandboxId) -> Fut,
+    Fut: std::future::Future<Output = ApiResult<()>>,
+{
+    let id = scoped(st, who, raw, operation)?;
+    let result = async {
+        op(st.clone(), id.clone()).await?;
+        let info = st.node.info(&id).await.map_err(node_error(&id))?;
+        Ok(Json(sandbox_json(&info, &who.tenant)))
+    }
+    .await;
+    st.audited(who, Some(id.as_str()), operation, result)
+}
+
+/// [`super::AppState::scope`] for a lifecycle request: a refusal is audited too (with the
+/// id as given), so attempts on other tenants' sandboxes leave a trace.
+fn scoped(
+    st: &Shared,
+    who: &crate::store::Principal,
+    raw: &str,
+    operation: &str,
+) -> ApiResult<SandboxId> {
+    st.scope(who, raw).inspect_err(|e| {
+        st.audit(who, Some(raw), operation, Some(e), None);
+    })
+}
+
+/// `DELETE /v1/sandboxes/{id}`
+pub async fn kill(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    lifecycle(&st, &who, &raw, "sandbox.kill", |st, id| async move {
+        st.node.kill(&id).await.map_err(node_error(&id))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/pause`
+pub async fn pause(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    lifecycle(&st, &who, &raw, "sandbox.pause", |st, id| async move {
+        st.node.pause(&id).await.map_err(node_error(&id))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/resume`
+pub async fn resume(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    lifecycle(&st, &who, &raw, "sandbox.resume", |st, id| async move {
+        st.node.resume(&id).await.map_err(node_error(&id))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/suspend`
+pub async fn suspend(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    lifecycle(&st, &who, &raw, "sandbox.suspend", |st, id| async move {
+        st.node.suspend(&id).await.map_err(node_error(&id))?;
+        Ok(())
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/restore`
+pub async fn restore(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let tenant = who.tenant.clone();
+    lifecycle(&st, &who, &raw, "sandbox.restore", |st, id| async move {
+        let info = st.node.info(&id).await.map_err(node_error(&id))?;
+        // Only a suspended sandbox restores; anything else is refused by the node below
+        // without starting a VM, so it needs no room.
+        let need = if info.state == SbState::Suspended {
+            Usage {
+                sandboxes: 0,
+                vcpus: info.vcpus,
+                memory_mib: info.memory_mib,
+            }
+        } else {
+            Usage::default()
+        };
+        let _guard = quota::admit(&st.quotas, &st.node, &st.store, &tenant, need).await?;
+        st.node.restore(&id).await.map_err(node_error(&id))
+    })
+    .await
+}
+
+/// `POST /v1/sandboxes/{id}/fork`
+pub async fn fork(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Response> {
+    let id = scoped(&st, &who, &raw, "sandbox.fork")?;
+    let result = async {
+        let parent = st.node.info(&id).await.map_err(node_error(&id))?;
+        let need = Usage {
+            sandboxes: 1,
+            vcpus: parent.vcpus,
+            memory_mib: parent.memory_mib,
+        };
+        let guard = quota::admit(&st.quotas, &st.node, &st.store, &who.tenant, need).await?;
+        let child = st.node.fork(&id).await.map_err(node_error(&id))?;
+        own(&st, &child.id, &who.tenant).await?;
+        drop(guard);
+        Ok(child)
+    }
+    .await;
+    st.audit(
+        &who,
+        Some(id.as_str()),
+        "sandbox.fork",
+        result.as_ref().err(),
+        result.as_ref().ok().map(|c| format!("child {}", c.id)),
+    );
+    let child = result?;
+    Ok(created(sandbox_json(&child, &who.tenant)))
+}
+
+/// `PUT /v1/sandboxes/{id}/timeouts`
+pub async fn set_timeouts(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<TimeoutsBody>,
+) -> ApiResult<Json<Value>> {
+    lifecycle(
+        &st,
+        &who,
+        &raw,
+        "sandbox.set_timeouts",
+        |st, id| async move {
+            let info = st.node.info(&id).await.map_err(node_error(&id))?;
+            let policy = body.apply(info.options.timeouts)?;
+            st.node
+                .set_timeouts(&id, policy)
+                .await
+                .map_err(node_error(&id))?;
+            Ok(())
+        },
+    )
+    .await
+}
+
+/// Query of `logs`.
+#[derive(Debug, Deserialize)]
+pub struct LogsQuery {
+    #[serde(default)]
+    tail_bytes: Option<usize>,
+}
+
+/// `GET /v1/sandboxes/{id}/logs?tail_bytes=N`
+pub async fn logs(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<LogsQuery>,
+) -> ApiResult<Response> {
+    let id = st.scope(&who, &raw)?;
+    let n = q.tail_bytes.unwrap_or(DEFAULT_LOG_TAIL).min(MAX_LOG_TAIL);
+    let bytes = st
+        .node
+        .console_tail(&id, n)
+        .await
+        .map_err(node_error(&id))?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+        .into_response())
+}
+
+/// `GET /v1/sandboxes/{id}/snapshots`
+pub async fn snapshots(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let id = st.scope(&who, &raw)?;
+    let list = st.node.snapshots(&id).await.map_err(node_error(&id))?;
+    Ok(Json(json!({ "snapshots": list })))
+}
+
+/// Body of `POST /v1/sandboxes/{id}/snapshots`.
+#[derive(Debug, Default, Deserialize)]
+pub struct SnapshotBody {
+    #[serde(default)]
+    kind: Option<SnapshotKind>,
+}
+
+/// `POST /v1/sandboxes/{id}/snapshots`
+pub async fn snapshot(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    OptionalJson(body): OptionalJson<SnapshotBody>,
+) -> ApiResult<Response> {
+    let id = scoped(&st, &who, &raw, "snapshot.create")?;
+    let kind = body.unwrap_or_default().kind.unwrap_or(SnapshotKind::Disk);
+    let result = st.node.snapshot(&id, kind).await.map_err(node_error(&id));
+    st.audit(
+        &who,
+        Some(id.as_str()),
+        "snapshot.create",
+        result.as_ref().err(),
+        result.as_ref().ok().map(|s| format!("snapshot {}", s.id)),
+    );
+    Ok(created(json!(result?)))
+}
+
+/// Body of `POST /v1/sandboxes/{id}/rollback`.
+#[derive(Debug, Deserialize)]
+pub struct RollbackBody {
+    snapshot: String,
+}
+
+/// `POST /v1/sandboxes/{id}/rollback`
+pub async fn rollback(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<RollbackBody>,
+) -> ApiResult<Json<Value>> {
+    let snap: SnapshotId = body
+        .snapshot
+        .parse()
+        .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+    lifecycle(&st, &who, &raw, "snapshot.rollback", |st, id| async move {
+        // Looked up among this sandbox's own snapshots only.
+        let info = st.node.info(&id).await.map_err(node_error(&id))?;
+        if info.snapshot(&snap).is_none() {
+            return Err(ApiError::snapshot_not_found(id.as_str(), snap.as_str()));
+        }
+        st.node.rollback(&id, &snap).await.map_err(node_error(&id))
+    })
+    .await
+}

@@ -1,0 +1,342 @@
+//! The API's error: an HTTP status, a stable machine-readable code and a message for people,
+//! answered as `{"error": {"code": "...", "message": "..."}}` (see `docs/api.md`).
+//!
+//! Every failure the handlers meet (node refusals and failures, guest errors, store errors,
+//! JSON and query rejections) is mapped here, in one place, so equal causes answer alike.
+
+use std::fmt::Write as _;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use space_node::{NodeError, SandboxId};
+use space_proto::{ClientError, ErrorKind};
+
+use crate::store::{AuthError, StoreError};
+
+/// One failed request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The stable code (`sandbox_not_found`, `quota_exceeded`, ...).
+    pub code: &'static str,
+    /// What happened, for people.
+    pub message: String,
+}
+
+/// Shorthand for handler results.
+pub type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    /// An error of any status and code.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `400 invalid_request`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// `400 invalid_id`.
+    pub fn invalid_id(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_id", message)
+    }
+
+    /// `401 unauthorized`.
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message)
+    }
+
+    /// `403 forbidden`.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+
+    /// `404 sandbox_not_found`, worded the same for a missing sandbox and another tenant's.
+    pub fn sandbox_not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "sandbox_not_found",
+            format!("no sandbox {id} in this tenant"),
+        )
+    }
+
+    /// `404 snapshot_not_found`.
+    pub fn snapshot_not_found(sandbox: &str, snapshot: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "snapshot_not_found",
+            format!("sandbox {sandbox} has no snapshot {snapshot}"),
+        )
+    }
+
+    /// `404 route_not_found`.
+    pub fn route_not_found(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "route_not_found",
+            format!("no route {method} {path}"),
+        )
+    }
+
+    /// `405 method_not_allowed`.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        let path: String = path.chars().take(200).collect();
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            format!("{method} is not allowed on {path}"),
+        )
+    }
+
+    /// `409 conflict`.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", message)
+    }
+
+    /// `413 payload_too_large`.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+    }
+
+    /// `429 quota_exceeded`.
+    pub fn quota(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "quota_exceeded", message)
+    }
+
+    /// `500 internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// `502 guest_error`.
+    pub fn guest(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_GATEWAY, "guest_error", message)
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// An error and every cause under it, joined with `: `.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let text = c.to_string();
+        if !s.ends_with(&text) {
+            let _ = write!(s, ": {text}");
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl From<NodeError> for ApiError {
+    fn from(e: NodeError) -> Self {
+        match &e {
+            NodeError::NotFound(id) => ApiError::sandbox_not_found(id.as_str()),
+            NodeError::IllegalState { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "illegal_state", e.to_string())
+            }
+            NodeError::SnapshotNotFound {
+                sandbox, snapshot, ..
+            } => {
+                // Never the owner note: the owner may be another tenant's sandbox.
+                ApiError::snapshot_not_found(sandbox.as_str(), snapshot.as_str())
+            }
+            NodeError::TemplateNotFound(_) => {
+                ApiError::new(StatusCode::NOT_FOUND, "template_not_found", e.to_string())
+            }
+            NodeError::TemplateExists(_)
+            | NodeError::TemplateStale { .. }
+            | NodeError::TemplateInUse { .. } => ApiError::conflict(e.to_string()),
+            NodeError::InvalidId(_) => ApiError::invalid_id(e.to_string()),
+            NodeError::Invalid(m) => ApiError::invalid(m.clone()),
+            NodeError::Capacity(m) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "capacity", m.clone())
+            }
+            NodeError::ShuttingDown => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                e.to_string(),
+            ),
+            NodeError::Guest { .. } => ApiError::guest(chain(&e)),
+            _ => ApiError::internal(format!("node: {}", chain(&e))),
+        }
+    }
+}
+
+/// Maps a node error of a request about sandbox `id`, so that a sandbox the node does not
+/// know answers exactly like another tenant's.
+pub fn node_error(id: &SandboxId) -> impl Fn(NodeError) -> ApiError + '_ {
+    move |e| match e {
+        NodeError::NotFound(_) => ApiError::sandbox_not_found(id.as_str()),
+        other => other.into(),
+    }
+}
+
+impl From<ClientError> for ApiError {
+    fn from(e: ClientError) -> Self {
+        match &e {
+            ClientError::Guest(p) | ClientError::Invalid(p) => {
+                let message = p.message.clone();
+                match p.kind {
+                    ErrorKind::NotFound => {
+                        ApiError::new(StatusCode::NOT_FOUND, "file_not_found", message)
+                    }
+                    ErrorKind::PermissionDenied | ErrorKind::ReadOnly => {
+                        ApiError::forbidden(message)
+                    }
+                    ErrorKind::AlreadyExists
+                    | ErrorKind::NotEmpty
+                    | ErrorKind::NotADirectory
+                    | ErrorKind::IsADirectory => ApiError::conflict(message),
+                    ErrorKind::InvalidArgument => ApiError::invalid(message),
+                    ErrorKind::TooLarge => ApiError::too_large(message),
+                    _ => ApiError::guest(format!("{}: {message}", p.kind)),
+                }
+            }
+            _ => ApiError::guest(chain(&e)),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::Conflict(m) => ApiError::conflict(m.clone()),
+            StoreError::Invalid(m) => ApiError::invalid(m.clone()),
+            StoreError::NotFound { what, .. } => {
+                let code = match &**what {
+                    "tenant" => "tenant_not_found",
+                    "key" => "key_not_found",
+                    "sandbox" => "sandbox_not_found",
+                    _ => "not_found",
+                };
+                ApiError::new(StatusCode::NOT_FOUND, code, e.to_string())
+            }
+            _ => ApiError::internal(format!("state store: {}", chain(&e))),
+        }
+    }
+}
+
+impl From<AuthError> for ApiError {
+    fn from(e: AuthError) -> Self {
+        match e {
+            AuthError::Store(s) => s.into(),
+            other => ApiError::unauthorized(other.to_string()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(r: JsonRejection) -> Self {
+        match &r {
+            JsonRejection::JsonSyntaxError(_) => ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                format!("the body is not JSON: {}", chain(&r)),
+            ),
+            JsonRejection::JsonDataError(_) => ApiError::invalid(chain(&r)),
+            JsonRejection::MissingJsonContentType(_) => ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "this route takes a JSON body: send Content-Type: application/json",
+            ),
+            _ if r.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                ApiError::too_large("the request body is over the limit")
+            }
+            _ => ApiError::invalid(chain(&r)),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(r: QueryRejection) -> Self {
+        ApiError::invalid(format!("query string: {}", chain(&r)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_refusals_map_to_client_errors() {
+        let id: SandboxId = "sbx-0011223344556677".parse().unwrap();
+        let e: ApiError = NodeError::NotFound(id.clone()).into();
+        assert_eq!((e.status.as_u16(), e.code), (404, "sandbox_not_found"));
+        assert_eq!(e.message, "no sandbox sbx-0011223344556677 in this tenant");
+        let e: ApiError = NodeError::IllegalState {
+            id: id.clone(),
+            request: "pause",
+            state: space_node::State::Suspended,
+            legal: &[space_node::State::Running],
+        }
+        .into();
+        assert_eq!((e.status.as_u16(), e.code), (409, "illegal_state"));
+        assert!(e.message.contains("running"), "{}", e.message);
+        let e: ApiError = NodeError::SnapshotNotFound {
+            sandbox: id.clone(),
+            snapshot: "1-disk-abcd".parse().unwrap(),
+            owner: Some("sbx-other".parse().unwrap()),
+        }
+        .into();
+        assert_eq!(e.code, "snapshot_not_found");
+        assert!(!e.message.contains("sbx-other"), "{}", e.message);
+        let e: ApiError = NodeError::Capacity("full".into()).into();
+        assert_eq!((e.status.as_u16(), e.code), (503, "capacity"));
+        let e: ApiError = NodeError::Invalid("vcpus".into()).into();
+        assert_eq!((e.status.as_u16(), e.code), (400, "invalid_request"));
+    }
+
+    #[test]
+    fn guest_errors_map_per_kind() {
+        let g = |kind| ApiError::from(ClientError::Guest(space_proto::ProtoError::new(kind, "m")));
+        assert_eq!(g(ErrorKind::NotFound).code, "file_not_found");
+        assert_eq!(g(ErrorKind::PermissionDenied).code, "forbidden");
+        assert_eq!(g(ErrorKind::AlreadyExists).code, "conflict");
+        assert_eq!(g(ErrorKind::InvalidArgument).code, "invalid_request");
+        assert_eq!(g(ErrorKind::Internal).code, "guest_error");
+        assert_eq!(ApiError::from(ClientError::Closed).code, "guest_error");
+    }
+
+    #[test]
+    fn body_has_the_documented_shape() {
+        let e = ApiError::quota("max_sandboxes");
+        assert_eq!(
+            e.body(),
+            serde_json::json!({"error": {"code": "quota_exceeded", "message": "max_sandboxes"}})
+        );
+    }
+}

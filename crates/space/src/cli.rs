@@ -1,0 +1,377 @@
+//! The command line's grammar.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The `space` command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "space",
+    version,
+    about = "Sandboxes for AI agents, in microVMs",
+    after_help = "Client commands read the server URL and key from SPACE_URL / SPACE_API_KEY, \
+                  else from the config file that `space up` writes (see docs/cli.md)."
+)]
+pub struct Cli {
+    /// Print exactly one JSON value instead of a table (client commands).
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the API server and a node in one process (the single-host setup).
+    Up(UpArgs),
+    /// Run the control plane alone (needs a node transport; use `space up` for now).
+    Control(ControlArgs),
+    /// Run the node services alone: recovery, timeouts, warm pools, rolling snapshots.
+    Node(NodeArgs),
+    /// Manage templates.
+    #[command(subcommand)]
+    Template(TemplateCmd),
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// List sandboxes.
+    Ls(LsArgs),
+    /// Show one sandbox.
+    Info(IdArg),
+    /// Run a command in a sandbox, streaming its output; exits with its exit code.
+    Exec(ExecArgs),
+    /// Open an interactive shell (or run a command) on a terminal in a sandbox.
+    Shell(ShellArgs),
+    /// Copy a file into or out of a sandbox (one side is ID:/path).
+    Cp(CpArgs),
+    /// Pause a sandbox (its vCPUs stop; memory stays).
+    Pause(IdArg),
+    /// Resume a paused sandbox.
+    Resume(IdArg),
+    /// Suspend a sandbox to disk (its VM exits; `restore` brings it back).
+    Suspend(IdArg),
+    /// Restore a suspended sandbox.
+    Restore(IdArg),
+    /// Terminate a sandbox (its record and snapshots stay).
+    Kill(IdArg),
+    /// Fork a sandbox: a new sandbox with a copy of its memory and disk.
+    Fork(IdArg),
+    /// Take a snapshot of a sandbox.
+    Snapshot(SnapshotArgs),
+    /// List a sandbox's snapshots, oldest first.
+    Snapshots(IdArg),
+    /// Roll a sandbox back to one of its snapshots.
+    Rollback(RollbackArgs),
+    /// Change a sandbox's timeouts.
+    Timeout(TimeoutArgs),
+    /// Print the end of a sandbox's serial console.
+    Logs(LogsArgs),
+    /// Show audit events, newest first.
+    Audit(AuditArgs),
+    /// Manage tenants (admin).
+    #[command(subcommand)]
+    Tenant(TenantCmd),
+    /// Manage API keys (admin).
+    #[command(subcommand)]
+    Key(KeyCmd),
+}
+
+/// `space up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Where sandboxes, templates and the state database live.
+    #[arg(long, default_value = "/var/lib/space")]
+    pub data_dir: PathBuf,
+    /// The address the API listens on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+    /// The guest kernel (uncompressed vmlinux).
+    #[arg(long, env = "SPACE_KERNEL")]
+    pub kernel: PathBuf,
+    /// A root image templates can be built from, as NAME=PATH (repeatable). Defaults:
+    /// SPACE_ROOTFS_MINIMAL as `minimal`, SPACE_ROOTFS_BASE as `base`.
+    #[arg(long = "image", value_name = "NAME=PATH")]
+    pub images: Vec<String>,
+    /// Stock templates to build when missing, comma-separated (default: one per image).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    pub templates: Option<Vec<String>>,
+    /// Warm VMs kept ready per stock template (default: the node's).
+    #[arg(long, value_name = "N")]
+    pub pool_size: Option<usize>,
+    /// The largest file upload in bytes (default 1 GiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_upload: Option<u64>,
+}
+
+/// `space control`.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// The address the API would listen on.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+}
+
+/// `space node`.
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The node's data directory.
+    #[arg(long, default_value = "/var/lib/space")]
+    pub data_dir: PathBuf,
+    /// Warm VMs kept ready per stock template (default: the node's).
+    #[arg(long, value_name = "N")]
+    pub pool_size: Option<usize>,
+}
+
+/// `space template ...`.
+#[derive(Debug, Subcommand)]
+pub enum TemplateCmd {
+    /// List templates.
+    Ls,
+    /// Build a template from one of the server's root images (admin).
+    Build(TemplateBuildArgs),
+    /// Delete a template version (admin).
+    Rm {
+        /// The template name.
+        name: String,
+        /// The version to delete.
+        version: String,
+    },
+}
+
+/// `space template build`.
+#[derive(Debug, Args)]
+pub struct TemplateBuildArgs {
+    /// The template name.
+    pub name: String,
+    /// The root image (`minimal` or `base`, or another the server was given).
+    #[arg(long)]
+    pub image: String,
+    /// vCPUs of sandboxes made from it.
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Memory of sandboxes made from it, in MiB.
+    #[arg(long)]
+    pub memory: Option<u64>,
+    /// The version (default: one more than the newest).
+    #[arg(long)]
+    pub version: Option<String>,
+}
+
+/// One sandbox id.
+#[derive(Debug, Args)]
+pub struct IdArg {
+    /// The sandbox id (sbx-...).
+    pub id: String,
+}
+
+/// `space create`.
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// The template to create from.
+    #[arg(long)]
+    pub template: String,
+    /// The template version (default: the newest).
+    #[arg(long)]
+    pub version: Option<String>,
+    /// vCPUs (default: the template's).
+    #[arg(long)]
+    pub cpus: Option<u32>,
+    /// Memory in MiB (default: the template's).
+    #[arg(long)]
+    pub memory: Option<u64>,
+    /// Root disk size in MiB (default: the template's).
+    #[arg(long)]
+    pub disk: Option<u64>,
+    /// An environment variable for every command, K=V (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Metadata, K=V (repeatable).
+    #[arg(long = "meta", value_name = "K=V")]
+    pub meta: Vec<String>,
+    /// Seconds without activity before the timeout action, or `never` (default 900).
+    #[arg(long, value_name = "SECS|never")]
+    pub idle_timeout: Option<String>,
+    /// Seconds the sandbox may live, or `never` (the default).
+    #[arg(long, value_name = "SECS|never")]
+    pub max_lifetime: Option<String>,
+}
+
+/// `space ls`.
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Only sandboxes in this state.
+    #[arg(long)]
+    pub state: Option<String>,
+    /// Only sandboxes of this template.
+    #[arg(long)]
+    pub template: Option<String>,
+    /// Only sandboxes with this metadata, K=V (repeatable; all must match).
+    #[arg(long = "meta", value_name = "K=V")]
+    pub meta: Vec<String>,
+    /// Include terminated sandboxes.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `space exec`.
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// An environment variable, K=V (repeatable).
+    #[arg(long = "env", value_name = "K=V")]
+    pub env: Vec<String>,
+    /// The working directory.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Seconds after which the command is killed.
+    #[arg(long, value_name = "SECS")]
+    pub timeout: Option<u64>,
+    /// Do not forward local stdin (the command's stdin is empty).
+    #[arg(short = 'n', long)]
+    pub no_stdin: bool,
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+/// `space shell`.
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// A command to run on the terminal instead of a login shell.
+    #[arg(last = true, value_name = "CMD")]
+    pub cmd: Vec<String>,
+}
+
+/// `space cp`.
+#[derive(Debug, Args)]
+pub struct CpArgs {
+    /// The source: a local path or ID:/path.
+    pub src: String,
+    /// The destination: a local path or ID:/path.
+    pub dst: String,
+}
+
+/// `space snapshot`.
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// A full snapshot (memory and disk) instead of a disk-only one.
+    #[arg(long)]
+    pub full: bool,
+}
+
+/// `space rollback`.
+#[derive(Debug, Args)]
+pub struct RollbackArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// The snapshot id to roll back to.
+    pub snapshot: String,
+}
+
+/// What happens when a timeout fires.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum TimeoutActionArg {
+    /// Suspend the sandbox.
+    Suspend,
+    /// Terminate the sandbox.
+    Kill,
+}
+
+/// `space timeout`.
+#[derive(Debug, Args)]
+pub struct TimeoutArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// Seconds without activity before the action, or `never`.
+    #[arg(long, value_name = "SECS|never")]
+    pub idle: Option<String>,
+    /// Seconds the sandbox may live, or `never`.
+    #[arg(long, value_name = "SECS|never")]
+    pub max_lifetime: Option<String>,
+    /// What a timeout does.
+    #[arg(long)]
+    pub action: Option<TimeoutActionArg>,
+}
+
+/// `space logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// How many bytes from the end (default 64 KiB, at most 1 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub tail: Option<u64>,
+}
+
+/// `space audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only events of this sandbox.
+    #[arg(long)]
+    pub sandbox: Option<String>,
+    /// Only events of this operation (e.g. sandbox.create, auth).
+    #[arg(long)]
+    pub operation: Option<String>,
+    /// At most this many events (default 100, at most 1000).
+    #[arg(long)]
+    pub limit: Option<u32>,
+}
+
+/// `space tenant ...`.
+#[derive(Debug, Subcommand)]
+pub enum TenantCmd {
+    /// List tenants.
+    Ls,
+    /// Create a tenant and print its first key.
+    Create(TenantCreateArgs),
+}
+
+/// `space tenant create`.
+#[derive(Debug, Args)]
+pub struct TenantCreateArgs {
+    /// The tenant name.
+    pub name: String,
+    /// The most sandboxes that are not terminated.
+    #[arg(long)]
+    pub max_sandboxes: Option<u64>,
+    /// The most vCPUs of running sandboxes.
+    #[arg(long)]
+    pub max_cpus: Option<u64>,
+    /// The most memory of running sandboxes, in MiB.
+    #[arg(long)]
+    pub max_memory: Option<u64>,
+}
+
+/// `space key ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCmd {
+    /// List a tenant's keys (never their secrets).
+    Ls {
+        /// The tenant.
+        tenant: String,
+    },
+    /// Create a key for a tenant and print it (shown only this once).
+    Create {
+        /// The tenant.
+        tenant: String,
+        /// An admin key (can manage tenants, keys and templates).
+        #[arg(long)]
+        admin: bool,
+        /// A label to recognise the key by.
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// Revoke a key.
+    Revoke {
+        /// The key id (k...).
+        key_id: String,
+    },
+}

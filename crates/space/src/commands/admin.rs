@@ -1,0 +1,264 @@
+//! Templates, tenants, keys and the audit log.
+
+use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
+
+use crate::cli::{AuditArgs, KeyCmd, TemplateCmd, TenantCmd};
+use crate::client::{seg, Client};
+use crate::output::{self, field};
+
+fn array(v: &Value, key: &str) -> Result<Vec<Value>> {
+    match v.get(key) {
+        Some(Value::Array(a)) => Ok(a.clone()),
+        _ => bail!("the server's answer has no `{key}` array"),
+    }
+}
+
+/// `space template ...`.
+pub async fn template(c: &Client, cmd: TemplateCmd, json: bool) -> Result<()> {
+    match cmd {
+        TemplateCmd::Ls => {
+            let list = array(&c.get("/v1/templates", &[]).await?, "templates")?;
+            if json {
+                output::json(&Value::Array(list));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|t| {
+                    vec![
+                        field(t, "name"),
+                        field(t, "version"),
+                        field(t, "image"),
+                        field(t, "vcpus"),
+                        format!("{}M", field(t, "memory_mib")),
+                        format!("{}M", field(t, "image_mib")),
+                        output::age(t, "created_unix_ms"),
+                    ]
+                })
+                .collect();
+            output::print_table(
+                &[
+                    "NAME", "VERSION", "IMAGE", "VCPUS", "MEMORY", "DISK", "CREATED",
+                ],
+                &rows,
+            );
+        }
+        TemplateCmd::Build(a) => {
+            let mut body = Map::new();
+            body.insert("name".into(), a.name.into());
+            body.insert("image".into(), a.image.into());
+            if let Some(v) = a.version {
+                body.insert("version".into(), v.into());
+            }
+            if let Some(n) = a.cpus {
+                body.insert("vcpus".into(), n.into());
+            }
+            if let Some(m) = a.memory {
+                body.insert("memory_mib".into(), m.into());
+            }
+            eprintln!("building (this boots a VM and takes a few seconds)...");
+            let t: Value = c.post("/v1/templates", &body.into()).await?;
+            if json {
+                output::json(&t);
+            } else {
+                println!(
+                    "template {}:{} built",
+                    field(&t, "name"),
+                    field(&t, "version")
+                );
+            }
+        }
+        TemplateCmd::Rm { name, version } => {
+            c.delete(&format!("/v1/templates/{}/{}", seg(&name)?, seg(&version)?))
+                .await?;
+            if json {
+                output::json(&json!({"name": name, "version": version, "deleted": true}));
+            } else {
+                println!("template {name}:{version} deleted");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `space audit`.
+pub async fn audit(c: &Client, a: AuditArgs, json: bool) -> Result<()> {
+    let mut query = Vec::new();
+    if let Some(s) = a.sandbox {
+        query.push(("sandbox".to_owned(), s));
+    }
+    if let Some(o) = a.operation {
+        query.push(("operation".to_owned(), o));
+    }
+    if let Some(n) = a.limit {
+        query.push(("limit".to_owned(), n.to_string()));
+    }
+    let list = array(&c.get("/v1/audit", &query).await?, "events")?;
+    if json {
+        output::json(&Value::Array(list));
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|e| {
+            vec![
+                field(e, "id"),
+                output::age(e, "at_unix_ms"),
+                field(e, "tenant"),
+                field(e, "key_id"),
+                field(e, "operation"),
+                field(e, "sandbox"),
+                field(e, "result"),
+                field(e, "detail"),
+            ]
+        })
+        .collect();
+    output::print_table(
+        &[
+            "ID",
+            "AT",
+            "TENANT",
+            "KEY",
+            "OPERATION",
+            "SANDBOX",
+            "RESULT",
+            "DETAIL",
+        ],
+        &rows,
+    );
+    Ok(())
+}
+
+/// Prints a freshly made key: the secret alone on stdout (so that `KEY=$(space key create
+/// acme)` works), the warning that it is shown once on stderr.
+fn show_new_key(k: &Value) {
+    println!("{}", field(k, "key"));
+    eprintln!(
+        "key {} of tenant {}: keep it now, it is not shown again",
+        field(k, "id"),
+        field(k, "tenant")
+    );
+}
+
+/// `space tenant ...`.
+pub async fn tenant(c: &Client, cmd: TenantCmd, json: bool) -> Result<()> {
+    match cmd {
+        TenantCmd::Ls => {
+            let list = array(&c.get("/v1/tenants", &[]).await?, "tenants")?;
+            if json {
+                output::json(&Value::Array(list));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|t| {
+                    let q = t.get("quotas").cloned().unwrap_or(Value::Null);
+                    vec![
+                        field(t, "name"),
+                        field(&q, "max_sandboxes"),
+                        field(&q, "max_vcpus"),
+                        format!("{}M", field(&q, "max_memory_mib")),
+                        output::age(t, "created_unix_ms"),
+                    ]
+                })
+                .collect();
+            output::print_table(
+                &[
+                    "NAME",
+                    "MAX SANDBOXES",
+                    "MAX VCPUS",
+                    "MAX MEMORY",
+                    "CREATED",
+                ],
+                &rows,
+            );
+        }
+        TenantCmd::Create(a) => {
+            let mut body = Map::new();
+            body.insert("name".into(), a.name.into());
+            let mut quotas = Map::new();
+            if let Some(n) = a.max_sandboxes {
+                quotas.insert("max_sandboxes".into(), n.into());
+            }
+            if let Some(n) = a.max_cpus {
+                quotas.insert("max_vcpus".into(), n.into());
+            }
+            if let Some(n) = a.max_memory {
+                quotas.insert("max_memory_mib".into(), n.into());
+            }
+            if !quotas.is_empty() {
+                body.insert("quotas".into(), quotas.into());
+            }
+            let created: Value = c.post("/v1/tenants", &body.into()).await?;
+            if json {
+                output::json(&created);
+            } else {
+                let key = created.get("key").cloned().unwrap_or(Value::Null);
+                show_new_key(&key);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `space key ...`.
+pub async fn key(c: &Client, cmd: KeyCmd, json: bool) -> Result<()> {
+    match cmd {
+        KeyCmd::Ls { tenant } => {
+            let v: Value = c
+                .get(&format!("/v1/tenants/{}/keys", seg(&tenant)?), &[])
+                .await?;
+            let list = array(&v, "keys")?;
+            if json {
+                output::json(&Value::Array(list));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|k| {
+                    let revoked = match k.get("revoked_unix_ms") {
+                        Some(Value::Null) | None => "-".to_owned(),
+                        Some(_) => output::age(k, "revoked_unix_ms"),
+                    };
+                    vec![
+                        field(k, "id"),
+                        field(k, "admin"),
+                        field(k, "label"),
+                        output::age(k, "created_unix_ms"),
+                        revoked,
+                    ]
+                })
+                .collect();
+            output::print_table(&["ID", "ADMIN", "LABEL", "CREATED", "REVOKED"], &rows);
+        }
+        KeyCmd::Create {
+            tenant,
+            admin,
+            label,
+        } => {
+            let mut body = Map::new();
+            body.insert("admin".into(), admin.into());
+            if let Some(l) = label {
+                body.insert("label".into(), l.into());
+            }
+            let k: Value = c
+                .post(&format!("/v1/tenants/{}/keys", seg(&tenant)?), &body.into())
+                .await?;
+            if json {
+                output::json(&k);
+            } else {
+                show_new_key(&k);
+            }
+        }
+        KeyCmd::Revoke { key_id } => {
+            c.delete(&format!("/v1/keys/{}", seg(&key_id)?)).await?;
+            if json {
+                output::json(&json!({"id": key_id, "revoked": true}));
+            } else {
+                println!("key {key_id} revoked");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,242 @@
+//! The server roles: `space up` (API and node in one process), `space node` (the node
+//! services alone) and `space control` (not runnable alone yet).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use space_control::server::{
+    Server, ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES,
+};
+use space_node::{Node, NodeConfig, PoolConfig, TemplateName};
+
+use crate::cli::{ControlArgs, NodeArgs, UpArgs};
+use crate::config::{self, ConfigFile};
+
+/// Parses the `--image NAME=PATH` arguments and adds the defaults from the environment.
+fn images(args: &[String]) -> Result<BTreeMap<String, PathBuf>> {
+    let mut images = BTreeMap::new();
+    for a in args {
+        let Some((name, path)) = a.split_once('=') else {
+            bail!("--image {a:?} is not NAME=PATH");
+        };
+        if name.is_empty() || path.is_empty() {
+            bail!("--image {a:?} is not NAME=PATH");
+        }
+        images.insert(name.to_owned(), PathBuf::from(path));
+    }
+    if args.is_empty() {
+        for (name, var) in [
+            ("minimal", "SPACE_ROOTFS_MINIMAL"),
+            ("base", "SPACE_ROOTFS_BASE"),
+        ] {
+            if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
+                images.insert(name.to_owned(), PathBuf::from(p));
+            }
+        }
+    }
+    if images.is_empty() {
+        bail!(
+            "no root images: pass --image NAME=PATH or set SPACE_ROOTFS_MINIMAL (`make up` \
+             builds the images and sets it)"
+        );
+    }
+    for (name, path) in &images {
+        if !path.is_file() {
+            bail!("image {name}: {} does not exist", path.display());
+        }
+    }
+    Ok(images)
+}
+
+/// Sets the pool size of every stock template (and of any other) to `n`.
+fn pool_size(pools: &mut PoolConfig, n: usize, templates: &[String]) -> Result<()> {
+    for name in space_node::pool::STOCK_TEMPLATES
+        .iter()
+        .map(|s| s.to_string())
+        .chain(templates.iter().cloned())
+    {
+        let name: TemplateName = name
+            .parse()
+            .map_err(|e| anyhow::anyhow!("template name {name:?}: {e}"))?;
+        pools.sizes.insert(name, n);
+    }
+    pools.default_size = n;
+    Ok(())
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn stop_signal() -> Result<&'static str> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("watching for SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("watching for SIGINT")?;
+    Ok(tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    })
+}
+
+/// `space up`.
+pub async fn up(a: UpArgs) -> Result<()> {
+    if !a.kernel.is_file() {
+        bail!(
+            "the kernel {} does not exist (`make up` builds it and sets SPACE_KERNEL)",
+            a.kernel.display()
+        );
+    }
+    let images = images(&a.images)?;
+    let templates = match a.templates {
+        Some(t) => t.into_iter().filter(|t| !t.is_empty()).collect(),
+        None => images.keys().cloned().collect::<Vec<_>>(),
+    };
+    for t in &templates {
+        if !images.contains_key(t) {
+            bail!(
+                "--templates names {t:?}, but there is no image of that name (images: {})",
+                images.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    let mut node = NodeConfig::new(&a.data_dir);
+    if let Some(n) = a.pool_size {
+        pool_size(&mut node.pools, n, &templates)?;
+    }
+    let cfg = ServerConfig {
+        node,
+        listen: a.listen,
+        kernel: a.kernel.clone(),
+        images,
+        stock_templates: templates.clone(),
+        max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
+        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+    };
+    eprintln!(
+        "space: starting on {} with data in {} (stock templates: {})",
+        a.listen,
+        a.data_dir.display(),
+        if templates.is_empty() {
+            "none".to_owned()
+        } else {
+            templates.join(", ")
+        }
+    );
+    let server = Server::start(cfg).await.context("starting the server")?;
+    let url = server.url();
+    let config_path = config::config_path()?;
+    match server.bootstrap_key() {
+        Some(key) => {
+            let saved = save_config(&config_path, &url, Some(key));
+            println!("space is up at {url}");
+            println!();
+            println!("Admin API key (shown only this once; keep it safe):");
+            println!();
+            println!("    {key}");
+            println!();
+            match saved {
+                Ok(()) => println!(
+                    "Saved with the URL in {} (mode 0600): the `space` CLI works right away.",
+                    config_path.display()
+                ),
+                Err(e) => eprintln!(
+                    "space: could not save the CLI config in {}: {e:#}; set SPACE_URL and \
+                     SPACE_API_KEY instead",
+                    config_path.display()
+                ),
+            }
+        }
+        None => {
+            if let Err(e) = save_config(&config_path, &url, None) {
+                eprintln!("space: could not update {}: {e:#}", config_path.display());
+            }
+            println!("space is up at {url}");
+            println!(
+                "The admin API key was shown on the first start (the CLI config {} holds it \
+                 if that start saved it there).",
+                config_path.display()
+            );
+        }
+    }
+    let sig = stop_signal().await?;
+    eprintln!("space: {sig}: stopping (sandboxes keep running and are adopted on the next start)");
+    server.shutdown().await;
+    eprintln!("space: stopped");
+    Ok(())
+}
+
+/// Writes the URL (and the key, when given) into the CLI config file, keeping what else it
+/// holds: a later start does not erase the key the first one saved.
+fn save_config(path: &Path, url: &str, key: Option<&str>) -> Result<()> {
+    let mut file = config::read(path).unwrap_or_default();
+    if key.is_none() && file == ConfigFile::default() && !path.exists() {
+        // Nothing to keep and no key to give: a file with only a URL helps nobody.
+        return Ok(());
+    }
+    file.url = Some(url.to_owned());
+    if let Some(k) = key {
+        file.api_key = Some(k.to_owned());
+    }
+    config::write(path, &file)
+}
+
+/// `space node`: the node services alone, until Ctrl-C or SIGTERM.
+pub async fn node(a: NodeArgs) -> Result<()> {
+    let mut cfg = NodeConfig::new(&a.data_dir);
+    if let Some(n) = a.pool_size {
+        pool_size(&mut cfg.pools, n, &[])?;
+    }
+    eprintln!("space node: opening {}", a.data_dir.display());
+    let node = Node::open(cfg).await.context("opening the node")?;
+    let sandboxes = node.list().await.map(|l| l.len()).unwrap_or(0);
+    eprintln!(
+        "space node: running ({sandboxes} sandboxes recovered; timeouts, warm pools and \
+         rolling snapshots active). There is no node API for a control plane yet: `space up` \
+         runs both roles."
+    );
+    let sig = stop_signal().await?;
+    eprintln!("space node: {sig}: stopping (VMs keep running and are adopted on the next start)");
+    node.shutdown_detach().await;
+    Ok(())
+}
+
+/// `space control`: refuses, since the control plane has no way to reach a separate node yet.
+pub async fn control(a: ControlArgs) -> Result<()> {
+    bail!(
+        "`space control` (on {}) needs a transport to `space node` processes, which this \
+         release does not have yet; `space up` runs the control plane and a node together",
+        a.listen
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_arguments_parse_and_must_exist() {
+        let dir = std::env::temp_dir().join(format!("space-up-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let img = dir.join("x.ext4");
+        std::fs::write(&img, b"x").unwrap();
+        let good = images(&[format!("x={}", img.display())]);
+        let missing = images(&[format!("y={}", dir.join("nope").display())]);
+        let malformed = images(&["novalue".into()]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(good.unwrap().get("x"), Some(&img));
+        assert!(missing.unwrap_err().to_string().contains("does not exist"));
+        assert!(malformed.is_err());
+    }
+
+    #[test]
+    fn pool_size_covers_stock_and_named_templates() {
+        let mut p = PoolConfig::default();
+        pool_size(&mut p, 1, &["mine".into()]).unwrap();
+        assert!(p.sizes.values().all(|&n| n == 1));
+        assert!(p
+            .sizes
+            .contains_key(&"minimal".parse::<TemplateName>().unwrap()));
+        assert!(p
+            .sizes
+            .contains_key(&"mine".parse::<TemplateName>().unwrap()));
+        assert_eq!(p.default_size, 1);
+    }
+}

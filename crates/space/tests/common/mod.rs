@@ -1,0 +1,432 @@
+//! End-to-end harness: the real `space` binary running `space up` on a fresh data directory
+//! and port, torn down (server, QEMU processes, loop mount, temporary directory) when the
+//! [`TestServer`] drops, also when a test panics.
+//!
+//! The server needs the guest artifacts in the environment (`SPACE_KERNEL`,
+//! `SPACE_ROOTFS_MINIMAL`, optionally `SPACE_ROOTFS_BASE`); `make test` sets them, by hand
+//! `source target/space/env.sh` does.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+/// How long the server may take to answer its health check (a cold template build under TCG
+/// takes seconds, but the host may be loaded by other tests).
+const START_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long one CLI invocation may run before the test gives up on it.
+const CLI_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long a graceful stop may take before the server is killed.
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A `space up` server on a temporary data directory, run from the real binary.
+pub struct TestServer {
+    /// The API base URL, `http://127.0.0.1:PORT`.
+    pub url: String,
+    /// The admin key of tenant `default`, read from the config file `space up` wrote.
+    pub admin_key: String,
+    /// The server's data directory (a loop-mounted btrfs image once the server started).
+    pub data_dir: PathBuf,
+    /// The CLI config file the server wrote (`SPACE_CONFIG`).
+    pub config_path: PathBuf,
+    /// The server's stdout and stderr, appended over restarts.
+    pub log_path: PathBuf,
+    /// The listen address.
+    pub addr: SocketAddr,
+    child: Option<Child>,
+    tmp: Option<tempfile::TempDir>,
+}
+
+/// A path from the environment, or a panic that says how to get it set.
+pub fn env_path(var: &str) -> PathBuf {
+    match std::env::var_os(var) {
+        Some(v) if !v.is_empty() => {
+            let p = PathBuf::from(v);
+            assert!(p.exists(), "{var}={} does not exist", p.display());
+            p
+        }
+        _ => panic!(
+            "{var} is not set: these tests boot real guests; run them with `make test` (or \
+             `source target/space/env.sh` first)"
+        ),
+    }
+}
+
+/// The `space` binary under test.
+pub fn space_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_space"))
+}
+
+impl TestServer {
+    /// Starts `space up` on a free port and a fresh data directory and waits until it answers
+    /// and has written the admin key.
+    pub fn start() -> TestServer {
+        env_path("SPACE_KERNEL");
+        env_path("SPACE_ROOTFS_MINIMAL");
+        let tmp = tempfile::Builder::new()
+            .prefix("space-e2e")
+            .tempdir_in("/var/tmp")
+            .expect("creating a temporary directory");
+        let data_dir = tmp.path().join("data");
+        let addr = free_port();
+        let mut server = TestServer {
+            url: format!("http://{addr}"),
+            admin_key: String::new(),
+            config_path: tmp.path().join("config.json"),
+            log_path: tmp.path().join("server.log"),
+            data_dir,
+            addr,
+            child: None,
+            tmp: Some(tmp),
+        };
+        server.spawn();
+        server.wait_ready();
+        server.admin_key = server.read_key();
+        server
+    }
+
+    /// Stops the server gracefully (SIGINT, wait for exit) and starts it again on the same
+    /// data directory and port. Sandboxes keep running across the restart.
+    ///
+    /// Panics when the server did not exit 0 on SIGINT in time.
+    pub fn restart(&mut self) {
+        let status = self.stop();
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "`space up` did not stop cleanly on SIGINT ({status:?}); its log:\n{}",
+            self.log_tail()
+        );
+        self.spawn();
+        self.wait_ready();
+    }
+
+    /// Runs the CLI with `args` as the admin of tenant `default`.
+    pub fn cli<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        self.cli_as(&self.admin_key.clone(), args)
+    }
+
+    /// Runs the CLI with `args` and the API key `key`.
+    pub fn cli_as<I, S>(&self, key: &str, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command(Some(key));
+        cmd.args(args);
+        run(cmd, None)
+    }
+
+    /// Runs the CLI with `args` as the admin, writing `stdin` to its standard input.
+    pub fn cli_stdin<I, S>(&self, stdin: &[u8], args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = self.command(Some(&self.admin_key));
+        cmd.args(args);
+        run(cmd, Some(stdin))
+    }
+
+    /// A command for the CLI binary with this server's URL and, when given, `key` in the
+    /// environment (`SPACE_CONFIG` points at the server's config file; nothing is inherited
+    /// from the caller's own configuration).
+    pub fn command(&self, key: Option<&str>) -> Command {
+        let mut cmd = Command::new(space_bin());
+        cmd.env_remove("SPACE_API_KEY")
+            .env("SPACE_URL", &self.url)
+            .env("SPACE_CONFIG", &self.config_path);
+        if let Some(key) = key {
+            cmd.env("SPACE_API_KEY", key);
+        }
+        cmd
+    }
+
+    /// The end of the server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read(&self.log_path).unwrap_or_default();
+        let start = text.len().saturating_sub(8 * 1024);
+        String::from_utf8_lossy(&text[start..]).into_owned()
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("opening the server log");
+        let child = Command::new(space_bin())
+            .arg("up")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen")
+            .arg(self.addr.to_string())
+            .args(["--templates", "minimal", "--pool-size", "1"])
+            .env("SPACE_CONFIG", &self.config_path)
+            .env_remove("SPACE_URL")
+            .env_remove("SPACE_API_KEY")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("cloning the log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("starting `space up`");
+        self.child = Some(child);
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    self.child = None;
+                    panic!(
+                        "`space up` exited with {status} before answering; its log:\n{}",
+                        self.log_tail()
+                    );
+                }
+            }
+            if health_ok(self.addr) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`space up` did not answer GET /v1/health within {START_TIMEOUT:?}; its log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The admin key from the config file; `space up` writes it on the first start, right
+    /// after it starts serving.
+    fn read_key(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&self.config_path) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                    if let Some(key) = v.get("api_key").and_then(|k| k.as_str()) {
+                        return key.to_owned();
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "`space up` wrote no api_key to {}; its log:\n{}",
+                self.config_path.display(),
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// SIGINT, then SIGKILL when the server does not exit in time. Returns the exit status
+    /// of a server that stopped on SIGINT, `None` when it had to be killed or was not running.
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("---- space up log (end) ----\n{}", self.log_tail());
+        }
+        self.stop();
+        kill_qemus_under(&self.data_dir);
+        unmount(&self.data_dir);
+        if let Some(tmp) = self.tmp.take() {
+            let path = tmp.path().to_owned();
+            if tmp.close().is_err() {
+                let _ = std::fs::remove_dir_all(path);
+            }
+        }
+    }
+}
+
+/// A port nobody listens on right now.
+fn free_port() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").expect("binding a free port");
+    l.local_addr().expect("local address")
+}
+
+/// Whether `GET /v1/health` answers 200 (a bare HTTP/1.1 exchange, so the harness needs no
+/// HTTP client).
+fn health_ok(addr: SocketAddr) -> bool {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let req = format!("GET /v1/health HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut buf = Vec::new();
+    let _ = Read::by_ref(&mut s).take(64 * 1024).read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    text.starts_with("HTTP/1.1 200") && text.contains("\"ok\"")
+}
+
+/// Runs `cmd` to completion with piped output, feeding `stdin` when given (else stdin is
+/// empty); kills it and panics after [`CLI_TIMEOUT`].
+pub fn run(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("starting the space CLI");
+    let mut input = child.stdin.take().expect("piped stdin");
+    let data = stdin.map(<[u8]>::to_vec).unwrap_or_default();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let mut out = child.stdout.take().expect("piped stdout");
+    let mut err = child.stderr.take().expect("piped stderr");
+    let out_reader = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = out.read_to_end(&mut b);
+        b
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut b = Vec::new();
+        let _ = err.read_to_end(&mut b);
+        b
+    });
+    let deadline = Instant::now() + CLI_TIMEOUT;
+    let status = loop {
+        match child.try_wait().expect("waiting for the CLI") {
+            Some(status) => break status,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{cmd:?} did not finish within {CLI_TIMEOUT:?}");
+            }
+        }
+    };
+    let _ = writer.join();
+    Output {
+        status,
+        stdout: out_reader.join().unwrap_or_default(),
+        stderr: err_reader.join().unwrap_or_default(),
+    }
+}
+
+/// Kills live QEMU processes that belong to the data directory `data` (by command line, or
+/// by a root or working directory under it, which is how a jailed QEMU shows) and waits for
+/// them to go.
+pub fn kill_qemus_under(data: &Path) {
+    for _ in 0..100 {
+        let pids = qemus_under(data);
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn qemus_under(data: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let needle = data.as_os_str().as_encoded_bytes().to_vec();
+    let dirs: Vec<(u64, u64)> = std::fs::read_dir(data.join("sandboxes"))
+        .map(|e| {
+            e.filter_map(|e| {
+                let m = std::fs::metadata(e.ok()?.path()).ok()?;
+                Some((m.dev(), m.ino()))
+            })
+            .collect()
+        })
+        .unwrap_or_default();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    procs
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            if !comm.starts_with("qemu") || stat.contains(") Z ") {
+                return None;
+            }
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            let in_cmdline = cmdline
+                .windows(needle.len())
+                .any(|w| w == needle.as_slice());
+            let under = |l: &str| {
+                std::fs::read_link(e.path().join(l)).is_ok_and(|p| p.starts_with(data))
+                    || std::fs::metadata(e.path().join(l))
+                        .is_ok_and(|m| dirs.contains(&(m.dev(), m.ino())))
+            };
+            (in_cmdline || under("root") || under("cwd")).then_some(pid)
+        })
+        .collect()
+}
+
+/// Unmounts the loop-mounted btrfs image over `data` (`<data>.btrfs.img`, which the temporary
+/// directory removal then deletes), detaching lazily when something still holds it.
+pub fn unmount(data: &Path) {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(a), Some(Ok(b))) = (
+        std::fs::metadata(data),
+        data.parent().map(std::fs::metadata),
+    ) else {
+        return;
+    };
+    if a.dev() != b.dev() && nix::mount::umount2(data, nix::mount::MntFlags::empty()).is_err() {
+        let _ = nix::mount::umount2(data, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// The stdout of `out` as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The stderr of `out` as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Panics with the command's output unless it exited 0; returns stdout.
+pub fn ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        stdout(out),
+        stderr(out)
+    );
+    stdout(out)
+}
+
+/// The stdout of a successful `--json` command, parsed.
+pub fn json(out: &Output) -> serde_json::Value {
+    let text = ok(out);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}

@@ -1,0 +1,367 @@
+"""What the synchronous and the asynchronous clients share: configuration, request bodies,
+and decoding of the exec stream. Nothing here does I/O on the network."""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+from urllib.parse import quote
+
+from .errors import (
+    ConfigError,
+    InvalidRequest,
+    InvalidResponse,
+    SpaceConnectionError,
+    SpaceError,
+    make_error,
+)
+from .models import ExecResult
+
+DEFAULT_URL: Final = "http://127.0.0.1:7070"
+"""Where ``space up`` listens by default."""
+
+DEFAULT_TIMEOUT: Final = 120.0
+"""Seconds one API call may take (creates and restores under software emulation are slow)."""
+
+# Largest single line accepted from an exec stream: an output record carries at most 64 KiB of
+# data (about 88 KiB as base64); anything far beyond is a broken or hostile server.
+MAX_STREAM_LINE: Final = 4 * 1024 * 1024
+
+# Chunk size for uploads read from file-like objects.
+UPLOAD_CHUNK: Final = 256 * 1024
+
+
+class _Never:
+    """The type of :data:`NEVER`."""
+
+    _instance: _Never | None = None
+
+    def __new__(cls) -> _Never:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NEVER"
+
+
+NEVER: Final = _Never()
+"""A timeout value meaning "never" (sent as JSON ``null``); ``None`` means "leave as is"."""
+
+Timeout = float | int | _Never | None
+"""A timeout in seconds, :data:`NEVER`, or ``None`` for the server's default/current value."""
+
+
+def config_path() -> Path:
+    """The CLI's configuration file: ``$SPACE_CONFIG``, else
+    ``$XDG_CONFIG_HOME/space/config.json``, else ``~/.config/space/config.json``."""
+    explicit = os.environ.get("SPACE_CONFIG")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".config"
+    return base / "space" / "config.json"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror or e}") from None
+    if len(raw) > 1024 * 1024:
+        raise ConfigError(f"{path} is larger than 1 MiB; it is not a space configuration")
+    try:
+        parsed = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{path} should hold a JSON object with 'url' and 'api_key'")
+    return parsed
+
+
+def resolve_config(url: str | None, api_key: str | None) -> tuple[str, str | None]:
+    """Finds the server URL and API key: arguments first, then ``SPACE_URL`` /
+    ``SPACE_API_KEY``, then the CLI's configuration file; the URL defaults to
+    :data:`DEFAULT_URL`."""
+    url = url or os.environ.get("SPACE_URL") or None
+    api_key = api_key or os.environ.get("SPACE_API_KEY") or None
+    if url is None or api_key is None:
+        path = config_path()
+        cfg = _read_config(path)
+        if url is None:
+            value = cfg.get("url")
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: 'url' should be a string")
+            url = value or None
+        if api_key is None:
+            value = cfg.get("api_key")
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{path}: 'api_key' should be a string")
+            api_key = value or None
+    url = (url or DEFAULT_URL).rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"server URL {url!r} should start with http:// or https://")
+    return url, api_key
+
+
+def seg(value: str) -> str:
+    """Quotes one path segment (an id or a name), so that no value can change the route."""
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest("invalid_id", f"expected a non-empty id, got {value!r}")
+    return quote(value, safe="")
+
+
+def sandbox_path(sandbox_id: str, *rest: str) -> str:
+    """The API path of a sandbox, or of one of its sub-resources."""
+    return "/".join(["/v1/sandboxes", seg(sandbox_id), *rest])
+
+
+def timeout_ms(value: Timeout, what: str) -> int | None:
+    """Converts seconds to whole milliseconds for the API (``NEVER`` becomes ``None``)."""
+    if value is None or isinstance(value, _Never):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{what} should be a number of seconds or NEVER, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{what} should be a positive number of seconds, got {value!r}")
+    return max(1, round(value * 1000))
+
+
+def timeouts_body(idle: Timeout, max_lifetime: Timeout, action: str | None) -> dict[str, Any]:
+    """The ``timeouts`` object: fields given as ``None`` are left out."""
+    body: dict[str, Any] = {}
+    if idle is not None:
+        body["idle_ms"] = timeout_ms(idle, "idle_timeout")
+    if max_lifetime is not None:
+        body["max_lifetime_ms"] = timeout_ms(max_lifetime, "max_lifetime")
+    if action is not None:
+        body["action"] = action
+    return body
+
+
+def _str_map(value: Mapping[str, str] | None, what: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    out: dict[str, str] = {}
+    for k, v in value.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"{what} should map strings to strings, got {k!r}: {v!r}")
+        out[k] = v
+    return out
+
+
+def create_body(
+    template: str,
+    version: str | None,
+    vcpus: int | None,
+    memory_mib: int | None,
+    disk_mib: int | None,
+    env: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+    idle_timeout: Timeout,
+    max_lifetime: Timeout,
+    timeout_action: str | None,
+) -> dict[str, Any]:
+    """The body of ``POST /v1/sandboxes``."""
+    body: dict[str, Any] = {"template": template}
+    if version is not None:
+        body["version"] = str(version)
+    for key, value in (("vcpus", vcpus), ("memory_mib", memory_mib), ("disk_mib", disk_mib)):
+        if value is not None:
+            body[key] = value
+    if env is not None:
+        body["env"] = _str_map(env, "env")
+    if metadata is not None:
+        body["metadata"] = _str_map(metadata, "metadata")
+    timeouts = timeouts_body(idle_timeout, max_lifetime, timeout_action)
+    if timeouts:
+        body["timeouts"] = timeouts
+    return body
+
+
+def list_params(
+    state: str | None, template: str | None, metadata: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The query of ``GET /v1/sandboxes``."""
+    params: dict[str, str] = {}
+    if state is not None:
+        params["state"] = state
+    if template is not None:
+        params["template"] = template
+    for k, v in (_str_map(metadata, "metadata") or {}).items():
+        params[f"metadata.{k}"] = v
+    return params
+
+
+def exec_body(
+    cmd: str | Sequence[str] | None,
+    shell: str | None,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    stdin: bytes | str | None,
+    timeout: float | None,
+) -> dict[str, Any]:
+    """The ``ExecRequest``: a string ``cmd`` is a shell line, a sequence is an argv."""
+    if isinstance(cmd, str):
+        if shell is not None:
+            raise ValueError("give either cmd or shell, not both")
+        cmd, shell = None, cmd
+    if (cmd is None) == (shell is None):
+        raise ValueError("give exactly one of cmd (a list of arguments) or shell (a line)")
+    body: dict[str, Any] = {}
+    if cmd is not None:
+        argv = list(cmd)
+        if not argv or not all(isinstance(a, str) for a in argv):
+            raise ValueError("cmd should be a non-empty list of strings")
+        body["cmd"] = argv
+    else:
+        if not isinstance(shell, str):
+            raise TypeError("shell should be a string")
+        body["shell"] = shell
+    if env:
+        body["env"] = _str_map(env, "env")
+    if cwd is not None:
+        body["cwd"] = cwd
+    if stdin is not None:
+        data = stdin.encode() if isinstance(stdin, str) else bytes(stdin)
+        body["stdin"] = base64.b64encode(data).decode("ascii")
+    if timeout is not None:
+        body["timeout_ms"] = timeout_ms(timeout, "timeout")
+    return body
+
+
+def upload_params(path: str, mode: int | str | None) -> dict[str, str]:
+    """The query of ``PUT .../files``; ``mode`` as an int (``0o644``) or octal text."""
+    params = {"path": path}
+    if mode is not None:
+        if isinstance(mode, bool):
+            raise TypeError("mode should be an int such as 0o644 or a string such as '0644'")
+        if isinstance(mode, int):
+            if not 0 <= mode <= 0o7777:
+                raise ValueError(f"mode {mode:o} is out of range")
+            params["mode"] = format(mode, "04o")
+        else:
+            params["mode"] = mode
+    return params
+
+
+def json_body(status: int, body: bytes) -> Any:
+    """Parses a successful JSON answer."""
+    try:
+        return json.loads(body)
+    except ValueError:
+        snippet = body[:200].decode("utf-8", errors="replace")
+        raise InvalidResponse(f"expected JSON, got {snippet!r}", status) from None
+
+
+def list_field(value: Any, key: str) -> list[Any]:
+    """``value[key]``, which should be a JSON array (as in ``{"sandboxes": [...]}``)."""
+    if not isinstance(value, dict) or not isinstance(value.get(key), list):
+        raise InvalidResponse(f"expected an object with a {key!r} array")
+    items: list[Any] = value[key]
+    return items
+
+
+class ExecDecoder:
+    """Decodes the NDJSON exec stream as bytes arrive.
+
+    :meth:`feed` returns the output records of the bytes fed so far as ``(stream, data)``
+    pairs, ``stream`` being ``"stdout"`` or ``"stderr"``; :meth:`finish` returns the result
+    once the stream has ended, or raises the error the stream reported.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._stdout = bytearray()
+        self._stderr = bytearray()
+        self._pid: int | None = None
+        self._exit: tuple[int, int | None] | None = None
+        self._error: SpaceError | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether the last record (exit or error) has been seen."""
+        return self._exit is not None or self._error is not None
+
+    def feed(self, chunk: bytes) -> list[tuple[str, bytes]]:
+        """Takes the next bytes of the stream; returns the output they complete."""
+        out: list[tuple[str, bytes]] = []
+        self._buf += chunk
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            item = self._line(line)
+            if item is not None:
+                out.append(item)
+        if len(self._buf) > MAX_STREAM_LINE:
+            raise InvalidResponse(f"exec stream line longer than {MAX_STREAM_LINE} bytes")
+        return out
+
+    def _line(self, line: bytes) -> tuple[str, bytes] | None:
+        line = line.strip()
+        if not line or self.done:
+            return None
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise InvalidResponse(f"exec stream: a line is not JSON: {line[:200]!r}") from None
+        if not isinstance(rec, dict):
+            raise InvalidResponse("exec stream: a record is not a JSON object")
+        kind = rec.get("type")
+        if kind in ("stdout", "stderr"):
+            data = rec.get("data")
+            if not isinstance(data, str):
+                raise InvalidResponse(f"exec stream: {kind} record without data")
+            try:
+                raw = base64.b64decode(data, validate=True)
+            except ValueError:
+                raise InvalidResponse(f"exec stream: {kind} data is not base64") from None
+            (self._stdout if kind == "stdout" else self._stderr).extend(raw)
+            return kind, raw
+        if kind == "started":
+            pid = rec.get("pid")
+            self._pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+        elif kind == "exit":
+            code = rec.get("exit_code")
+            signal = rec.get("signal")
+            if not isinstance(code, int) or isinstance(code, bool):
+                raise InvalidResponse("exec stream: exit record without an exit_code")
+            if signal is not None and (not isinstance(signal, int) or isinstance(signal, bool)):
+                raise InvalidResponse("exec stream: exit record with a malformed signal")
+            self._exit = (code, signal)
+        elif kind == "error":
+            code = rec.get("code")
+            message = rec.get("message")
+            self._error = make_error(
+                code if isinstance(code, str) and code else "stream_error",
+                message if isinstance(message, str) else "the exec stream broke",
+                200,
+            )
+        # Unknown record types are skipped: a newer server may add some.
+        return None
+
+    def result(self) -> ExecResult:
+        """What has been collected so far, with the exit status if it is known."""
+        code, signal = self._exit if self._exit is not None else (-1, None)
+        return ExecResult(code, signal, bytes(self._stdout), bytes(self._stderr), self._pid)
+
+    def finish(self) -> ExecResult:
+        """The result after the stream ended; raises when it ended without an exit record."""
+        if self._buf.strip() and not self.done:
+            self._line(bytes(self._buf))
+            self._buf.clear()
+        if self._error is not None:
+            raise self._error
+        if self._exit is None:
+            raise SpaceConnectionError("the exec stream ended before the process's exit record")
+        return self.result()
