@@ -29,7 +29,7 @@ pub mod template;
 pub use admission::AdmissionConfig;
 pub use error::{NodeError, Result};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
-pub use node::{Node, NodeConfig, DEFAULT_MAX_DISK_MIB};
+pub use node::{Node, NodeConfig, SandboxUsage, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};
 pub use record::{
     Origin, RecoveryAction, RecoveryEvent, SandboxOptions, SandboxRecord, SnapshotKind,

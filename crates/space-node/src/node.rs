@@ -525,6 +525,25 @@ impl Node {
         Ok(all.into_iter().filter(|r| !r.is_pooled()).collect())
     }
 
+    /// State and shape of every sandbox on this node that is not terminated, read without
+    /// waiting for any driver (for quota and capacity accounting on a hot path; a request in
+    /// flight may change a state right after).
+    pub fn usage(&self) -> Vec<SandboxUsage> {
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, h)| SandboxUsage {
+                id: id.clone(),
+                state: h.status.state(),
+                vcpus: h.status.vcpus,
+                memory_mib: h.status.memory_mib,
+            })
+            .filter(|u| u.state != State::Terminated)
+            .collect()
+    }
+
     /// Stops the vCPUs (Running only); memory stays.
     pub async fn pause(&self, id: &SandboxId) -> Result<()> {
         self.call(id, Request::Pause).await
@@ -708,6 +727,19 @@ impl Node {
         }
         self.inner.pools.close().await;
     }
+}
+
+/// What [`Node::usage`] tells of one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxUsage {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its state now.
+    pub state: State,
+    /// vCPUs of its VM (when it has one).
+    pub vcpus: u32,
+    /// Guest RAM of its VM in MiB (when it has one).
+    pub memory_mib: u64,
 }
 
 /// vCPUs, memory and root disk size of a new sandbox's VM.

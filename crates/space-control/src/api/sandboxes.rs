@@ -245,10 +245,20 @@ pub async fn list(
         }
     }
     let mut out: Vec<SandboxRecord> = Vec::new();
+    // Terminated sandboxes are listed only when asked for: the others are the node's live
+    // ones, so a tenant's history does not make every listing read its records.
+    let live: std::collections::HashSet<SandboxId> = if state == Some(SbState::Terminated) {
+        Default::default()
+    } else {
+        st.node.usage().into_iter().map(|u| u.id).collect()
+    };
     for id in st.store.sandboxes_of(&who.tenant)? {
         let Ok(id) = id.parse::<SandboxId>() else {
             continue;
         };
+        if state != Some(SbState::Terminated) && !live.contains(&id) {
+            continue;
+        }
         let info = match st.node.info(&id).await {
             Ok(i) => i,
             Err(space_node::NodeError::NotFound(_)) => continue,
