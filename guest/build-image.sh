@@ -241,6 +241,41 @@ if [[ "$kind" == base && ! -d "$base_tree" ]]; then
     exec 8>&-
 fi
 
+# A sandbox has no network device: the only way out is space-guestd's HTTP proxy on
+# 127.0.0.1:3128 (docs/egress.md). Point the usual tools at it. Execs and PTYs get the
+# variables from the daemon as well; these cover login shells and tools that read only their
+# own configuration. The CA variables apply once the host installed the deployment CA.
+configure_egress_proxy() {
+    local root=$1 proxy=http://127.0.0.1:3128 no_proxy=localhost,127.0.0.1,::1
+    local ca=/usr/local/share/ca-certificates/space-ca.crt bundle=/etc/ssl/certs/ca-certificates.crt
+    log "configuring the egress proxy ($proxy) for apt, pip, npm, git and shells"
+    mkdir -p "$root/etc/apt/apt.conf.d" "$root/etc/profile.d"
+    printf 'Acquire::http::Proxy "%s";\nAcquire::https::Proxy "%s";\n' "$proxy" "$proxy" \
+        >"$root/etc/apt/apt.conf.d/90space-proxy"
+    printf '[global]\nproxy = %s\n' "$proxy" >"$root/etc/pip.conf"
+    printf 'proxy=%s\nhttps-proxy=%s\nnoproxy=%s\n' "$proxy" "$proxy" "$no_proxy" >"$root/etc/npmrc"
+    printf '[http]\n\tproxy = %s\n' "$proxy" >>"$root/etc/gitconfig"
+    {
+        echo '# The egress proxy of space (docs/egress.md); values already set are kept.'
+        for v in HTTP_PROXY HTTPS_PROXY http_proxy https_proxy; do
+            printf ': "${%s:=%s}"; export %s\n' "$v" "$proxy" "$v"
+        done
+        for v in NO_PROXY no_proxy; do
+            printf ': "${%s:=%s}"; export %s\n' "$v" "$no_proxy" "$v"
+        done
+        printf 'if [ -f %s ]; then\n' "$ca"
+        for v in SSL_CERT_FILE CURL_CA_BUNDLE REQUESTS_CA_BUNDLE GIT_SSL_CAINFO; do
+            printf '    : "${%s:=%s}"; export %s\n' "$v" "$bundle" "$v"
+        done
+        printf '    : "${NODE_EXTRA_CA_CERTS:=%s}"; export NODE_EXTRA_CA_CERTS\nfi\n' "$ca"
+    } >"$root/etc/profile.d/space-proxy.sh"
+    chmod 0644 "$root/etc/profile.d/space-proxy.sh"
+    for v in HTTP_PROXY HTTPS_PROXY http_proxy https_proxy; do
+        printf '%s="%s"\n' "$v" "$proxy"
+    done >>"$root/etc/environment"
+    printf 'NO_PROXY="%s"\nno_proxy="%s"\n' "$no_proxy" "$no_proxy" >>"$root/etc/environment"
+}
+
 # --- staging tree ---
 t0=$(date +%s)
 stage=$(mktemp -d "$images_dir/.stage-$kind.XXXXXX")
@@ -254,6 +289,7 @@ base)
     log "copying base tree"
     touch "$rootfs_dir/base-$base_key"
     cp -a --reflink=auto "$base_tree/." "$stage/"
+    configure_egress_proxy "$stage"
     ;;
 esac
 # /sbin may be a symlink to usr/sbin (merged /usr); install through it.

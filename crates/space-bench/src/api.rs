@@ -106,7 +106,10 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
     node.qemu.qemu = plan.qemu.clone();
     node.qemu.detached = false;
     node.rolling.enabled = false;
-    let mut pools = PoolConfig::disabled();
+    // The pool loop on its default tick (a take wakes it at once); only `minimal` has one.
+    let mut pools = PoolConfig::default();
+    pools.sizes.clear();
+    pools.default_size = 0;
     pools.sizes.insert(template_name(), plan.pool_size);
     node.pools = pools;
     let config = ServerConfig {

@@ -401,7 +401,7 @@ impl<'a> Bench<'a> {
             entropy: entropy()?,
             time_unix_ns: None,
             hostname: Some(format!("bench-{i}")),
-            env: Default::default(),
+            ..Default::default()
         };
         let spec = RestoreSpec {
             snapshot: snap.dir.clone(),

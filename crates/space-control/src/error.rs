@@ -241,10 +241,13 @@ impl From<StoreError> for ApiError {
                     "tenant" => "tenant_not_found",
                     "key" => "key_not_found",
                     "sandbox" => "sandbox_not_found",
+                    "secret" => "secret_not_found",
+                    "port" => "port_not_found",
                     _ => "not_found",
                 };
                 ApiError::new(StatusCode::NOT_FOUND, code, e.to_string())
             }
+            StoreError::Vault(m) => ApiError::internal(format!("vault: {m}")),
             _ => ApiError::internal(format!("state store: {}", chain(&e))),
         }
     }

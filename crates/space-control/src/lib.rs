@@ -5,17 +5,21 @@
 //! - [`api`]: the router, authentication, tenant scoping and the handlers;
 //! - [`error`]: the API's error format and the mapping of every failure onto it;
 //! - [`quota`]: tenant quotas; [`metrics`]: Prometheus text;
-//! - [`store`], [`keys`]: the SQLite state store and API keys.
+//! - [`store`], [`keys`]: the SQLite state store and API keys;
+//! - [`vault`]: the credentials vault (secrets sealed with AES-256-GCM);
+//! - [`egress`]: the secret source and audit sink the node's gateway uses.
 //!
 //! `docs/control.md` describes how the pieces fit.
 
 pub mod api;
+pub mod egress;
 pub mod error;
 pub mod keys;
 pub mod metrics;
 pub mod quota;
 pub mod server;
 pub mod store;
+pub mod vault;
 
 pub use error::ApiError;
 pub use server::{Server, ServerConfig};

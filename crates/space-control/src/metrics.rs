@@ -4,12 +4,14 @@
 //! - `space_api_request_duration_seconds{operation}`: histogram of the time to the response
 //!   head (for streams: until the stream started);
 //! - `space_sandboxes{state}`: gauge of the node's sandboxes per state;
-//! - `space_pool_ready{template}`, `space_pool_size{template}`: warm pool gauges.
+//! - `space_pool_ready{template}`, `space_pool_size{template}`: warm pool gauges;
+//! - `space_egress_audit_dropped_total`: gateway audit events dropped on a full queue.
 //!
 //! `operation` is a route's operation name (bounded), never a raw path.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use space_node::PoolStats;
@@ -47,6 +49,7 @@ struct Inner {
 #[derive(Debug, Default)]
 pub struct Metrics {
     inner: Mutex<Inner>,
+    egress_audit_dropped: AtomicU64,
 }
 
 impl Metrics {
@@ -69,6 +72,11 @@ impl Metrics {
         if seconds.is_finite() && seconds > 0.0 {
             h.sum += seconds;
         }
+    }
+
+    /// Counts one dropped egress audit event; returns the total so far.
+    pub fn egress_audit_dropped(&self) -> u64 {
+        self.egress_audit_dropped.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// How many requests of `operation` were answered with `status` so far.
@@ -143,6 +151,15 @@ impl Metrics {
                 p.ready
             );
         }
+        out.push_str(
+            "# HELP space_egress_audit_dropped_total Gateway audit events dropped on a full queue.\n",
+        );
+        out.push_str("# TYPE space_egress_audit_dropped_total counter\n");
+        let _ = writeln!(
+            out,
+            "space_egress_audit_dropped_total {}",
+            self.egress_audit_dropped.load(Ordering::Relaxed)
+        );
         out.push_str("# HELP space_pool_size Warm pool target size.\n");
         out.push_str("# TYPE space_pool_size gauge\n");
         for p in pools {

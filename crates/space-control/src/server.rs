@@ -15,9 +15,11 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState};
+use crate::egress::{AuditSink, AuditWriter, VaultSecrets};
 use crate::metrics::Metrics;
 use crate::quota::QuotaLocks;
 use crate::store::{KeyCreated, Store, TenantName};
+use crate::vault::{KeySource, Vault, VaultKey};
 
 /// Uploads are at most this many bytes by default: 1 GiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1 << 30;
@@ -47,6 +49,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
 }
 
+/// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
+/// base is `http://` plus the `Host` the client used to reach the server.
+pub const PUBLIC_URL_ENV: &str = "SPACE_PUBLIC_URL";
+
 impl ServerConfig {
     /// Defaults around a node configuration: listen on 127.0.0.1:7070, no images.
     pub fn new(node: NodeConfig, kernel: impl Into<PathBuf>) -> Self {
@@ -60,6 +66,14 @@ impl ServerConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         }
     }
+}
+
+/// What [`Server::start`] prepared before the node opened.
+struct Parts {
+    store: Arc<Store>,
+    vault: Arc<Vault>,
+    metrics: Arc<Metrics>,
+    bootstrap: Option<KeyCreated>,
 }
 
 /// A running API server.
@@ -84,12 +98,38 @@ impl Server {
     /// `<data_dir>/state/control.db`, makes the default tenant and its admin key on the first
     /// start, kills sandboxes no tenant owns, builds missing stock templates (progress on
     /// stderr), binds and serves in a spawned task.
-    pub async fn start(config: ServerConfig) -> anyhow::Result<Server> {
+    ///
+    ///
+    /// The node's egress gateway takes its secrets ([`VaultSecrets`]) and audit sink
+    /// ([`AuditSink`]) from here; both are connected to the store and the vault once those are
+    /// open, right after the node (which may mount the data directory first). A vault key that
+    /// does not match the database stops the start with a clear error.
+    pub async fn start(mut config: ServerConfig) -> anyhow::Result<Server> {
+        let metrics = Arc::new(Metrics::new());
+        let secrets = Arc::new(VaultSecrets::new());
+        let (sink, writer) = AuditSink::new(metrics.clone());
+        let writer = if config.node.gateway.audit.is_none() {
+            config.node.gateway.audit = Some(Arc::new(sink));
+            Some(writer)
+        } else {
+            None
+        };
+        if config.node.gateway.secrets.is_none() {
+            config.node.gateway.secrets = Some(secrets.clone());
+        }
         let node = Node::open(config.node.clone())
             .await
             .context("opening the node")?;
-        match Self::prepare(&node, &config).await {
-            Ok((store, bootstrap)) => Self::serve(node, store, bootstrap, config).await,
+        match Self::prepare(&node, &config, &secrets, writer).await {
+            Ok((store, vault, bootstrap)) => {
+                let parts = Parts {
+                    store,
+                    vault,
+                    metrics,
+                    bootstrap,
+                };
+                Self::serve(node, parts, config).await
+            }
             Err(e) => {
                 node.shutdown_detach().await;
                 Err(e)
@@ -100,12 +140,29 @@ impl Server {
     async fn prepare(
         node: &Node,
         config: &ServerConfig,
-    ) -> anyhow::Result<(Arc<Store>, Option<KeyCreated>)> {
+        secrets: &VaultSecrets,
+        writer: Option<AuditWriter>,
+    ) -> anyhow::Result<(Arc<Store>, Arc<Vault>, Option<KeyCreated>)> {
         let state_dir = config.node.data_dir.join("state");
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
         let db = state_dir.join("control.db");
-        let store = Store::open(&db).with_context(|| format!("opening {}", db.display()))?;
+        let store =
+            Arc::new(Store::open(&db).with_context(|| format!("opening {}", db.display()))?);
+        let (key, source) = VaultKey::load(&state_dir).context("loading the vault key")?;
+        if source == KeySource::NewFile {
+            eprintln!(
+                "[up] made a new vault key in {} (back it up: secrets do not open without it)",
+                state_dir.join(crate::vault::VAULT_KEY_FILE).display()
+            );
+        }
+        let vault = Arc::new(Vault::open(store.clone(), &key).context("opening the vault")?);
+        drop(key);
+        secrets.connect(store.clone(), vault.clone());
+        if let Some(w) = writer {
+            w.start(store.clone())
+                .context("starting the egress audit writer")?;
+        }
         let tenant: TenantName = DEFAULT_TENANT.parse()?;
         let bootstrap = store
             .bootstrap(&tenant)
@@ -114,17 +171,31 @@ impl Server {
         for name in &config.stock_templates {
             build_stock(node, config, name).await?;
         }
-        Ok((Arc::new(store), bootstrap))
+        Ok((store, vault, bootstrap))
     }
 
-    async fn serve(
-        node: Node,
-        store: Arc<Store>,
-        bootstrap: Option<KeyCreated>,
-        config: ServerConfig,
-    ) -> anyhow::Result<Server> {
-        let metrics = Arc::new(Metrics::new());
+    async fn serve(node: Node, parts: Parts, config: ServerConfig) -> anyhow::Result<Server> {
+        let Parts {
+            store,
+            vault,
+            metrics,
+            bootstrap,
+        } = parts;
+        let listener = match tokio::net::TcpListener::bind(config.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                node.shutdown_detach().await;
+                return Err(e).with_context(|| format!("listening on {}", config.listen));
+            }
+        };
+        let addr = listener.local_addr()?;
+        let public_url = std::env::var(PUBLIC_URL_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+            .map(|u| u.trim_end_matches('/').to_owned());
         let state = Arc::new(AppState {
+            vault,
+            public_url,
             node: node.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
@@ -136,15 +207,14 @@ impl Server {
             builds: tokio::sync::Mutex::new(()),
         });
         let app = api::router(state, config.max_body_bytes);
-        let listener = match tokio::net::TcpListener::bind(config.listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                node.shutdown_detach().await;
-                return Err(e).with_context(|| format!("listening on {}", config.listen));
-            }
-        };
-        let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
+        // Streamed answers (exec's NDJSON lines) are many small writes: without TCP_NODELAY
+        // each one after the first waits for the client's delayed ACK (~40 ms on Linux).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "setting TCP_NODELAY on an API connection");
+            }
+        });
         let task = tokio::spawn(async move {
             let served = axum::serve(listener, app)
                 .with_graceful_shutdown(async move {

@@ -24,7 +24,8 @@ use serde::{Deserialize, Serialize};
 use crate::keys;
 
 /// Schema migrations; entry `i` takes the database from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE tenants (
     name            TEXT PRIMARY KEY NOT NULL,
     created_unix_ms INTEGER NOT NULL,
@@ -60,7 +61,31 @@ CREATE TABLE audit (
 ) STRICT;
 CREATE INDEX audit_tenant ON audit(tenant, id);
 CREATE INDEX audit_sandbox ON audit(sandbox, id);
-"#];
+"#,
+    r#"
+CREATE TABLE secrets (
+    tenant          TEXT NOT NULL REFERENCES tenants(name),
+    name            TEXT NOT NULL,
+    hosts           TEXT NOT NULL,
+    nonce           BLOB NOT NULL,
+    ciphertext      BLOB NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    updated_unix_ms INTEGER NOT NULL,
+    PRIMARY KEY (tenant, name)
+) STRICT;
+CREATE TABLE ports (
+    sandbox         TEXT NOT NULL REFERENCES sandboxes(id),
+    port            INTEGER NOT NULL,
+    token_hash      TEXT NOT NULL UNIQUE,
+    created_unix_ms INTEGER NOT NULL,
+    PRIMARY KEY (sandbox, port)
+) STRICT;
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL
+) STRICT;
+"#,
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -98,6 +123,10 @@ pub enum StoreError {
     /// The input is malformed or out of range; the message says which part.
     #[error("invalid: {0}")]
     Invalid(String),
+    /// The credentials vault could not encrypt or decrypt (a wrong vault key, a damaged
+    /// row); the message says which secret and what to check.
+    #[error("vault: {0}")]
+    Vault(String),
     /// SQLite failed.
     #[error("state database: {0}")]
     Sqlite(#[from] rusqlite::Error),
@@ -894,10 +923,10 @@ impl Store {
     /// Forgets the owner of sandbox `id` (for a sandbox whose creation failed); returns
     /// whether it was recorded.
     pub fn remove_sandbox(&self, id: &str) -> Result<bool, StoreError> {
-        let n = self
-            .conn()
-            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
-        Ok(n > 0)
+        self.write(|c| {
+            c.execute("DELETE FROM ports WHERE sandbox = ?1", [id])?;
+            Ok(c.execute("DELETE FROM sandboxes WHERE id = ?1", [id])? > 0)
+        })
     }
 
     /// The tenant that owns sandbox `id`, if it is recorded.
@@ -984,6 +1013,293 @@ impl Store {
         let mut stmt = conn.prepare(&sql)?;
         let rows = stmt.query_map(rusqlite::params_from_iter(args), audit_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// A secret as the vault keeps it: the ciphertext, never the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretRow {
+    /// Its tenant.
+    pub tenant: TenantName,
+    /// Its name (`[A-Z_][A-Z0-9_]{0,63}`).
+    pub name: String,
+    /// The host patterns it may be sent to, in rule syntax.
+    pub hosts: Vec<String>,
+    /// The AES-GCM nonce (12 bytes).
+    pub nonce: Vec<u8>,
+    /// The AES-256-GCM ciphertext with its tag.
+    pub ciphertext: Vec<u8>,
+    /// When it was first set.
+    pub created_unix_ms: u64,
+    /// When its value or hosts last changed.
+    pub updated_unix_ms: u64,
+}
+
+impl fmt::Debug for SecretRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SecretRow")
+            .field("tenant", &self.tenant)
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A secret as listed: everything but the value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    /// Its name.
+    pub name: String,
+    /// The host patterns it may be sent to.
+    pub hosts: Vec<String>,
+    /// When it was first set.
+    pub created_unix_ms: u64,
+    /// When its value or hosts last changed.
+    pub updated_unix_ms: u64,
+}
+
+impl From<&SecretRow> for SecretInfo {
+    fn from(r: &SecretRow) -> Self {
+        SecretInfo {
+            name: r.name.clone(),
+            hosts: r.hosts.clone(),
+            created_unix_ms: r.created_unix_ms,
+            updated_unix_ms: r.updated_unix_ms,
+        }
+    }
+}
+
+/// An exposed port of a sandbox (the token is never stored, only its SHA-256).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortInfo {
+    /// The sandbox.
+    pub sandbox: String,
+    /// The port inside the sandbox.
+    pub port: u16,
+    /// When it was exposed (or its URL last replaced).
+    pub created_unix_ms: u64,
+}
+
+fn secret_row(row: &Row<'_>) -> rusqlite::Result<SecretRow> {
+    let hosts: String = row.get(2)?;
+    let hosts: Vec<String> = serde_json::from_str(&hosts).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    Ok(SecretRow {
+        tenant: tenant_from_db(row.get(0)?)?,
+        name: row.get(1)?,
+        hosts,
+        nonce: row.get(3)?,
+        ciphertext: row.get(4)?,
+        created_unix_ms: from_db(row.get(5)?),
+        updated_unix_ms: from_db(row.get(6)?),
+    })
+}
+
+const SECRET_COLUMNS: &str =
+    "tenant, name, hosts, nonce, ciphertext, created_unix_ms, updated_unix_ms";
+
+fn port_row(row: &Row<'_>) -> rusqlite::Result<PortInfo> {
+    Ok(PortInfo {
+        sandbox: row.get(0)?,
+        port: u16::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+        created_unix_ms: from_db(row.get(2)?),
+    })
+}
+
+impl Store {
+    // ---- vault ----
+
+    /// Stores (or replaces) the sealed secret `row.name` of `row.tenant`; returns whether it
+    /// is new. A replacement keeps the creation time. `NotFound` for an unknown tenant.
+    pub fn put_secret(&self, row: &SecretRow) -> Result<bool, StoreError> {
+        let hosts = serde_json::to_string(&row.hosts)
+            .map_err(|e| StoreError::Invalid(format!("secret hosts: {e}")))?;
+        self.write(|c| {
+            if get_tenant(c, &row.tenant)?.is_none() {
+                return Err(StoreError::NotFound {
+                    what: "tenant",
+                    id: row.tenant.to_string(),
+                });
+            }
+            let replaced = c.execute(
+                "UPDATE secrets SET hosts = ?3, nonce = ?4, ciphertext = ?5, updated_unix_ms = ?6
+                 WHERE tenant = ?1 AND name = ?2",
+                params![
+                    row.tenant.as_str(),
+                    row.name,
+                    hosts,
+                    row.nonce,
+                    row.ciphertext,
+                    to_db(row.updated_unix_ms)
+                ],
+            )?;
+            if replaced > 0 {
+                return Ok(false);
+            }
+            c.execute(
+                &format!(
+                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                ),
+                params![
+                    row.tenant.as_str(),
+                    row.name,
+                    hosts,
+                    row.nonce,
+                    row.ciphertext,
+                    to_db(row.created_unix_ms),
+                    to_db(row.updated_unix_ms)
+                ],
+            )?;
+            Ok(true)
+        })
+    }
+
+    /// The sealed secret `name` of `tenant`, if it exists.
+    pub fn secret(&self, tenant: &TenantName, name: &str) -> Result<Option<SecretRow>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = ?1 AND name = ?2"),
+                params![tenant.as_str(), name],
+                secret_row,
+            )
+            .optional()?)
+    }
+
+    /// The secrets of `tenant` by name, without their values.
+    pub fn secrets(&self, tenant: &TenantName) -> Result<Vec<SecretInfo>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = ?1 ORDER BY name"
+        ))?;
+        let rows = stmt.query_map([tenant.as_str()], secret_row)?;
+        let rows: Vec<SecretRow> = rows.collect::<Result<_, _>>()?;
+        Ok(rows.iter().map(SecretInfo::from).collect())
+    }
+
+    /// The oldest sealed secret of any tenant, if there is one.
+    pub fn any_secret(&self) -> Result<Option<SecretRow>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {SECRET_COLUMNS} FROM secrets ORDER BY rowid LIMIT 1"),
+                [],
+                secret_row,
+            )
+            .optional()?)
+    }
+
+    /// Deletes the secret `name` of `tenant`; returns whether it existed.
+    pub fn delete_secret(&self, tenant: &TenantName, name: &str) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "DELETE FROM secrets WHERE tenant = ?1 AND name = ?2",
+            params![tenant.as_str(), name],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// A value of the store's own bookkeeping (`meta` table).
+    pub fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
+            .optional()?)
+    }
+
+    /// Sets `key` in the `meta` table unless it is set already; returns the value in effect.
+    pub fn meta_init(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, StoreError> {
+        self.write(|c| {
+            c.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)",
+                params![key, value],
+            )?;
+            Ok(c.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))?)
+        })
+    }
+
+    // ---- ingress ports ----
+
+    /// Exposes `port` of the owned sandbox `sandbox` under the token whose SHA-256 (hex) is
+    /// `token_hash`, replacing the token of a port exposed already; returns the port and
+    /// whether it was exposed before. `NotFound` when no tenant owns the sandbox.
+    pub fn expose_port(
+        &self,
+        sandbox: &str,
+        port: u16,
+        token_hash: &str,
+    ) -> Result<(PortInfo, bool), StoreError> {
+        validate_sandbox_id(sandbox)?;
+        self.write(|c| {
+            let owned: Option<i64> = c
+                .query_row("SELECT 1 FROM sandboxes WHERE id = ?1", [sandbox], |r| {
+                    r.get(0)
+                })
+                .optional()?;
+            if owned.is_none() {
+                return Err(StoreError::NotFound {
+                    what: "sandbox",
+                    id: sandbox.to_owned(),
+                });
+            }
+            let replaced = c.execute(
+                "DELETE FROM ports WHERE sandbox = ?1 AND port = ?2",
+                params![sandbox, port],
+            )? > 0;
+            let info = PortInfo {
+                sandbox: sandbox.to_owned(),
+                port,
+                created_unix_ms: now_ms(),
+            };
+            c.execute(
+                "INSERT INTO ports (sandbox, port, token_hash, created_unix_ms)
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![sandbox, port, token_hash, to_db(info.created_unix_ms)],
+            )?;
+            Ok((info, replaced))
+        })
+    }
+
+    /// The exposed ports of `sandbox`, by port.
+    pub fn ports(&self, sandbox: &str) -> Result<Vec<PortInfo>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT sandbox, port, created_unix_ms FROM ports WHERE sandbox = ?1 ORDER BY port",
+        )?;
+        let rows = stmt.query_map([sandbox], port_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Revokes the URL of `port` of `sandbox`; returns whether it was exposed.
+    pub fn unexpose_port(&self, sandbox: &str, port: u16) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "DELETE FROM ports WHERE sandbox = ?1 AND port = ?2",
+            params![sandbox, port],
+        )?;
+        Ok(n > 0)
+    }
+
+    /// Revokes every exposed port of `sandbox`; returns how many there were.
+    pub fn unexpose_all(&self, sandbox: &str) -> Result<usize, StoreError> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM ports WHERE sandbox = ?1", [sandbox])?)
+    }
+
+    /// The sandbox, port and owner an ingress token (by its SHA-256, hex) opens, if any.
+    pub fn port_by_token(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<(PortInfo, TenantName)>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT p.sandbox, p.port, p.created_unix_ms, s.tenant
+                 FROM ports p JOIN sandboxes s ON s.id = p.sandbox WHERE p.token_hash = ?1",
+                [token_hash],
+                |r| Ok((port_row(r)?, tenant_from_db(r.get(3)?)?)),
+            )
+            .optional()?)
     }
 }
 
@@ -1679,5 +1995,83 @@ mod tests {
                 .len(),
             200
         );
+    }
+
+    #[test]
+    fn a_version_1_database_migrates_and_keeps_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.db");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(MIGRATIONS[0]).unwrap();
+            conn.pragma_update(None, "user_version", 1).unwrap();
+            conn.execute("INSERT INTO tenants VALUES ('acme', 1, 5, 6, 7)", [])
+                .unwrap();
+            conn.execute(
+                "INSERT INTO sandboxes VALUES ('sbx-0011223344556677', 'acme', 2)",
+                [],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let version: i64 = store
+            .conn()
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, i64::from(SCHEMA_VERSION));
+        assert_eq!(SCHEMA_VERSION, 2);
+        let acme = t("acme");
+        assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas.max_vcpus, 6);
+        assert_eq!(
+            store.sandbox_tenant("sbx-0011223344556677").unwrap(),
+            Some(acme.clone())
+        );
+        // The new tables work.
+        let (p, replaced) = store
+            .expose_port("sbx-0011223344556677", 8000, "h1")
+            .unwrap();
+        assert!(!replaced);
+        assert_eq!(p.port, 8000);
+        assert!(store.secrets(&acme).unwrap().is_empty());
+    }
+
+    #[test]
+    fn ports_are_looked_up_by_token_hash_and_replaced() {
+        let store = Store::open_in_memory().unwrap();
+        let a = t("a");
+        store.create_tenant(&a, Quotas::default()).unwrap();
+        store.add_sandbox("sbx-1", &a).unwrap();
+        assert!(matches!(
+            store.expose_port("sbx-2", 80, "x"),
+            Err(StoreError::NotFound {
+                what: "sandbox",
+                ..
+            })
+        ));
+        store.expose_port("sbx-1", 8000, "h1").unwrap();
+        store.expose_port("sbx-1", 80, "h2").unwrap();
+        let (p, owner) = store.port_by_token("h1").unwrap().unwrap();
+        assert_eq!(
+            (p.sandbox.as_str(), p.port, owner),
+            ("sbx-1", 8000, a.clone())
+        );
+        // Exposing again replaces the token: the old one stops working.
+        let (_, replaced) = store.expose_port("sbx-1", 8000, "h3").unwrap();
+        assert!(replaced);
+        assert_eq!(store.port_by_token("h1").unwrap(), None);
+        assert!(store.port_by_token("h3").unwrap().is_some());
+        let ports: Vec<u16> = store
+            .ports("sbx-1")
+            .unwrap()
+            .iter()
+            .map(|p| p.port)
+            .collect();
+        assert_eq!(ports, [80, 8000]);
+        assert!(store.unexpose_port("sbx-1", 80).unwrap());
+        assert!(!store.unexpose_port("sbx-1", 80).unwrap());
+        assert_eq!(store.port_by_token("h2").unwrap(), None);
+        // Forgetting the sandbox drops its ports.
+        assert!(store.remove_sandbox("sbx-1").unwrap());
+        assert_eq!(store.port_by_token("h3").unwrap(), None);
     }
 }

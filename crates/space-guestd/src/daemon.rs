@@ -2,9 +2,10 @@
 //! process table, counters that bound concurrent work, and the shutdown signal.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use space_proto::limits::{MAX_ENV_BYTES, MAX_ENV_VARS, MAX_FINISHED_PROCESSES, MAX_PROCESSES};
@@ -16,6 +17,9 @@ use crate::reaper::{Reaper, ReaperError};
 
 /// Environment every process starts from, before identity and request environment.
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Destinations that bypass the egress proxy.
+const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 
 /// Errors that stop the daemon from starting.
 #[derive(Debug, thiserror::Error)]
@@ -35,13 +39,21 @@ pub struct Options {
     pub port_name: String,
     /// Serve on this character device instead of looking the port up by name.
     pub device: Option<PathBuf>,
-    /// Apply identity to the system (clock, hostname, RNG) even when not PID 1.
+    /// Apply identity to the system (clock, hostname, RNG, CA) even when not PID 1.
     pub system: bool,
+    /// Use this Unix socket as the egress channel instead of the `space.egress` port (a
+    /// host-side stand-in connects nothing: the daemon connects to it).
+    pub egress_socket: Option<PathBuf>,
+    /// Use this character device as the egress port instead of looking it up by name.
+    pub egress_device: Option<PathBuf>,
+    /// Where the egress proxy listens (`127.0.0.1:3128` by default).
+    pub egress_listen: Option<SocketAddr>,
 }
 
 impl Options {
-    pub const USAGE: &'static str =
-        "usage: space-guestd [--listen SOCKET | --port NAME | --device PATH] [--system]";
+    pub const USAGE: &'static str = "usage: space-guestd [--listen SOCKET | --port NAME | \
+        --device PATH] [--system] [--egress-socket SOCKET | --egress-device PATH] \
+        [--egress-listen ADDR]";
 
     pub fn parse(args: impl IntoIterator<Item = String>) -> Result<Options, String> {
         let mut opts = Options {
@@ -56,11 +68,36 @@ impl Options {
                 "--port" => opts.port_name = value("--port")?,
                 "--device" => opts.device = Some(value("--device")?.into()),
                 "--system" => opts.system = true,
+                "--egress-socket" => opts.egress_socket = Some(value("--egress-socket")?.into()),
+                "--egress-device" => opts.egress_device = Some(value("--egress-device")?.into()),
+                "--egress-listen" => {
+                    let v = value("--egress-listen")?;
+                    let addr = v
+                        .parse()
+                        .map_err(|_| format!("--egress-listen: {v:?} is not an address"))?;
+                    opts.egress_listen = Some(addr);
+                }
                 "-h" | "--help" => return Err(Options::USAGE.into()),
                 other => return Err(format!("unknown argument {other:?}\n{}", Options::USAGE)),
             }
         }
         Ok(opts)
+    }
+
+    /// Where the egress channel comes from, if the daemon runs one: the socket or device it
+    /// was told, or the `space.egress` port in a VM (not with `--listen` or `--device`, which
+    /// are runs outside a VM).
+    pub fn egress_source(&self) -> Option<crate::egress::Source> {
+        use crate::egress::Source;
+        if let Some(p) = &self.egress_socket {
+            Some(Source::Unix(p.clone()))
+        } else if let Some(p) = &self.egress_device {
+            Some(Source::Device(p.clone()))
+        } else if self.listen.is_none() && self.device.is_none() {
+            Some(Source::PortName(crate::egress::PORT_NAME.to_string()))
+        } else {
+            None
+        }
     }
 }
 
@@ -168,6 +205,10 @@ pub struct Daemon {
     pub log_limit: RateLimiter,
     /// Set to true to make the daemon stop (exit, or power off as PID 1).
     pub shutdown: watch::Sender<bool>,
+    /// The egress client, once the egress channel and proxy are up.
+    pub egress: OnceLock<Arc<crate::egress::Egress>>,
+    /// The deployment CA was installed in the trust store (by an identity step).
+    pub ca_installed: AtomicBool,
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -188,6 +229,8 @@ impl Daemon {
             watches: AtomicUsize::new(0),
             log_limit: RateLimiter::new(20, Duration::from_secs(10)),
             shutdown: watch::channel(false).0,
+            egress: OnceLock::new(),
+            ca_installed: AtomicBool::new(false),
         })
     }
 
@@ -195,7 +238,8 @@ impl Daemon {
         self.identity.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The environment of a new process: defaults, then identity, then the request's.
+    /// The environment of a new process: defaults (with the egress proxy and CA settings),
+    /// then identity, then the request's.
     pub fn environment(
         &self,
         request: &BTreeMap<String, String>,
@@ -203,6 +247,27 @@ impl Daemon {
         let mut env = BTreeMap::new();
         env.insert("PATH".to_string(), DEFAULT_PATH.to_string());
         env.insert("HOME".to_string(), "/root".to_string());
+        if let Some(egress) = self.egress.get() {
+            let url = egress.proxy_url();
+            for key in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
+                env.insert(key.to_string(), url.clone());
+            }
+            for key in ["NO_PROXY", "no_proxy"] {
+                env.insert(key.to_string(), NO_PROXY.to_string());
+            }
+        }
+        if self.ca_installed.load(Ordering::SeqCst) {
+            use crate::ca::{BUNDLE_PATH, CA_PATH};
+            for (k, v) in [
+                ("SSL_CERT_FILE", BUNDLE_PATH),
+                ("CURL_CA_BUNDLE", BUNDLE_PATH),
+                ("REQUESTS_CA_BUNDLE", BUNDLE_PATH),
+                ("GIT_SSL_CAINFO", BUNDLE_PATH),
+                ("NODE_EXTRA_CA_CERTS", CA_PATH),
+            ] {
+                env.insert(k.to_string(), v.to_string());
+            }
+        }
         for (k, v) in &self.identity().env {
             env.insert(k.clone(), v.clone());
         }
@@ -292,6 +357,12 @@ pub async fn run(opts: Options, pid1: bool) -> Result<(), DaemonError> {
     if !daemon.system {
         tracing::info!("not PID 1: identity will be recorded without changing the system");
     }
+    if let Some(source) = opts.egress_source() {
+        let addr = opts
+            .egress_listen
+            .unwrap_or(crate::egress::DEFAULT_PROXY_ADDR);
+        tokio::spawn(crate::egress::start(daemon.clone(), source, addr));
+    }
     let mut stop = daemon.shutdown.subscribe();
     let serve = async {
         match &opts.listen {
@@ -324,6 +395,29 @@ mod tests {
         assert_eq!(o.port_name, "space.ctl");
         assert!(Options::parse(["--bogus".into()]).is_err());
         assert!(Options::parse(["--listen".into()]).is_err());
+        assert!(o.egress_source().is_none());
+        let o = Options::parse(
+            [
+                "--listen",
+                "/s",
+                "--egress-socket",
+                "/e",
+                "--egress-listen",
+                "127.0.0.1:9",
+            ]
+            .map(String::from),
+        )
+        .unwrap();
+        assert!(matches!(
+            o.egress_source(),
+            Some(crate::egress::Source::Unix(_))
+        ));
+        assert_eq!(o.egress_listen, Some("127.0.0.1:9".parse().unwrap()));
+        assert!(Options::parse(["--egress-listen".into(), "nope".into()]).is_err());
+        assert!(matches!(
+            Options::parse([]).unwrap().egress_source(),
+            Some(crate::egress::Source::PortName(_))
+        ));
     }
 
     #[test]

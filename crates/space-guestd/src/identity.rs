@@ -4,10 +4,13 @@
 //! snapshot was taken and the template's hostname. The host fixes all three here before any
 //! user code runs: the entropy is mixed into the kernel pool, credited, and the CRNG is told to
 //! reseed now rather than at its next scheduled reseed; the clock is set; the hostname is set.
-//! The sandbox id and default environment are recorded for health and later execs.
+//! The sandbox id and default environment are recorded for health and later execs. The
+//! deployment's CA certificate, when sent, joins the trust store ([`crate::ca`]). Last, the
+//! egress connection is dropped so that the next proxied request synchronises with the
+//! (possibly new) host: after a restore, the old connection is dead.
 //!
 //! Outside a VM (not PID 1, no `--system`) the daemon only records the identity: a test must
-//! never change the host's clock or hostname.
+//! never change the host's clock, hostname or trust store.
 
 use std::fs::OpenOptions;
 use std::io::{self, Write};
@@ -42,6 +45,8 @@ pub enum IdentityError {
     Clock(#[source] nix::Error),
     #[error("sethostname")]
     Hostname(#[source] nix::Error),
+    #[error("install the CA certificate")]
+    Ca(#[source] io::Error),
 }
 
 /// `struct rand_pool_info` with room for the largest entropy we accept.
@@ -112,7 +117,11 @@ fn validate(id: &Identity) -> Result<(), ProtoError> {
     if let Some(h) = &id.hostname {
         validate_hostname(h)?;
     }
-    validate_env(&id.env)
+    validate_env(&id.env)?;
+    if let Some(pem) = &id.ca_pem {
+        crate::ca::validate(pem)?;
+    }
+    Ok(())
 }
 
 fn apply(id: &Identity) -> Result<bool, IdentityError> {
@@ -131,6 +140,12 @@ fn apply(id: &Identity) -> Result<bool, IdentityError> {
     if let Some(h) = &id.hostname {
         nix::unistd::sethostname(h).map_err(IdentityError::Hostname)?;
     }
+    if let Some(pem) = &id.ca_pem {
+        // Validated before; normalised here.
+        if let Ok(pem) = crate::ca::validate(pem) {
+            crate::ca::install(std::path::Path::new("/"), &pem).map_err(IdentityError::Ca)?;
+        }
+    }
     Ok(reseeded)
 }
 
@@ -147,7 +162,8 @@ pub async fn identity(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
                 let errno = match &e {
                     IdentityError::Urandom(io)
                     | IdentityError::AddEntropy(io)
-                    | IdentityError::Reseed(io) => io.raw_os_error(),
+                    | IdentityError::Reseed(io)
+                    | IdentityError::Ca(io) => io.raw_os_error(),
                     IdentityError::Clock(n) | IdentityError::Hostname(n) => Some(*n as i32),
                 };
                 let source = std::error::Error::source(&e)
@@ -166,11 +182,18 @@ pub async fn identity(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
             "identity recorded; clock, hostname and RNG left alone (not PID 1)"
         );
     }
+    if d.system && id.ca_pem.is_some() {
+        d.ca_installed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     {
         let mut state = d.identity();
         state.sandbox_id = Some(id.sandbox_id.clone());
         state.hostname = id.hostname.clone();
         state.env = id.env.clone();
+    }
+    if let Some(egress) = d.egress.get() {
+        egress.reset().await;
     }
     ok_json(&IdentityApplied {
         system_changed: d.system,

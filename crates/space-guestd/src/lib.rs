@@ -6,17 +6,21 @@
 //! tests drive it. The binary in `main.rs` only parses arguments; everything lives here.
 
 pub mod body;
+pub mod ca;
 pub mod daemon;
+pub mod egress;
 pub mod exec;
 pub mod files;
 pub mod grow;
 pub mod identity;
 pub mod init;
+pub mod proxy;
 pub mod pty;
 pub mod ratelimit;
 pub mod reaper;
 pub mod server;
 pub mod sys;
+pub mod tcp;
 pub mod transport;
 pub mod watch;
 

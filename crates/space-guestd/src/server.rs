@@ -46,6 +46,7 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::FS_GROW) => crate::grow::grow(&d, req).await,
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
+        (&Method::POST, routes::TCP) => crate::tcp::tcp(d, req).await,
         (&Method::POST, p) if routes::parse_signal_path(p).is_some() => {
             let pid = routes::parse_signal_path(p).unwrap_or(0);
             let body: SignalRequest = read_json(req.into_body()).await?;

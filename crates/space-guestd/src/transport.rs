@@ -168,11 +168,11 @@ impl Port {
     }
 
     /// A new reactor registration of the port, with readiness as it is now.
-    fn register(&self) -> io::Result<AsyncFd<OwnedFd>> {
+    pub(crate) fn register(&self) -> io::Result<AsyncFd<OwnedFd>> {
         crate::sys::register(self.fd.try_clone()?)
     }
 
-    fn raw(&self) -> RawFd {
+    pub(crate) fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
 
@@ -186,7 +186,7 @@ impl Port {
     }
 
     /// Whether the host side is gone (POLLHUP), checked without blocking.
-    fn hung_up(&self) -> bool {
+    pub(crate) fn hung_up(&self) -> bool {
         let mut pfd = libc::pollfd {
             fd: self.raw(),
             events: libc::POLLIN,

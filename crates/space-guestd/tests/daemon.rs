@@ -522,6 +522,7 @@ async fn identity_outside_a_vm_changes_nothing_on_the_host() {
             env: [("IDENTITY_VAR".to_string(), "from-identity".to_string())]
                 .into_iter()
                 .collect(),
+            ca_pem: None,
         })
         .await
         .unwrap();
@@ -549,6 +550,7 @@ async fn identity_outside_a_vm_changes_nothing_on_the_host() {
             time_unix_ns: None,
             hostname: None,
             env: Default::default(),
+            ca_pem: None,
         })
         .await,
     );

@@ -10,11 +10,13 @@
 //! - [`scheduler`]: rolling snapshots and retention, around [`retention`].
 //! - [`recovery`]: crash recovery (adoption, restores, cut-short transitions, orphans).
 //! - [`admission`]: the memory, vCPU and sandbox-count limits a create must fit in.
+//! - [`gateway`]: the egress gateway (policy, SNI check, limits, TLS interception, credentials).
 //!
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
 pub mod admission;
 pub mod error;
+pub mod gateway;
 pub mod ids;
 pub mod node;
 pub mod pool;
@@ -28,6 +30,10 @@ pub mod template;
 
 pub use admission::AdmissionConfig;
 pub use error::{NodeError, Result};
+pub use gateway::{
+    EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
+    SecretBinding, SecretSource, SecretValue,
+};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
 pub use node::{Node, NodeConfig, SandboxUsage, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};

@@ -20,6 +20,7 @@ use tokio::sync::oneshot;
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::error::{NodeError, Result};
+use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
 use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{
@@ -61,6 +62,9 @@ pub struct NodeConfig {
     pub rolling: RollingConfig,
     /// The largest root disk a create may ask for, in MiB.
     pub max_disk_mib: u64,
+    /// The egress gateway: limits, extra upstream roots, the secret source and audit sink
+    /// ([`crate::gateway`]).
+    pub gateway: GatewayConfig,
 }
 
 impl NodeConfig {
@@ -82,6 +86,7 @@ impl NodeConfig {
             pools: PoolConfig::default(),
             rolling: RollingConfig::default(),
             max_disk_mib: DEFAULT_MAX_DISK_MIB,
+            gateway: GatewayConfig::default(),
         }
     }
 }
@@ -122,6 +127,15 @@ impl Node {
             blocking(move || Ok(storage::open(&data, &opts)?)).await?;
         let runtime = QemuRuntime::new(config.qemu.clone()).await?;
         let records = RecordStore::open(layout.root().join("state").join("sandboxes"))?;
+        let (ca_dir, gw) = (
+            layout.root().join("state").join("ca"),
+            config.gateway.clone(),
+        );
+        let gateway = blocking(move || {
+            Gateway::open(&ca_dir, gw)
+                .map_err(|e| NodeError::Invalid(format!("egress gateway: {e}")))
+        })
+        .await?;
         let ctx = Arc::new(Ctx {
             runtime,
             storage,
@@ -129,6 +143,7 @@ impl Node {
             records,
             ready_timeout: config.ready_timeout,
             auto_restore: config.auto_restore,
+            gateway,
         });
         let node = Node {
             inner: Arc::new(Inner {
@@ -621,6 +636,18 @@ impl Node {
         self.call(id, |r| Request::SetTimeouts(timeouts, r)).await
     }
 
+    /// Replaces the egress policy of a sandbox that is not terminated. New connections use it
+    /// at once (open ones are not cut); it is kept in the record and copied by fork.
+    pub async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> Result<SandboxInfo> {
+        policy.validate().map_err(NodeError::Invalid)?;
+        self.call(id, |r| Request::SetEgress(policy, r)).await
+    }
+
+    /// The deployment CA's certificate (PEM) that guests trust for intercepted TLS.
+    pub fn ca_pem(&self) -> String {
+        self.inner.ctx.gateway.ca_pem()
+    }
+
     /// The last `max_bytes` of the sandbox's serial console (kernel messages and whatever the
     /// guest writes there). Empty once the sandbox directory is gone (killed).
     pub async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> Result<Vec<u8>> {
@@ -840,6 +867,17 @@ fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u64) -> Resu
         return Err(NodeError::Invalid(format!(
             "environment is {env_bytes} bytes; the limit is {MAX_ENV_BYTES}"
         )));
+    }
+    o.egress.validate().map_err(NodeError::Invalid)?;
+    crate::gateway::validate_bindings(&o.secrets).map_err(NodeError::Invalid)?;
+    for b in &o.secrets {
+        if o.env.get(&b.name).is_some_and(|v| v != &b.placeholder) {
+            return Err(NodeError::Invalid(format!(
+                "environment variable {} is a bound credential's name: the sandbox gets its \
+                 placeholder there; remove it from the environment",
+                b.name
+            )));
+        }
     }
     let meta: usize = o.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
     if meta > MAX_METADATA_BYTES {

@@ -236,7 +236,7 @@ impl Pools {
             })?;
             member.live.vm.resume().await?;
             client
-                .identity(&identity(&wanted))
+                .identity(&identity(&self.ctx, &wanted))
                 .await
                 .map_err(|source| NodeError::Guest {
                     what: "identity",

@@ -16,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::gateway::{EgressPolicy, SecretBinding};
 use crate::ids::{SandboxId, SnapshotId, TemplateRef};
 
 /// Bumped on incompatible changes of [`SandboxRecord`].
@@ -137,6 +138,14 @@ pub struct SandboxOptions {
     pub metadata: BTreeMap<String, String>,
     /// Idle timeout, maximum lifetime and what they do.
     pub timeouts: TimeoutPolicy,
+    /// Where the sandbox may connect out through the gateway (`docs/egress.md`); changed by
+    /// [`crate::Node::set_egress`]. Absent in older records: allow all.
+    #[serde(default)]
+    pub egress: EgressPolicy,
+    /// Credentials bound to the sandbox (name, placeholder, hosts; never a value). Absent in
+    /// older records: none.
+    #[serde(default)]
+    pub secrets: Vec<SecretBinding>,
 }
 
 /// What a snapshot holds.
@@ -580,6 +589,17 @@ mod tests {
             store.read(&r.id),
             Err(RecordError::Invalid { .. })
         ));
+    }
+
+    #[test]
+    fn records_without_egress_fields_still_read() {
+        let mut json = serde_json::to_value(record()).unwrap();
+        let opts = json["options"].as_object_mut().unwrap();
+        assert!(opts.remove("egress").is_some());
+        assert!(opts.remove("secrets").is_some());
+        let r: SandboxRecord = serde_json::from_value(json).unwrap();
+        assert_eq!(r.options.egress, EgressPolicy::default());
+        assert!(r.options.secrets.is_empty());
     }
 
     #[test]

@@ -436,7 +436,7 @@ async fn finish_restore(
             }
             let client = vm.wait_ready(ctx.ready_timeout).await?;
             client
-                .identity(&identity(r))
+                .identity(&identity(ctx, r))
                 .await
                 .map_err(|source| NodeError::Guest {
                     what: "identity",

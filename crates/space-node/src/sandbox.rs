@@ -43,6 +43,7 @@ use space_runtime::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NodeError, Result};
+use crate::gateway::{spawn_vm_loop, EgressPolicy, Gateway, SandboxGateway, VmLoop};
 use crate::ids::{SnapshotId, TemplateName, VersionReq};
 use crate::record::{
     now_ms, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
@@ -62,6 +63,8 @@ pub(crate) struct Ctx {
     pub ready_timeout: Duration,
     /// Whether a VM that dies while the node runs is restored at once ([`crate::recovery`]).
     pub auto_restore: bool,
+    /// The egress gateway ([`crate::gateway`]).
+    pub gateway: Arc<Gateway>,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -77,6 +80,9 @@ pub(crate) struct Status {
     /// vCPUs and guest RAM (MiB) of the sandbox's VM, for admission control.
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// Policy and bindings the sandbox's gateway loop reads; the policy is changed by
+    /// [`Request::SetEgress`].
+    pub egress: Arc<SandboxGateway>,
 }
 
 impl Status {
@@ -164,6 +170,8 @@ pub(crate) enum Request {
     Rolling(RollingJob, Reply<RollingOutcome>),
     /// Replace the idle timeout, maximum lifetime and action; answers the new record.
     SetTimeouts(TimeoutPolicy, Reply<SandboxRecord>),
+    /// Replace the egress policy (new connections use it at once); answers the new record.
+    SetEgress(EgressPolicy, Reply<SandboxRecord>),
     /// Node shutdown: the VM is killed (`false`) or left running for the next node process
     /// to adopt (`true`); the record stays as it is (recovery picks it up).
     Shutdown(bool, Reply<()>),
@@ -193,6 +201,7 @@ impl Request {
             Request::Rolling(..) => "rolling snapshot",
             Request::Timeout(..) => "timeout",
             Request::SetTimeouts(..) => "set timeouts",
+            Request::SetEgress(..) => "set egress",
             Request::Shutdown(..) => "shutdown",
         }
     }
@@ -201,7 +210,7 @@ impl Request {
     pub fn legal(&self) -> &'static [State] {
         match self {
             Request::Info(_) | Request::Shutdown(..) => ALL,
-            Request::SetTimeouts(..) => ALIVE_OR_SUSPENDED,
+            Request::SetTimeouts(..) | Request::SetEgress(..) => ALIVE_OR_SUSPENDED,
             Request::Pause(_) | Request::Guest(_) => &[Running],
             Request::Resume(_) => &[Paused],
             Request::Suspend(_) | Request::Snapshot(..) | Request::Fork(_) => LIVE,
@@ -236,7 +245,7 @@ impl Request {
             | Request::Touch(r)
             | Request::Kill(r)
             | Request::Shutdown(_, r) => drop(r.send(Err(err))),
-            Request::SetTimeouts(_, r) => drop(r.send(Err(err))),
+            Request::SetTimeouts(_, r) | Request::SetEgress(_, r) => drop(r.send(Err(err))),
             Request::Suspend(r) | Request::Snapshot(_, r) => drop(r.send(Err(err))),
             Request::Fork(r) => drop(r.send(Err(err))),
             Request::Guest(r) => drop(r.send(Err(err))),
@@ -275,10 +284,15 @@ pub(crate) enum Launch {
 }
 
 /// The identity a guest takes after every start: fresh entropy from the host's RNG, the wall
-/// clock, hostname and sandbox id, the sandbox's environment.
-pub(crate) fn identity(record: &SandboxRecord) -> Identity {
+/// clock, hostname and sandbox id, the sandbox's environment (with each bound credential's
+/// placeholder under its name), the deployment CA.
+pub(crate) fn identity(ctx: &Ctx, record: &SandboxRecord) -> Identity {
     let mut entropy = vec![0u8; 64];
     rand::rngs::OsRng.fill_bytes(&mut entropy);
+    let mut env = record.options.env.clone();
+    for b in &record.options.secrets {
+        env.insert(b.name.clone(), b.placeholder.clone());
+    }
     Identity {
         sandbox_id: record.id.to_string(),
         entropy,
@@ -289,7 +303,8 @@ pub(crate) fn identity(record: &SandboxRecord) -> Identity {
                 .unwrap_or(0),
         ),
         hostname: Some(record.id.to_string()),
-        env: record.options.env.clone(),
+        env,
+        ca_pem: Some(ctx.gateway.ca_pem()),
     }
 }
 
@@ -360,7 +375,7 @@ pub(crate) async fn launch(
         let mut attempt = 1;
         let client = loop {
             let client = vm.wait_ready(ctx.ready_timeout).await?;
-            match client.identity(&identity(record)).await {
+            match client.identity(&identity(ctx, record)).await {
                 Ok(_) => break client,
                 Err(e @ (ClientError::Closed | ClientError::Transport(_)))
                     if attempt < IDENTITY_ATTEMPTS =>
@@ -455,6 +470,8 @@ pub(crate) struct Sandbox {
     /// The disk image's fingerprint when its content was last known to be held by a snapshot
     /// or the VM's origin; the rolling scheduler compares it ([`crate::scheduler`]).
     pub(crate) disk_mark: Option<DiskMark>,
+    /// The egress gateway loop of the current VM ([`Sandbox::sync_egress`]).
+    egress_loop: Option<VmLoop>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
@@ -471,6 +488,11 @@ impl Sandbox {
             timeouts: Mutex::new(record.options.timeouts),
             vcpus: record.vcpus,
             memory_mib: record.memory_mib,
+            egress: ctx.gateway.sandbox(
+                record.id.clone(),
+                record.options.egress.clone(),
+                record.options.secrets.clone(),
+            ),
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let (vm, client) = match live {
@@ -492,13 +514,27 @@ impl Sandbox {
             vm,
             client,
             disk_mark,
+            egress_loop: None,
         };
         tokio::spawn(actor.run(rx));
         Ok(Handle { tx, status })
     }
 
+    /// Keeps one gateway loop serving the current VM: started when a VM becomes current
+    /// (create, restore, rollback, fork, recovery's adoption or restore), replaced when another
+    /// VM takes its place, stopped when there is none. Called before every wait for work, so
+    /// every transition passes here.
+    fn sync_egress(&mut self) {
+        let pid = self.vm.as_ref().map(|vm| vm.pid());
+        if self.egress_loop.as_ref().map(|l| l.pid) != pid {
+            self.egress_loop =
+                pid.map(|pid| spawn_vm_loop(self.status.egress.clone(), self.dir.clone(), pid));
+        }
+    }
+
     async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
         loop {
+            self.sync_egress();
             let next = {
                 let exited = async {
                     match &self.vm {
@@ -536,6 +572,7 @@ impl Sandbox {
             }
         }
         // Dropping the VM handle kills QEMU if it still runs (node shutdown).
+        drop(self.egress_loop.take());
         drop(self.client.take());
         drop(self.vm.take());
     }
@@ -613,6 +650,10 @@ impl Sandbox {
             }
             Request::SetTimeouts(policy, r) => {
                 let res = self.set_timeouts(policy);
+                let _ = r.send(res);
+            }
+            Request::SetEgress(policy, r) => {
+                let res = self.set_egress(policy);
                 let _ = r.send(res);
             }
             Request::Shutdown(detach, r) => {
@@ -1077,6 +1118,16 @@ impl Sandbox {
             .timeouts
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = policy;
+        Ok(self.record.clone())
+    }
+
+    fn set_egress(&mut self, policy: EgressPolicy) -> Result<SandboxRecord> {
+        let old = std::mem::replace(&mut self.record.options.egress, policy.clone());
+        if let Err(e) = self.write() {
+            self.record.options.egress = old;
+            return Err(e);
+        }
+        self.status.egress.set_policy(policy);
         Ok(self.record.clone())
     }
 

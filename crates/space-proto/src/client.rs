@@ -580,6 +580,32 @@ impl GuestClient {
         self.post_json(routes::FS_GROW, &req).await
     }
 
+    /// Opens a full-duplex byte stream to `127.0.0.1:port` inside the guest. Fails with the
+    /// guest's `unreachable` error when nothing listens there. Writing to the tunnel sends to
+    /// the guest socket, `shutdown` half-closes it, and reading returns what the guest socket
+    /// sends until it closes.
+    pub async fn tcp(&self, port: u16) -> Result<TcpTunnel> {
+        if port == 0 {
+            return Err(ClientError::Invalid(ProtoError::invalid(
+                "port 0 is not a port",
+            )));
+        }
+        let (tx, rx) = futures::channel::mpsc::channel::<Bytes>(TUNNEL_QUEUE);
+        let body = StreamBody::new(rx.map(|b| Ok::<_, BoxError>(BodyFrame::data(b))));
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(uri(&routes::tcp_path(port)))
+            .body(BodyExt::boxed_unsync(body))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let resp = self.send(req).await?;
+        Ok(TcpTunnel {
+            tx: Some(tx),
+            body: resp.into_body(),
+            buf: Bytes::new(),
+            eof: false,
+        })
+    }
+
     /// Asks the guest to power off (as PID 1) or the daemon to exit (outside a VM). The answer
     /// arrives before it happens.
     pub async fn shutdown(&self) -> Result<()> {
@@ -587,6 +613,99 @@ impl GuestClient {
             .post_json(routes::SHUTDOWN, &serde_json::json!({}))
             .await?;
         Ok(())
+    }
+}
+
+/// Chunks a tunnel may queue towards the guest before writes wait (each at most one write).
+const TUNNEL_QUEUE: usize = 16;
+/// Largest chunk one tunnel write sends.
+const TUNNEL_CHUNK: usize = 64 * 1024;
+
+/// A byte stream to a TCP port inside the guest ([`GuestClient::tcp`]). It implements tokio's
+/// `AsyncRead` and `AsyncWrite`, so `hyper_util::rt::TokioIo` can wrap it for an HTTP/1.1
+/// client, or `tokio::io::copy_bidirectional` can splice it to a socket.
+pub struct TcpTunnel {
+    tx: Option<futures::channel::mpsc::Sender<Bytes>>,
+    body: Incoming,
+    buf: Bytes,
+    eof: bool,
+}
+
+impl std::fmt::Debug for TcpTunnel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTunnel")
+            .field("write_open", &self.tx.is_some())
+            .field("eof", &self.eof)
+            .finish()
+    }
+}
+
+impl AsyncRead for TcpTunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            if !self.buf.is_empty() {
+                let n = self.buf.len().min(out.remaining());
+                out.put_slice(&self.buf.split_to(n));
+                return Poll::Ready(Ok(()));
+            }
+            if self.eof {
+                return Poll::Ready(Ok(()));
+            }
+            match Pin::new(&mut self.body).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(None) => self.eof = true,
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf = data;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionReset, e)))
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for TcpTunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let Some(tx) = self.tx.as_mut() else {
+            return Poll::Ready(Err(io::ErrorKind::BrokenPipe.into()));
+        };
+        if data.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        match tx.poll_ready(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(_)) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+            Poll::Ready(Ok(())) => {
+                let n = data.len().min(TUNNEL_CHUNK);
+                match tx.start_send(Bytes::copy_from_slice(&data[..n])) {
+                    Ok(()) => Poll::Ready(Ok(n)),
+                    Err(_) => Poll::Ready(Err(io::ErrorKind::BrokenPipe.into())),
+                }
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Queued chunks go out as the HTTP/2 stream's flow control allows; there is nothing
+        // to push.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // Dropping the sender ends the request body: the guest half-closes its socket.
+        self.tx = None;
+        Poll::Ready(Ok(()))
     }
 }
 

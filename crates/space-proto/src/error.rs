@@ -27,6 +27,8 @@ pub enum ErrorKind {
     Closed,
     Protocol,
     Unsupported,
+    /// A connection inside the guest was refused or could not be made (`POST /v1/tcp`).
+    Unreachable,
     Internal,
     /// A kind this build does not know; newer daemons may add kinds.
     #[serde(other)]
@@ -50,6 +52,7 @@ impl ErrorKind {
             ErrorKind::Closed => 410,
             ErrorKind::Protocol => 400,
             ErrorKind::Unsupported => 501,
+            ErrorKind::Unreachable => 502,
             ErrorKind::Internal | ErrorKind::Unknown => 500,
         }
     }
@@ -65,6 +68,7 @@ impl ErrorKind {
             413 => ErrorKind::TooLarge,
             422 => ErrorKind::SpawnFailed,
             501 => ErrorKind::Unsupported,
+            502 => ErrorKind::Unreachable,
             503 => ErrorKind::Busy,
             504 => ErrorKind::Timeout,
             507 => ErrorKind::NoSpace,
@@ -91,6 +95,9 @@ impl ErrorKind {
                 ErrorKind::Busy
             }
             libc_errno::ETIMEDOUT => ErrorKind::Timeout,
+            libc_errno::ECONNREFUSED | libc_errno::EHOSTUNREACH | libc_errno::ENETUNREACH => {
+                ErrorKind::Unreachable
+            }
             libc_errno::EPIPE | libc_errno::ECONNRESET => ErrorKind::Closed,
             libc_errno::ENOSYS | libc_errno::EOPNOTSUPP => ErrorKind::Unsupported,
             _ => ErrorKind::Internal,
@@ -113,6 +120,7 @@ impl ErrorKind {
             | io::ErrorKind::ConnectionAborted
             | io::ErrorKind::UnexpectedEof => ErrorKind::Closed,
             io::ErrorKind::Unsupported => ErrorKind::Unsupported,
+            io::ErrorKind::ConnectionRefused => ErrorKind::Unreachable,
             _ => ErrorKind::Internal,
         }
     }
@@ -135,6 +143,7 @@ impl ErrorKind {
             ErrorKind::Closed => "closed",
             ErrorKind::Protocol => "protocol",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Unreachable => "unreachable",
             ErrorKind::Internal => "internal",
             ErrorKind::Unknown => "unknown",
         }
@@ -205,7 +214,10 @@ mod libc_errno {
     pub const ELOOP: i32 = 40;
     pub const EOPNOTSUPP: i32 = 95;
     pub const ECONNRESET: i32 = 104;
+    pub const ENETUNREACH: i32 = 101;
     pub const ETIMEDOUT: i32 = 110;
+    pub const ECONNREFUSED: i32 = 111;
+    pub const EHOSTUNREACH: i32 = 113;
     pub const EDQUOT: i32 = 122;
 }
 
@@ -221,6 +233,9 @@ mod tests {
         assert_eq!(ErrorKind::from_io(&e), ErrorKind::ReadOnly);
         let e = io::Error::from_raw_os_error(39);
         assert_eq!(ErrorKind::from_io(&e), ErrorKind::NotEmpty);
+        let e = io::Error::from_raw_os_error(111);
+        assert_eq!(ErrorKind::from_io(&e), ErrorKind::Unreachable);
+        assert_eq!(ErrorKind::from_http_status(502), ErrorKind::Unreachable);
         let e = io::Error::new(io::ErrorKind::PermissionDenied, "x");
         assert_eq!(ErrorKind::from_io(&e), ErrorKind::PermissionDenied);
         assert_eq!(
@@ -260,6 +275,7 @@ mod tests {
             ErrorKind::Closed,
             ErrorKind::Protocol,
             ErrorKind::Unsupported,
+            ErrorKind::Unreachable,
             ErrorKind::Internal,
         ] {
             let json = serde_json::to_string(&kind).unwrap();

@@ -23,7 +23,7 @@ pub use types::*;
 #[cfg(feature = "client")]
 pub use client::{
     ClientConfig, ClientError, ExecHandle, ExecOutput, ExecStdin, FileReader, GuestClient, Output,
-    PtyHandle, PtyInput, WatchStream,
+    PtyHandle, PtyInput, TcpTunnel, WatchStream,
 };
 
 /// Version of the wire protocol. Bumped on any incompatible change; the daemon reports it in

@@ -28,3 +28,5 @@ pub const MAX_LIST_ENTRIES: usize = 100_000;
 pub const MAX_HOSTNAME: usize = 64;
 /// Finished processes still reported by the process list.
 pub const MAX_FINISHED_PROCESSES: usize = 128;
+/// Largest CA certificate (PEM) accepted by identity.
+pub const MAX_CA_PEM: usize = 64 * 1024;

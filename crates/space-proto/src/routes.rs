@@ -21,6 +21,13 @@ pub const WATCH: &str = "/v1/watch";
 pub const IDENTITY: &str = "/v1/identity";
 pub const FS_GROW: &str = "/v1/fs/grow";
 pub const SHUTDOWN: &str = "/v1/shutdown";
+/// `POST /v1/tcp?port=N`: a full-duplex byte stream to `127.0.0.1:N` inside the guest.
+pub const TCP: &str = "/v1/tcp";
+
+/// Path and query of the TCP route for one guest port.
+pub fn tcp_path(port: u16) -> String {
+    format!("{TCP}?port={port}")
+}
 
 /// Path of the signal route for one process.
 pub fn signal_path(pid: u32) -> String {

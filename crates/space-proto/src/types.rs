@@ -316,7 +316,7 @@ pub struct WatchEvent {
 }
 
 /// `POST /v1/identity`: who this guest is now. Sent by the host after every boot or restore.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
     pub sandbox_id: String,
     /// Fresh random bytes to reseed the kernel's RNG; base64 in JSON.
@@ -330,6 +330,10 @@ pub struct Identity {
     /// Default environment of later execs and PTYs (replaces the previous identity's).
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// The deployment's CA certificate (PEM, at most [`crate::limits::MAX_CA_PEM`] bytes): the
+    /// guest adds it to its trust store so the egress gateway can intercept TLS.
+    #[serde(default)]
+    pub ca_pem: Option<String>,
 }
 
 /// `POST /v1/fs/grow`: grow the filesystem mounted at `path` to fill its block device.
@@ -412,12 +416,15 @@ mod tests {
             time_unix_ns: Some(5),
             hostname: None,
             env: BTreeMap::new(),
+            ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
         };
         let json = serde_json::to_value(&id).unwrap();
         assert_eq!(json["entropy"], "AAEC/v8=");
         let back: Identity = serde_json::from_value(json).unwrap();
         assert_eq!(back, id);
         assert!(serde_json::from_str::<Identity>(r#"{"sandbox_id":"x","entropy":"!!"}"#).is_err());
+        let old: Identity = serde_json::from_str(r#"{"sandbox_id":"x"}"#).unwrap();
+        assert_eq!(old.ca_pem, None);
     }
 
     #[test]

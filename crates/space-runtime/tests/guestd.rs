@@ -122,7 +122,7 @@ async fn restores_take_distinct_identities() {
                     .as_nanos() as u64,
             ),
             hostname: Some(name.to_owned()),
-            env: Default::default(),
+            ..Default::default()
         };
         client.identity(&identity).await.unwrap();
         assert_eq!(sh(&client, "hostname").await.trim(), name);

@@ -71,6 +71,15 @@ pub enum Command {
     Logs(LogsArgs),
     /// Show audit events, newest first.
     Audit(AuditArgs),
+    /// Manage the tenant's credentials vault (values are never shown again).
+    #[command(subcommand)]
+    Secret(SecretCmd),
+    /// Show or change a sandbox's egress policy.
+    Net(NetArgs),
+    /// Expose a port of a sandbox at a public URL (prints the URL), or list exposed ports.
+    Expose(ExposeArgs),
+    /// Revoke the URL of an exposed port.
+    Unexpose(UnexposeArgs),
     /// Manage tenants (admin).
     #[command(subcommand)]
     Tenant(TenantCmd),
@@ -104,6 +113,10 @@ pub struct UpArgs {
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
+    /// A PEM file of CA certificates the gateway trusts for upstreams besides the system's
+    /// (repeatable; for tests and private upstreams).
+    #[arg(long = "extra-root", value_name = "PEM")]
+    pub extra_roots: Vec<PathBuf>,
 }
 
 /// `space control`.
@@ -197,6 +210,115 @@ pub struct CreateArgs {
     /// Seconds the sandbox may live, or `never` (the default).
     #[arg(long, value_name = "SECS|never")]
     pub max_lifetime: Option<String>,
+    /// A secret of the vault to bind (repeatable): the sandbox's environment gets
+    /// NAME=<placeholder>, and the gateway puts the value in requests to the secret's hosts.
+    #[arg(long = "secret", value_name = "NAME")]
+    pub secrets: Vec<String>,
+    /// An egress allow rule, HOST[:PORT] (repeatable; `*.suffix` and `*` work).
+    #[arg(long = "allow", value_name = "PATTERN")]
+    pub allow: Vec<String>,
+    /// An egress deny rule, HOST[:PORT] (repeatable; deny rules win over allow rules).
+    #[arg(long = "deny", value_name = "PATTERN")]
+    pub deny: Vec<String>,
+    /// Refuse egress to hosts no allow rule names (the default is to allow them).
+    #[arg(long)]
+    pub default_deny: bool,
+}
+
+/// `space secret ...`.
+#[derive(Debug, Subcommand)]
+pub enum SecretCmd {
+    /// Set (or replace) a secret; the value comes from --value or, without it, from stdin
+    /// (one trailing newline is dropped).
+    Set(SecretSetArgs),
+    /// List the secrets (names and hosts; never values).
+    Ls,
+    /// Delete a secret.
+    Rm {
+        /// The secret name.
+        name: String,
+    },
+}
+
+/// `space secret set`.
+#[derive(Debug, Args)]
+pub struct SecretSetArgs {
+    /// The secret name, `[A-Z_][A-Z0-9_]{0,63}`.
+    pub name: String,
+    /// A host pattern the secret may be sent to, HOST[:PORT] (repeatable, at least one).
+    #[arg(long = "host", value_name = "PATTERN", required = true)]
+    pub hosts: Vec<String>,
+    /// The value (visible in the process list and shell history: prefer stdin).
+    #[arg(long)]
+    pub value: Option<String>,
+}
+
+/// `space net`.
+#[derive(Debug, Args)]
+pub struct NetArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// What to do.
+    #[command(subcommand)]
+    pub action: NetCmd,
+}
+
+/// `space net ID ...`.
+#[derive(Debug, Subcommand)]
+pub enum NetCmd {
+    /// Show the policy.
+    Ls,
+    /// Add an allow rule (and drop the same rule from the deny list).
+    Allow {
+        /// HOST[:PORT].
+        pattern: String,
+    },
+    /// Add a deny rule (and drop the same rule from the allow list).
+    Deny {
+        /// HOST[:PORT].
+        pattern: String,
+    },
+    /// Remove a rule from both lists.
+    Rm {
+        /// HOST[:PORT].
+        pattern: String,
+    },
+    /// Set what happens to hosts no rule names.
+    Default {
+        /// `allow` or `deny`.
+        action: DefaultArg,
+    },
+}
+
+/// The egress default.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum DefaultArg {
+    /// Hosts no rule names are reachable.
+    Allow,
+    /// Hosts no rule names are refused.
+    Deny,
+}
+
+/// `space expose`.
+#[derive(Debug, Args)]
+pub struct ExposeArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// The port inside the sandbox.
+    #[arg(required_unless_present = "ls", conflicts_with = "ls")]
+    pub port: Option<u16>,
+    /// List the exposed ports instead.
+    #[arg(long)]
+    pub ls: bool,
+}
+
+/// `space unexpose`.
+#[derive(Debug, Args)]
+pub struct UnexposeArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// The exposed port.
+    pub port: u16,
 }
 
 /// `space ls`.

@@ -101,6 +101,14 @@ pub async fn up(a: UpArgs) -> Result<()> {
     if let Some(n) = a.pool_size {
         pool_size(&mut node.pools, n, &templates)?;
     }
+    for root in &a.extra_roots {
+        if !root.is_file() {
+            bail!("--extra-root {} does not exist", root.display());
+        }
+    }
+    // The secret source and the audit sink of the gateway come from the server (the vault
+    // lives there); the extra roots are for upstreams with a private CA.
+    node.gateway.extra_roots = a.extra_roots.clone();
     let cfg = ServerConfig {
         node,
         listen: a.listen,

@@ -5,15 +5,14 @@
 //! off by failing the stream before the chunk that passes the limit reaches the guest, so the
 //! guest never commits it and the old file stays.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use space_proto::{GuestClient, WriteOptions};
@@ -91,31 +90,45 @@ pub async fn upload(
         }
     }
     let g = guest(&st, &who, &raw).await?;
-    let over = Arc::new(AtomicBool::new(false));
-    let flag = over.clone();
-    let mut seen: u64 = 0;
-    let mut done = false;
-    let stream = body.into_data_stream().map(move |chunk| {
-        let chunk = chunk.map_err(std::io::Error::other)?;
-        seen = seen.saturating_add(chunk.len() as u64);
-        if seen > limit {
-            flag.store(true, Ordering::SeqCst);
-            return Err(std::io::Error::other("upload over the limit"));
-        }
-        Ok::<Bytes, std::io::Error>(chunk)
-    });
-    // Stop after the first error, so nothing follows the failure.
-    let stream = stream.take_while(move |r| {
-        let keep = !done;
-        done = done || r.is_err();
-        futures::future::ready(keep)
-    });
+    // The body is read here and handed to the guest through a small channel, so that after
+    // the limit is passed the rest of it can still be read and dropped (a bounded amount):
+    // answering while the client is still sending would make the close a reset, and the
+    // client would lose the 413.
+    let (tx, rx) = futures::channel::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     let options = WriteOptions {
         mode,
         create_parents: q.parents.unwrap_or(false),
     };
-    let result = g.write_file_stream(&q.path, stream, options).await;
-    if over.load(Ordering::SeqCst) {
+    let pump = async move {
+        let mut tx = tx;
+        let mut body = body.into_data_stream();
+        let mut seen: u64 = 0;
+        while let Some(chunk) = body.next().await {
+            let chunk = match chunk {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = tx.send(Err(std::io::Error::other(e))).await;
+                    return false;
+                }
+            };
+            seen = seen.saturating_add(chunk.len() as u64);
+            if seen > limit {
+                let _ = tx
+                    .send(Err(std::io::Error::other("upload over the limit")))
+                    .await;
+                drop(tx);
+                drain(body).await;
+                return true;
+            }
+            if tx.send(Ok(chunk)).await.is_err() {
+                // The guest gave up (its error is the answer).
+                return false;
+            }
+        }
+        false
+    };
+    let (over, result) = tokio::join!(pump, g.write_file_stream(&q.path, rx, options));
+    if over {
         return Err(too_large());
     }
     Ok(Json(json!(result?)))
@@ -229,4 +242,23 @@ pub async fn watch(
         Body::from_stream(body),
     )
         .into_response())
+}
+
+/// How much of an over-limit upload is still read (and dropped) before the 413 goes out.
+const DRAIN_BYTES: u64 = 64 << 20;
+/// How long that may take.
+const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// Reads and drops what is left of a request body, up to [`DRAIN_BYTES`] and [`DRAIN_TIME`].
+async fn drain(mut body: axum::body::BodyDataStream) {
+    let mut left = DRAIN_BYTES;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(chunk)) = body.next().await {
+            left = left.saturating_sub(chunk.len() as u64);
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
 }

@@ -4,10 +4,12 @@
 //! - [`sandboxes`]: lifecycle, timeouts, logs, snapshots;
 //! - [`streams`]: exec (NDJSON and WebSocket) and PTY;
 //! - [`files`]: file transfer and file system operations;
-//! - [`admin`]: templates, tenants, keys, audit.
+//! - [`admin`]: templates, tenants, keys, audit;
+//! - [`net`]: secrets, egress policies, exposed ports, ingress and the port proxy.
 
 pub mod admin;
 pub mod files;
+pub mod net;
 pub mod sandboxes;
 pub mod streams;
 
@@ -95,7 +97,30 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/tenants/{name}/keys", "key.list"),
     r("POST", "/v1/tenants/{name}/keys", "key.create"),
     r("DELETE", "/v1/keys/{key_id}", "key.revoke"),
+    r("GET", "/v1/secrets", "secret.list"),
+    r("PUT", "/v1/secrets/{name}", "secret.set"),
+    r("DELETE", "/v1/secrets/{name}", "secret.delete"),
+    r("GET", "/v1/sandboxes/{id}/egress", "egress.get"),
+    r("PUT", "/v1/sandboxes/{id}/egress", "egress.update"),
+    r("POST", "/v1/sandboxes/{id}/ports", "port.expose"),
+    r("GET", "/v1/sandboxes/{id}/ports", "port.list"),
+    r("DELETE", "/v1/sandboxes/{id}/ports/{port}", "port.unexpose"),
+    r("GET", PORT_PROXY, "port.proxy_get"),
+    r("POST", PORT_PROXY, "port.proxy_post"),
+    r("PUT", PORT_PROXY, "port.proxy_put"),
+    r("PATCH", PORT_PROXY, "port.proxy_patch"),
+    r("DELETE", PORT_PROXY, "port.proxy_delete"),
+    r("GET", INGRESS, "ingress.get"),
+    r("POST", INGRESS, "ingress.post"),
+    r("PUT", INGRESS, "ingress.put"),
+    r("PATCH", INGRESS, "ingress.patch"),
+    r("DELETE", INGRESS, "ingress.delete"),
 ];
+
+/// The authenticated port proxy; `{*path}` is the rest of the path, possibly empty.
+pub const PORT_PROXY: &str = "/v1/sandboxes/{id}/ports/{port}/proxy/{*path}";
+/// The public ingress route; `{*path}` is the rest of the path, possibly empty.
+pub const INGRESS: &str = "/ingress/{token}/{*path}";
 
 /// The OpenAPI document served at `GET /v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../openapi.json");
@@ -120,6 +145,11 @@ pub struct AppState {
     pub ready_timeout: Duration,
     /// Serializes template builds (each boots a VM).
     pub builds: tokio::sync::Mutex<()>,
+    /// The credentials vault.
+    pub vault: Arc<crate::vault::Vault>,
+    /// The base of ingress URLs (`https://space.example.com`), when configured; else
+    /// `http://` plus the `Host` of the request that exposes a port.
+    pub public_url: Option<String>,
 }
 
 /// The shared state as handlers see it.
@@ -323,13 +353,23 @@ pub fn operation_of(method: &Method, matched: Option<&str>) -> &'static str {
             .map(|r| ((r.method, r.path), r.operation))
             .collect()
     });
-    match matched {
-        None => "route_not_found",
-        Some(path) => index
-            .get(&(method.as_str(), path))
-            .copied()
-            .unwrap_or("method_not_allowed"),
+    let Some(path) = matched else {
+        return "route_not_found";
+    };
+    if let Some(op) = index.get(&(method.as_str(), path)) {
+        return op;
     }
+    // The proxies' forms with an empty rest of the path (and the ingress redirect) count as
+    // the wildcard route.
+    let wildcard = if path == "/ingress/{token}" {
+        INGRESS.to_owned()
+    } else {
+        format!("{path}{{*path}}")
+    };
+    index
+        .get(&(method.as_str(), wildcard.as_str()))
+        .copied()
+        .unwrap_or("method_not_allowed")
 }
 
 async fn track(State(state): State<Shared>, req: Request, next: Next) -> Response {
@@ -393,6 +433,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
 pub fn router(state: Shared, max_body_bytes: usize) -> Router {
     use admin as a;
     use files as f;
+    use net as n;
     use sandboxes as s;
     use streams as x;
     Router::new()
@@ -438,6 +479,60 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
             get(a::list_keys).post(a::create_key),
         )
         .route("/v1/keys/{key_id}", delete(a::revoke_key))
+        .route("/v1/secrets", get(n::list_secrets))
+        .route(
+            "/v1/secrets/{name}",
+            put(n::put_secret).delete(n::delete_secret),
+        )
+        .route(
+            "/v1/sandboxes/{id}/egress",
+            get(n::get_egress).put(n::put_egress),
+        )
+        .route(
+            "/v1/sandboxes/{id}/ports",
+            post(n::expose).get(n::list_ports),
+        )
+        .route("/v1/sandboxes/{id}/ports/{port}", delete(n::unexpose))
+        .route(
+            "/v1/sandboxes/{id}/ports/{port}/proxy/",
+            get(n::port_proxy_index)
+                .post(n::port_proxy_index)
+                .put(n::port_proxy_index)
+                .patch(n::port_proxy_index)
+                .delete(n::port_proxy_index),
+        )
+        .route(
+            PORT_PROXY,
+            get(n::port_proxy)
+                .post(n::port_proxy)
+                .put(n::port_proxy)
+                .patch(n::port_proxy)
+                .delete(n::port_proxy),
+        )
+        .route(
+            "/ingress/{token}",
+            get(n::ingress_root)
+                .post(n::ingress_root)
+                .put(n::ingress_root)
+                .patch(n::ingress_root)
+                .delete(n::ingress_root),
+        )
+        .route(
+            "/ingress/{token}/",
+            get(n::ingress_index)
+                .post(n::ingress_index)
+                .put(n::ingress_index)
+                .patch(n::ingress_index)
+                .delete(n::ingress_index),
+        )
+        .route(
+            INGRESS,
+            get(n::ingress)
+                .post(n::ingress)
+                .put(n::ingress)
+                .patch(n::ingress)
+                .delete(n::ingress),
+        )
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
@@ -475,10 +570,14 @@ mod tests {
         cfg.rolling.enabled = false;
         cfg.timeout_tick = None;
         let node = Node::open(cfg).await.expect("opening a node");
-        let store = Store::open(&dir.join("control.db")).expect("opening the store");
+        let store = Arc::new(Store::open(&dir.join("control.db")).expect("opening the store"));
+        let vault = crate::vault::Vault::open(store.clone(), &crate::vault::VaultKey::generate())
+            .expect("opening the vault");
         Arc::new(AppState {
             node,
-            store: Arc::new(store),
+            vault: Arc::new(vault),
+            public_url: None,
+            store,
             metrics: Arc::new(Metrics::new()),
             quotas: QuotaLocks::new(),
             kernel: PathBuf::from("/nonexistent"),
@@ -515,15 +614,21 @@ mod tests {
                 .replace("{id}", "sbx-0011223344556677")
                 .replace("{name}", "acme")
                 .replace("{version}", "1")
-                .replace("{key_id}", "k00000000000000a");
+                .replace("{key_id}", "k00000000000000a")
+                .replace("{port}", "8000")
+                .replace("{token}", &"t".repeat(net::INGRESS_TOKEN_LEN))
+                .replace("{*path}", "some/path");
             let (status, body) = call(&app, r.method, &path).await;
             assert!(
                 body["error"]["code"] != "route_not_found"
                     && body["error"]["code"] != "method_not_allowed",
                 "{r:?} hit a fallback: {status} {body}"
             );
-            // Everything but the three open routes wants a key.
-            if !matches!(r.operation, "health" | "openapi" | "metrics") {
+            // Everything but the open routes wants a key; an unknown ingress token is 404.
+            if r.operation.starts_with("ingress.") {
+                assert_eq!(status, StatusCode::NOT_FOUND, "{r:?}: {body}");
+                assert_eq!(body["error"]["code"], "not_found");
+            } else if !matches!(r.operation, "health" | "openapi" | "metrics") {
                 assert_eq!(status, StatusCode::UNAUTHORIZED, "{r:?}: {body}");
                 assert_eq!(body["error"]["code"], "unauthorized");
             } else {
@@ -548,7 +653,14 @@ mod tests {
                 ..Default::default()
             })
             .unwrap();
-        assert_eq!(events.len(), ROUTES.len() - 3);
+        let open = ROUTES
+            .iter()
+            .filter(|r| {
+                r.operation.starts_with("ingress.")
+                    || matches!(r.operation, "health" | "openapi" | "metrics")
+            })
+            .count();
+        assert_eq!(events.len(), ROUTES.len() - open);
         assert!(events.iter().all(|e| e.result == "unauthorized"));
         st.node.shutdown().await;
     }

@@ -48,6 +48,11 @@ pub fn sandbox_json(r: &SandboxRecord, tenant: &TenantName) -> Value {
                 TimeoutAction::Kill => "kill",
             },
         },
+        "egress": r.options.egress,
+        "secrets": r.options.secrets.iter().map(|b| json!({
+            "name": b.name,
+            "placeholder": b.placeholder,
+        })).collect::<Vec<_>>(),
         "forked_from": r.forked_from.as_ref().map(|(s, snap)| json!({
             "sandbox": s.as_str(),
             "snapshot": snap.as_str(),
@@ -122,6 +127,10 @@ pub struct CreateBody {
     metadata: BTreeMap<String, String>,
     #[serde(default)]
     timeouts: Option<TimeoutsBody>,
+    #[serde(default)]
+    secrets: Vec<String>,
+    #[serde(default)]
+    egress: Option<space_node::gateway::EgressPolicy>,
 }
 
 fn created(v: Value) -> Response {
@@ -172,6 +181,9 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
         vcpus: body.vcpus.unwrap_or(t.manifest.vcpus),
         memory_mib: body.memory_mib.unwrap_or(t.manifest.memory_mib),
     };
+    let egress = body.egress.unwrap_or_default();
+    egress.validate().map_err(ApiError::invalid)?;
+    let secrets = super::net::bindings(st, tenant, &body.secrets)?;
     let req = CreateRequest {
         template: name,
         version,
@@ -182,6 +194,8 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
             env: body.env,
             metadata: body.metadata,
             timeouts,
+            egress,
+            secrets,
         },
     };
     let guard = quota::admit(&st.quotas, &st.node, &st.store, tenant, need).await?;
@@ -338,7 +352,10 @@ pub async fn kill(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     lifecycle(&st, &who, &raw, "sandbox.kill", |st, id| async move {
-        st.node.kill(&id).await.map_err(node_error(&id))
+        st.node.kill(&id).await.map_err(node_error(&id))?;
+        // A terminated sandbox has no ports to reach: its URLs are revoked.
+        st.store.unexpose_all(id.as_str())?;
+        Ok(())
     })
     .await
 }

@@ -3,6 +3,7 @@
 mod admin;
 mod exec;
 mod files;
+mod net;
 mod sandbox;
 mod shell;
 
@@ -44,6 +45,10 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Audit(args) => admin::audit(c, args, json).await?,
         Command::Tenant(cmd) => admin::tenant(c, cmd, json).await?,
         Command::Key(cmd) => admin::key(c, cmd, json).await?,
+        Command::Secret(cmd) => net::secret(c, cmd, json).await?,
+        Command::Net(args) => net::net(c, args, json).await?,
+        Command::Expose(args) => net::expose(c, args, json).await?,
+        Command::Unexpose(a) => net::unexpose(c, &a.id, a.port, json).await?,
     }
     Ok(0)
 }

@@ -65,6 +65,19 @@ pub async fn create(c: &Client, a: CreateArgs, json: bool) -> Result<()> {
     if !timeouts.is_empty() {
         body.insert("timeouts".into(), timeouts.into());
     }
+    if !a.secrets.is_empty() {
+        body.insert("secrets".into(), json!(a.secrets));
+    }
+    if !a.allow.is_empty() || !a.deny.is_empty() || a.default_deny {
+        body.insert(
+            "egress".into(),
+            json!({
+                "default": if a.default_deny { "deny" } else { "allow" },
+                "allow": a.allow,
+                "deny": a.deny,
+            }),
+        );
+    }
     let sb: Value = c.post("/v1/sandboxes", &body.into()).await?;
     show(&sb, json, None);
     Ok(())
@@ -166,6 +179,20 @@ pub async fn info(c: &Client, id: &str, json: bool) -> Result<()> {
         ("idle timeout", output::millis(t.get("idle_ms"))),
         ("max lifetime", output::millis(t.get("max_lifetime_ms"))),
         ("timeout action", field(&t, "action")),
+        ("egress", egress_summary(sb.get("egress"))),
+        (
+            "secrets",
+            sb.get("secrets")
+                .and_then(Value::as_array)
+                .filter(|a| !a.is_empty())
+                .map(|a| {
+                    a.iter()
+                        .map(|b| field(b, "name"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_else(|| "-".into()),
+        ),
         ("forked from", forked),
         ("failure", field(&sb, "failure")),
         ("created", output::age(&sb, "created_unix_ms")),
@@ -176,6 +203,27 @@ pub async fn info(c: &Client, id: &str, json: bool) -> Result<()> {
         println!("{:<15} {v}", format!("{k}:"));
     }
     Ok(())
+}
+
+/// One line for a policy: `default allow; allow a,b; deny c`.
+fn egress_summary(p: Option<&Value>) -> String {
+    let Some(p) = p.filter(|p| p.is_object()) else {
+        return "-".into();
+    };
+    let list = |k: &str| -> String {
+        p.get(k)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().map(output::text).collect::<Vec<_>>().join(","))
+            .unwrap_or_default()
+    };
+    let mut out = format!("default {}", field(p, "default"));
+    for k in ["allow", "deny"] {
+        let l = list(k);
+        if !l.is_empty() {
+            out.push_str(&format!("; {k} {l}"));
+        }
+    }
+    out
 }
 
 /// `space pause|resume|suspend|restore`.

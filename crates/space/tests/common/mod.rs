@@ -39,6 +39,8 @@ pub struct TestServer {
     pub log_path: PathBuf,
     /// The listen address.
     pub addr: SocketAddr,
+    /// Arguments of `space up` besides the data directory and the address.
+    up_args: Vec<String>,
     child: Option<Child>,
     tmp: Option<tempfile::TempDir>,
 }
@@ -67,6 +69,16 @@ impl TestServer {
     /// Starts `space up` on a free port and a fresh data directory and waits until it answers
     /// and has written the admin key.
     pub fn start() -> TestServer {
+        Self::start_with(
+            ["--templates", "minimal", "--pool-size", "1"]
+                .map(String::from)
+                .to_vec(),
+        )
+    }
+
+    /// Like [`TestServer::start`], with `up_args` as the arguments of `space up` besides the
+    /// data directory and the listen address.
+    pub fn start_with(up_args: Vec<String>) -> TestServer {
         env_path("SPACE_KERNEL");
         env_path("SPACE_ROOTFS_MINIMAL");
         let tmp = tempfile::Builder::new()
@@ -82,6 +94,7 @@ impl TestServer {
             log_path: tmp.path().join("server.log"),
             data_dir,
             addr,
+            up_args,
             child: None,
             tmp: Some(tmp),
         };
@@ -151,6 +164,11 @@ impl TestServer {
         cmd
     }
 
+    /// The temporary directory everything of this server lives in.
+    pub fn tmp_dir(&self) -> &Path {
+        self.tmp.as_ref().expect("the temporary directory").path()
+    }
+
     /// The end of the server's log, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read(&self.log_path).unwrap_or_default();
@@ -170,7 +188,7 @@ impl TestServer {
             .arg(&self.data_dir)
             .arg("--listen")
             .arg(self.addr.to_string())
-            .args(["--templates", "minimal", "--pool-size", "1"])
+            .args(&self.up_args)
             .env("SPACE_CONFIG", &self.config_path)
             .env_remove("SPACE_URL")
             .env_remove("SPACE_API_KEY")

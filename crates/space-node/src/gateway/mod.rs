@@ -1,0 +1,454 @@
+//! The egress gateway: the host end of every sandbox's way out (`docs/egress.md`).
+//!
+//! - [`policy`]: rules (`host[:port]`), the per-sandbox [`EgressPolicy`], private addresses.
+//! - [`hello`]: the bounded TLS ClientHello parser of the SNI check.
+//! - [`http1`]: request heads, credential placeholders, rewriting.
+//! - [`ca`]: the deployment CA, leaf certificates and both TLS configurations.
+//! - [`serve`]: the HTTP/2 server on the `space.egress` port and its two handlers.
+//!
+//! A node has one [`Gateway`] (CA, TLS client configuration, limits, the control plane's
+//! [`SecretSource`] and [`EgressAudit`]); each sandbox has a [`SandboxGateway`] holding its
+//! current policy and bindings, read by every new connection; each running VM has a loop
+//! ([`spawn_vm_loop`]) that connects to its `egress.sock` and serves it.
+
+pub mod ca;
+pub mod hello;
+pub mod http1;
+pub mod policy;
+pub mod serve;
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+
+use crate::ids::SandboxId;
+
+pub use policy::{EgressDefault, EgressPolicy, EgressRule, Host};
+pub use serve::serve;
+
+/// The most credentials a sandbox may have bound.
+pub const MAX_BINDINGS: usize = 64;
+
+/// A credential bound to a sandbox: the guest sees `placeholder` in the environment variable
+/// `name`; the gateway puts the real value in its place on requests to `hosts`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretBinding {
+    /// The vault name, also the environment variable (`[A-Z_][A-Z0-9_]{0,63}`).
+    pub name: String,
+    /// `space-secret-<32 hex digits>`.
+    pub placeholder: String,
+    /// Where the value may go (rule syntax).
+    pub hosts: Vec<EgressRule>,
+}
+
+impl SecretBinding {
+    /// A binding for `name` with a fresh random placeholder.
+    pub fn new(name: impl Into<String>, hosts: Vec<EgressRule>) -> SecretBinding {
+        use rand::RngCore;
+        let mut raw = [0u8; 16];
+        rand::rngs::OsRng.fill_bytes(&mut raw);
+        let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        SecretBinding {
+            name: name.into(),
+            placeholder: format!("space-secret-{hex}"),
+            hosts,
+        }
+    }
+
+    /// Checks the name, the placeholder and the number of host rules.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.name.as_bytes();
+        let name_ok = !n.is_empty()
+            && n.len() <= 64
+            && (n[0].is_ascii_uppercase() || n[0] == b'_')
+            && n.iter()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == b'_');
+        if !name_ok {
+            return Err(format!(
+                "credential name {:?} must match [A-Z_][A-Z0-9_]{{0,63}}",
+                self.name.chars().take(80).collect::<String>()
+            ));
+        }
+        let hex = self.placeholder.strip_prefix("space-secret-");
+        if !hex.is_some_and(|h| {
+            h.len() == 32
+                && h.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        }) {
+            return Err(format!(
+                "credential {}: the placeholder must be space-secret-<32 lowercase hex digits>",
+                self.name
+            ));
+        }
+        if self.hosts.len() > policy::MAX_RULES {
+            return Err(format!(
+                "credential {}: at most {} host rules",
+                self.name,
+                policy::MAX_RULES
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Checks a sandbox's bindings together: each valid, names and placeholders unique.
+pub fn validate_bindings(bindings: &[SecretBinding]) -> Result<(), String> {
+    if bindings.len() > MAX_BINDINGS {
+        return Err(format!(
+            "{} credentials bound; at most {MAX_BINDINGS}",
+            bindings.len()
+        ));
+    }
+    for (i, b) in bindings.iter().enumerate() {
+        b.validate()?;
+        if bindings[..i]
+            .iter()
+            .any(|o| o.name == b.name || o.placeholder == b.placeholder)
+        {
+            return Err(format!("credential {} is bound twice", b.name));
+        }
+    }
+    Ok(())
+}
+
+/// A secret's value. Its `Debug` shows nothing, and its buffer is overwritten with zeros when
+/// it is dropped.
+pub struct SecretValue(Vec<u8>);
+
+impl SecretValue {
+    /// Wraps `bytes`.
+    pub fn new(bytes: Vec<u8>) -> SecretValue {
+        SecretValue(bytes)
+    }
+
+    /// The value.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Overwrites `buf` with zeros in a way the compiler does not remove.
+    pub(crate) fn wipe(buf: &mut [u8]) {
+        for b in buf.iter_mut() {
+            // SAFETY: `b` is a valid, aligned, exclusive reference to a byte of `buf`.
+            unsafe { std::ptr::write_volatile(b, 0) };
+        }
+        std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl From<Vec<u8>> for SecretValue {
+    fn from(v: Vec<u8>) -> Self {
+        SecretValue(v)
+    }
+}
+
+impl From<String> for SecretValue {
+    fn from(v: String) -> Self {
+        SecretValue(v.into_bytes())
+    }
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Drop for SecretValue {
+    fn drop(&mut self) {
+        let len = self.0.len();
+        // Zero the spare capacity too: earlier contents may have been moved there.
+        self.0.resize(self.0.capacity(), 0);
+        SecretValue::wipe(&mut self.0);
+        self.0.truncate(len);
+    }
+}
+
+/// Where the gateway gets secret values: the control plane's vault.
+pub trait SecretSource: Send + Sync + 'static {
+    /// The current value of secret `name` for sandbox `sandbox` (the control plane resolves
+    /// the tenant); `None` when it is gone.
+    fn value<'a>(
+        &'a self,
+        sandbox: &'a SandboxId,
+        name: &'a str,
+    ) -> Pin<Box<dyn Future<Output = Option<SecretValue>> + Send + 'a>>;
+}
+
+/// One egress decision or credential use, for the audit log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressEvent {
+    /// Whose.
+    pub sandbox: SandboxId,
+    /// `egress.allow`, `egress.deny`, `credential.use` or `credential.exfiltration`.
+    pub operation: &'static str,
+    /// The destination host as the guest named it.
+    pub host: String,
+    /// The destination port.
+    pub port: u16,
+    /// The rest, as documented per operation in `docs/egress.md` (never a secret's value).
+    pub detail: String,
+}
+
+/// Where egress events go. `record` must not block (the control plane queues).
+pub trait EgressAudit: Send + Sync + 'static {
+    /// Takes one event.
+    fn record(&self, event: EgressEvent);
+}
+
+/// The node-wide gateway settings.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    /// Open connections per sandbox (`429` beyond).
+    pub max_connections: usize,
+    /// Bytes per second per direction per sandbox; `None`: unlimited.
+    pub bandwidth_bytes_per_sec: Option<u64>,
+    /// A connection with no bytes either way for this long is cut.
+    pub idle_timeout: Duration,
+    /// Upstream connect (and TLS handshake) timeout.
+    pub connect_timeout: Duration,
+    /// PEM files trusted for upstream TLS besides the system's roots.
+    pub extra_roots: Vec<PathBuf>,
+    /// Secret values; `None`: placeholders are never replaced.
+    pub secrets: Option<Arc<dyn SecretSource>>,
+    /// Audit sink; `None`: events are only traced.
+    pub audit: Option<Arc<dyn EgressAudit>>,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            max_connections: 64,
+            bandwidth_bytes_per_sec: None,
+            idle_timeout: Duration::from_secs(300),
+            connect_timeout: Duration::from_secs(10),
+            extra_roots: Vec::new(),
+            secrets: None,
+            audit: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("max_connections", &self.max_connections)
+            .field("bandwidth_bytes_per_sec", &self.bandwidth_bytes_per_sec)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("extra_roots", &self.extra_roots)
+            .field("secrets", &self.secrets.as_ref().map(|_| "<source>"))
+            .field("audit", &self.audit.as_ref().map(|_| "<sink>"))
+            .finish()
+    }
+}
+
+/// Errors of the gateway's machinery (not refusals, which are answers).
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// A filesystem or socket call failed.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The file involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Certificates or TLS configuration.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// The egress stream misbehaved (no sync line, HTTP/2 error).
+    #[error("egress stream: {0}")]
+    Stream(String),
+}
+
+/// The node's gateway: CA, upstream TLS roots, limits, secret source, audit sink.
+pub struct Gateway {
+    pub(crate) config: GatewayConfig,
+    pub(crate) authority: ca::Authority,
+    pub(crate) client_tls: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Gateway {
+    /// Opens the CA in `ca_dir` (made when absent) and loads the upstream roots.
+    pub fn open(ca_dir: &Path, config: GatewayConfig) -> Result<Arc<Gateway>, GatewayError> {
+        let authority = ca::Authority::open(ca_dir)?;
+        let client_tls = ca::client_config(&config.extra_roots)?;
+        Ok(Arc::new(Gateway {
+            config,
+            authority,
+            client_tls,
+        }))
+    }
+
+    /// The deployment CA's certificate, PEM.
+    pub fn ca_pem(&self) -> String {
+        self.authority.ca_pem().to_owned()
+    }
+
+    /// The per-sandbox state for sandbox `id`.
+    pub fn sandbox(
+        self: &Arc<Self>,
+        id: SandboxId,
+        policy: EgressPolicy,
+        bindings: Vec<SecretBinding>,
+    ) -> Arc<SandboxGateway> {
+        let bucket = |rate: Option<u64>| rate.filter(|r| *r > 0).map(serve::Bucket::new);
+        Arc::new(SandboxGateway {
+            gateway: self.clone(),
+            id,
+            policy: RwLock::new(Arc::new(policy)),
+            bindings: Arc::new(bindings),
+            connections: Arc::new(Semaphore::new(self.config.max_connections)),
+            up: bucket(self.config.bandwidth_bytes_per_sec),
+            down: bucket(self.config.bandwidth_bytes_per_sec),
+        })
+    }
+
+    pub(crate) fn audit(&self, event: EgressEvent) {
+        tracing::debug!(
+            sandbox = %event.sandbox, operation = event.operation, host = %event.host,
+            port = event.port, detail = %event.detail, "egress"
+        );
+        if let Some(a) = &self.config.audit {
+            a.record(event);
+        }
+    }
+}
+
+/// One sandbox's egress state, shared by its VM loop and its actor: the policy is replaced
+/// by [`SandboxGateway::set_policy`] and read by every new connection.
+pub struct SandboxGateway {
+    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) id: SandboxId,
+    policy: RwLock<Arc<EgressPolicy>>,
+    pub(crate) bindings: Arc<Vec<SecretBinding>>,
+    pub(crate) connections: Arc<Semaphore>,
+    pub(crate) up: Option<serve::Bucket>,
+    pub(crate) down: Option<serve::Bucket>,
+}
+
+impl std::fmt::Debug for SandboxGateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxGateway")
+            .field("id", &self.id)
+            .field("policy", &self.policy())
+            .field("bindings", &self.bindings.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SandboxGateway {
+    /// The policy new connections use.
+    pub fn policy(&self) -> Arc<EgressPolicy> {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the policy for new connections (open ones are not cut).
+    pub fn set_policy(&self, policy: EgressPolicy) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+    }
+
+    /// The sandbox.
+    pub fn id(&self) -> &SandboxId {
+        &self.id
+    }
+}
+
+/// Aborts the VM's gateway loop when dropped.
+pub(crate) struct VmLoop {
+    task: tokio::task::JoinHandle<()>,
+    /// The VMM's pid the loop serves.
+    pub pid: u32,
+}
+
+impl Drop for VmLoop {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// How long the loop waits before connecting again after the stream ended or failed.
+const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Starts the loop serving the `egress.sock` of the VM (process `pid`) in `dir`: connect,
+/// wait for the guest's line, serve, and start over after a short pause, until dropped.
+pub(crate) fn spawn_vm_loop(sandbox: Arc<SandboxGateway>, dir: PathBuf, pid: u32) -> VmLoop {
+    let task = tokio::spawn(async move {
+        let mut seed = Vec::new();
+        loop {
+            match space_runtime::qemu::connect_in_dir(&dir, space_runtime::cmdline::EGRESS_SOCKET)
+                .await
+            {
+                Ok(stream) => {
+                    match serve::serve_seeded(stream, sandbox.clone(), std::mem::take(&mut seed))
+                        .await
+                    {
+                        Ok(tail) => seed = tail,
+                        Err(e) => {
+                            tracing::debug!(id = %sandbox.id, error = %e, "egress stream ended")
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(id = %sandbox.id, error = %e, "egress socket"),
+            }
+            tokio::time::sleep(RECONNECT_BACKOFF).await;
+        }
+    });
+    VmLoop { task, pid }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bindings_validate() {
+        let b = SecretBinding::new("GITHUB_TOKEN", vec!["api.github.com".parse().unwrap()]);
+        b.validate().unwrap();
+        assert!(b.placeholder.starts_with("space-secret-"));
+        assert_eq!(b.placeholder.len(), 13 + 32);
+        for bad in ["", "lower", "1ABC", "A-B", &"A".repeat(65)] {
+            let mut x = b.clone();
+            x.name = bad.into();
+            assert!(x.validate().is_err(), "{bad}");
+        }
+        let mut x = b.clone();
+        x.placeholder = "space-secret-XYZ".into();
+        assert!(x.validate().is_err());
+        let other = SecretBinding::new("OTHER", vec![]);
+        validate_bindings(&[b.clone(), other]).unwrap();
+        assert!(validate_bindings(&[b.clone(), b.clone()]).is_err());
+        let json = serde_json::to_value(&b).unwrap();
+        assert_eq!(json["hosts"][0], "api.github.com");
+        assert_eq!(serde_json::from_value::<SecretBinding>(json).unwrap(), b);
+    }
+
+    #[test]
+    fn secret_values_do_not_show() {
+        let v = SecretValue::from("hunter2".to_owned());
+        assert_eq!(format!("{v:?}"), "<redacted>");
+        assert_eq!(v.as_bytes(), b"hunter2");
+        let mut buf = b"abc".to_vec();
+        SecretValue::wipe(&mut buf);
+        assert_eq!(buf, [0, 0, 0]);
+    }
+}

@@ -1,0 +1,538 @@
+//! Egress rules and policy: which `host:port` a sandbox may reach, and which resolved
+//! addresses count as private.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest DNS name accepted (in a rule or as a destination).
+pub const MAX_HOST: usize = 253;
+
+/// Most rules a policy (allow and deny together) or a binding may hold.
+pub const MAX_RULES: usize = 1024;
+
+/// What happens to a destination no rule names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressDefault {
+    /// Reachable.
+    #[default]
+    Allow,
+    /// Refused.
+    Deny,
+}
+
+/// The egress policy of a sandbox: deny rules win, then allow rules, then `default`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    /// For destinations no rule names.
+    #[serde(default)]
+    pub default: EgressDefault,
+    /// Destinations allowed (and, when named exactly, allowed even at private addresses).
+    #[serde(default)]
+    pub allow: Vec<EgressRule>,
+    /// Destinations refused whatever else says.
+    #[serde(default)]
+    pub deny: Vec<EgressRule>,
+}
+
+/// The host part of a rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum HostPattern {
+    /// `*`: any host.
+    Any,
+    /// `*.suffix`: names ending in `.suffix` (stored lowercase, without `*.`).
+    Suffix(String),
+    /// One DNS name, lowercase, without a trailing dot.
+    Name(String),
+    /// One IP literal.
+    Ip(IpAddr),
+}
+
+/// One rule: `HOST` or `HOST:PORT` (see `docs/egress.md`). `HOST` is a DNS name, `*.suffix`,
+/// `*` or an IP literal (IPv6 in brackets when a port follows); `PORT` is a number or `*`
+/// (any; the default).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct EgressRule {
+    host: HostPattern,
+    port: Option<u16>,
+}
+
+/// A destination as the guest named it: a lowercase DNS name or an IP literal.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Host {
+    /// A DNS name, lowercase, without a trailing dot.
+    Name(String),
+    /// An IP literal.
+    Ip(IpAddr),
+}
+
+impl Host {
+    /// Parses a destination host: at most [`MAX_HOST`] bytes of `[A-Za-z0-9.-]`, or an IP
+    /// literal (IPv6 without brackets).
+    pub fn parse(s: &str) -> Result<Host, String> {
+        if let Ok(ip) = s.parse::<IpAddr>() {
+            return Ok(Host::Ip(ip));
+        }
+        validate_name(s).map(Host::Name)
+    }
+
+    /// Whether this is the same host as `sni` (a TLS server name), ignoring case and one
+    /// trailing dot.
+    pub fn same_name(&self, sni: &str) -> bool {
+        let sni = sni.strip_suffix('.').unwrap_or(sni);
+        match self {
+            Host::Name(n) => n.eq_ignore_ascii_case(sni),
+            Host::Ip(ip) => sni.parse::<IpAddr>().is_ok_and(|s| s == *ip),
+        }
+    }
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Name(n) => f.write_str(n),
+            Host::Ip(ip) => write!(f, "{ip}"),
+        }
+    }
+}
+
+/// Checks a DNS name and returns it lowercase without a trailing dot.
+fn validate_name(s: &str) -> Result<String, String> {
+    let trimmed = s.strip_suffix('.').unwrap_or(s);
+    if trimmed.is_empty() {
+        return Err("the host name is empty".into());
+    }
+    if trimmed.len() > MAX_HOST {
+        return Err(format!(
+            "the host name is {} bytes; at most {MAX_HOST}",
+            trimmed.len()
+        ));
+    }
+    if let Some(c) = trimmed
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '.'))
+    {
+        return Err(format!(
+            "host name {:?} holds {c:?}; only letters, digits, '-' and '.' are allowed",
+            trimmed.chars().take(64).collect::<String>()
+        ));
+    }
+    if trimmed.split('.').any(|l| l.is_empty() || l.len() > 63) {
+        return Err(format!(
+            "host name {trimmed:?} has an empty label or one longer than 63 bytes"
+        ));
+    }
+    Ok(trimmed.to_ascii_lowercase())
+}
+
+impl EgressRule {
+    /// Whether the rule matches `host:port`.
+    pub fn matches(&self, host: &Host, port: u16) -> bool {
+        if self.port.is_some_and(|p| p != port) {
+            return false;
+        }
+        match (&self.host, host) {
+            (HostPattern::Any, _) => true,
+            (HostPattern::Suffix(suffix), Host::Name(n)) => {
+                n.len() > suffix.len() + 1
+                    && n.ends_with(suffix.as_str())
+                    && n.as_bytes()[n.len() - suffix.len() - 1] == b'.'
+            }
+            (HostPattern::Name(a), Host::Name(b)) => a == b,
+            (HostPattern::Ip(a), Host::Ip(b)) => a == b,
+            _ => false,
+        }
+    }
+
+    /// Whether the rule names one host exactly (no `*`, no wildcard): only such an allow rule
+    /// lets a connection reach a private address.
+    pub fn is_exact(&self) -> bool {
+        matches!(self.host, HostPattern::Name(_) | HostPattern::Ip(_))
+    }
+}
+
+impl FromStr for EgressRule {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let fail = |why: String| format!("egress rule {:?}: {why}", truncate(s, 80));
+        if s.is_empty() {
+            return Err(fail("empty".into()));
+        }
+        // Split off the port: `[v6]:port`, `[v6]`, a bare v6 literal (no port), `host:port`.
+        let (host, port) = if let Some(rest) = s.strip_prefix('[') {
+            let (ip, after) = rest
+                .split_once(']')
+                .ok_or_else(|| fail("'[' without ']'".into()))?;
+            let ip: Ipv6Addr = ip
+                .parse()
+                .map_err(|_| fail(format!("{ip:?} is not an IPv6 address")))?;
+            let port = match after {
+                "" => None,
+                p => Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| fail("expected ':' after ']'".into()))?,
+                ),
+            };
+            (HostPattern::Ip(IpAddr::V6(ip)), port)
+        } else if s.matches(':').count() > 1 {
+            let ip: Ipv6Addr = s.parse().map_err(|_| {
+                fail("not an IPv6 address (write [v6]:port for one with a port)".into())
+            })?;
+            (HostPattern::Ip(IpAddr::V6(ip)), None)
+        } else {
+            let (h, p) = match s.split_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (s, None),
+            };
+            let host = if h == "*" {
+                HostPattern::Any
+            } else if let Some(suffix) = h.strip_prefix("*.") {
+                HostPattern::Suffix(validate_name(suffix).map_err(fail)?)
+            } else if h.contains('*') {
+                return Err(fail(
+                    "'*' may only stand alone or lead as '*.suffix'".into(),
+                ));
+            } else if let Ok(ip) = h.parse::<Ipv4Addr>() {
+                HostPattern::Ip(IpAddr::V4(ip))
+            } else {
+                HostPattern::Name(validate_name(h).map_err(fail)?)
+            };
+            (host, p)
+        };
+        let port = match port {
+            None | Some("*") => None,
+            Some(p) => match p.parse::<u16>() {
+                Ok(n) if n > 0 && p.bytes().all(|b| b.is_ascii_digit()) => Some(n),
+                _ => return Err(fail(format!("port {p:?} is not 1..65535 or '*'"))),
+            },
+        };
+        Ok(EgressRule { host, port })
+    }
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    s.chars().take(max).collect()
+}
+
+impl fmt::Display for EgressRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let v6 = matches!(self.host, HostPattern::Ip(IpAddr::V6(_)));
+        match &self.host {
+            HostPattern::Any => f.write_str("*")?,
+            HostPattern::Suffix(s) => write!(f, "*.{s}")?,
+            HostPattern::Name(n) => f.write_str(n)?,
+            HostPattern::Ip(ip) if v6 && self.port.is_some() => write!(f, "[{ip}]")?,
+            HostPattern::Ip(ip) => write!(f, "{ip}")?,
+        }
+        if let Some(p) = self.port {
+            write!(f, ":{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for EgressRule {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for EgressRule {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// What the policy says about one destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    /// Whether the destination may be reached (private addresses aside).
+    pub allowed: bool,
+    /// The rule that decided (`default` when none did).
+    pub rule: String,
+    /// Whether an allow rule names this host exactly (private addresses allowed).
+    pub exact_allow: bool,
+}
+
+impl EgressPolicy {
+    /// Checks the policy's size.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.allow.len() + self.deny.len();
+        if n > MAX_RULES {
+            return Err(format!(
+                "the egress policy has {n} rules; at most {MAX_RULES}"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Decides `host:port`: deny rules win, then allow rules, then the default.
+    pub fn decide(&self, host: &Host, port: u16) -> Decision {
+        if let Some(r) = self.deny.iter().find(|r| r.matches(host, port)) {
+            return Decision {
+                allowed: false,
+                rule: r.to_string(),
+                exact_allow: false,
+            };
+        }
+        let exact_allow = self
+            .allow
+            .iter()
+            .any(|r| r.is_exact() && r.matches(host, port));
+        if let Some(r) = self.allow.iter().find(|r| r.matches(host, port)) {
+            return Decision {
+                allowed: true,
+                rule: r.to_string(),
+                exact_allow,
+            };
+        }
+        Decision {
+            allowed: self.default == EgressDefault::Allow,
+            rule: "default".into(),
+            exact_allow,
+        }
+    }
+}
+
+/// Why an address is private (refused unless the host is allowed exactly), or `None` for a
+/// public one. Covers loopback, link-local, RFC 1918, fc00::/7, unspecified (and 0.0.0.0/8),
+/// multicast, broadcast, cloud metadata, and IPv4 addresses inside IPv6 (mapped, compatible,
+/// NAT64 well-known prefix).
+pub fn private_reason(ip: IpAddr) -> Option<&'static str> {
+    match ip {
+        IpAddr::V4(v4) => private_v4(v4),
+        IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            // ::ffff:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d
+            let mapped = seg[..5] == [0; 5] && (seg[5] == 0xffff || seg[5] == 0);
+            let nat64 = seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
+            let embedded = (mapped || nat64).then(|| {
+                Ipv4Addr::new(
+                    (seg[6] >> 8) as u8,
+                    seg[6] as u8,
+                    (seg[7] >> 8) as u8,
+                    seg[7] as u8,
+                )
+            });
+            if v6.is_loopback() {
+                return Some("loopback");
+            }
+            if v6.is_unspecified() {
+                return Some("unspecified");
+            }
+            if let Some(v4) = embedded {
+                return private_v4(v4);
+            }
+            if v6.is_multicast() {
+                return Some("multicast");
+            }
+            if seg[0] & 0xffc0 == 0xfe80 {
+                return Some("link-local");
+            }
+            if seg[0] & 0xfe00 == 0xfc00 {
+                return Some("private");
+            }
+            if seg[0] & 0xffc0 == 0xfec0 {
+                return Some("private (site-local)");
+            }
+            None
+        }
+    }
+}
+
+fn private_v4(ip: Ipv4Addr) -> Option<&'static str> {
+    let o = ip.octets();
+    if ip == Ipv4Addr::new(169, 254, 169, 254) {
+        Some("cloud metadata")
+    } else if ip.is_loopback() {
+        Some("loopback")
+    } else if ip.is_unspecified() || o[0] == 0 {
+        Some("unspecified")
+    } else if ip.is_link_local() {
+        Some("link-local")
+    } else if ip.is_private() {
+        Some("private")
+    } else if ip.is_multicast() {
+        Some("multicast")
+    } else if ip.is_broadcast() {
+        Some("broadcast")
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(s: &str) -> EgressRule {
+        s.parse().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn name(s: &str) -> Host {
+        Host::parse(s).unwrap()
+    }
+
+    #[test]
+    fn rules_parse_and_print() {
+        for (input, shown) in [
+            ("pypi.org", "pypi.org"),
+            ("PyPI.org:443", "pypi.org:443"),
+            ("*.github.com", "*.github.com"),
+            ("*", "*"),
+            ("*:22", "*:22"),
+            ("127.0.0.1:*", "127.0.0.1"),
+            ("10.0.0.1:8080", "10.0.0.1:8080"),
+            ("::1", "::1"),
+            ("[::1]:443", "[::1]:443"),
+            ("[fe80::1]", "fe80::1"),
+            ("example.com.", "example.com"),
+        ] {
+            assert_eq!(rule(input).to_string(), shown, "{input}");
+            assert_eq!(rule(shown), rule(input));
+        }
+        for bad in [
+            "",
+            "a:b",
+            "host:0",
+            "host:65536",
+            "host:+1",
+            "ex*ample.com",
+            "*.",
+            "**.x",
+            "a..b",
+            "[::1",
+            "[::1]x",
+            "[1.2.3.4]",
+            "1:2:3",
+            "sp ace.com",
+            "ünï.com",
+            &"a".repeat(300),
+            "x.*",
+        ] {
+            let err = bad.parse::<EgressRule>().unwrap_err();
+            assert!(err.starts_with("egress rule"), "{bad}: {err}");
+        }
+        let json = r#"{"default":"deny","allow":["pypi.org","*.pythonhosted.org","api.github.com:443"],"deny":["*.example.com"]}"#;
+        let p: EgressPolicy = serde_json::from_str(json).unwrap();
+        assert_eq!(p.default, EgressDefault::Deny);
+        assert_eq!(serde_json::to_string(&p).unwrap(), json);
+        assert_eq!(
+            serde_json::from_str::<EgressPolicy>("{}").unwrap(),
+            EgressPolicy::default()
+        );
+        let err = serde_json::from_str::<EgressPolicy>(r#"{"allow":["a b"]}"#).unwrap_err();
+        assert!(err.to_string().contains("egress rule"), "{err}");
+        assert!(serde_json::from_str::<EgressPolicy>(r#"{"alow":[]}"#).is_err());
+    }
+
+    #[test]
+    fn matching() {
+        let sfx = rule("*.github.com");
+        assert!(sfx.matches(&name("api.github.com"), 443));
+        assert!(sfx.matches(&name("A.B.GitHub.com"), 1));
+        assert!(!sfx.matches(&name("github.com"), 443));
+        assert!(!sfx.matches(&name("evilgithub.com"), 443));
+        assert!(!sfx.matches(&name("1.2.3.4"), 443));
+        let port = rule("pypi.org:443");
+        assert!(port.matches(&name("PYPI.ORG"), 443));
+        assert!(!port.matches(&name("pypi.org"), 80));
+        assert!(!port.matches(&name("www.pypi.org"), 443));
+        let ip = rule("127.0.0.1:*");
+        assert!(ip.matches(&name("127.0.0.1"), 9));
+        assert!(!ip.matches(&name("localhost"), 9));
+        assert!(rule("[::1]:80").matches(&name("::1"), 80));
+        assert!(rule("*").matches(&name("::1"), 80));
+        assert!(rule("*").matches(&name("x"), 80));
+    }
+
+    #[test]
+    fn deny_wins_then_allow_then_default() {
+        let p = EgressPolicy {
+            default: EgressDefault::Deny,
+            allow: vec![rule("*.example.com"), rule("ok.example.com")],
+            deny: vec![rule("bad.example.com")],
+        };
+        let d = p.decide(&name("bad.example.com"), 443);
+        assert!(!d.allowed);
+        assert_eq!(d.rule, "bad.example.com");
+        let d = p.decide(&name("ok.example.com"), 443);
+        assert!(d.allowed);
+        assert_eq!(d.rule, "*.example.com");
+        assert!(d.exact_allow);
+        let d = p.decide(&name("x.example.com"), 443);
+        assert!(d.allowed && !d.exact_allow);
+        let d = p.decide(&name("other.org"), 443);
+        assert!(!d.allowed);
+        assert_eq!(d.rule, "default");
+        let open = EgressPolicy::default();
+        let d = open.decide(&name("other.org"), 443);
+        assert!(d.allowed && !d.exact_allow && d.rule == "default");
+    }
+
+    #[test]
+    fn private_addresses() {
+        for private in [
+            "127.0.0.1",
+            "127.5.5.5",
+            "10.1.2.3",
+            "172.16.0.1",
+            "172.31.255.255",
+            "192.168.1.1",
+            "169.254.169.254",
+            "169.254.1.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fe80::1",
+            "fc00::1",
+            "fd12:3456::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "::ffff:10.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::a00:1",
+        ] {
+            let ip: IpAddr = private.parse().unwrap();
+            assert!(private_reason(ip).is_some(), "{private}");
+        }
+        for public in [
+            "1.1.1.1",
+            "8.8.8.8",
+            "172.32.0.1",
+            "192.169.0.1",
+            "2606:4700::1111",
+            "::ffff:1.1.1.1",
+        ] {
+            let ip: IpAddr = public.parse().unwrap();
+            assert_eq!(private_reason(ip), None, "{public}");
+        }
+        assert_eq!(
+            private_reason("169.254.169.254".parse().unwrap()),
+            Some("cloud metadata")
+        );
+    }
+
+    #[test]
+    fn destination_hosts() {
+        assert_eq!(name("Example.COM"), Host::Name("example.com".into()));
+        assert!(matches!(name("::1"), Host::Ip(_)));
+        assert!(Host::parse("a_b.com").is_err());
+        assert!(Host::parse("[::1]").is_err());
+        assert!(Host::parse("").is_err());
+        assert!(Host::parse(&"a.".repeat(200)).is_err());
+        assert!(name("Example.com").same_name("EXAMPLE.com."));
+        assert!(!name("example.com").same_name("example.org"));
+        assert!(name("10.0.0.1").same_name("10.0.0.1"));
+        assert!(!name("10.0.0.1").same_name("10.0.0.2"));
+    }
+}

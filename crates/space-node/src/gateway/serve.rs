@@ -1,0 +1,1074 @@
+//! The HTTP/2 server on a VM's `space.egress` stream: the sync line, `POST
+//! /v1/egress/connect` and `POST /v1/egress/forward` (`docs/egress.md`).
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::hello::{self, Hello};
+use super::http1::{self, BodyLen, Scan};
+use super::policy::{private_reason, Decision, Host, MAX_HOST};
+use super::{EgressEvent, GatewayError, SandboxGateway, SecretBinding, SecretValue};
+
+/// The start of the guest's sync line; 32 hex digits and `\n` follow.
+const SYNC_PREFIX: &[u8] = b"SPACE-EGRESS/1 ";
+const SYNC_LEN: usize = SYNC_PREFIX.len() + 33;
+/// The most bytes discarded while looking for the sync line.
+const MAX_DISCARD: usize = 1 << 20;
+/// The most bytes of a refusal's text.
+const MAX_REASON: usize = 4096;
+/// How long a CONNECT may take to send its ClientHello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of the stream's last reads kept to find a sync line the HTTP/2 server swallowed.
+const TAIL: usize = 1024;
+/// Chunk size of the copy loops.
+const CHUNK: usize = 16 * 1024;
+
+type Body = BoxBody<Bytes, io::Error>;
+
+/// Serves one `space.egress` stream for `sandbox`: waits for the guest's sync line (discarding
+/// what comes before it, at most 1 MiB), echoes it, then serves HTTP/2 until the stream ends.
+pub async fn serve<S>(stream: S, sandbox: Arc<SandboxGateway>) -> Result<(), GatewayError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    serve_seeded(stream, sandbox, Vec::new()).await.map(|_| ())
+}
+
+/// [`serve`], with `seed` taken as bytes read before the stream's own; answers the last bytes
+/// the HTTP/2 server read (a sync line of a guest that restarted its side may be among them).
+pub(crate) async fn serve_seeded<S>(
+    mut stream: S,
+    sandbox: Arc<SandboxGateway>,
+    seed: Vec<u8>,
+) -> Result<Vec<u8>, GatewayError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (line, rest) = sync(&mut stream, seed).await?;
+    stream
+        .write_all(&line)
+        .await
+        .map_err(|e| GatewayError::Stream(format!("echoing the sync line: {e}")))?;
+    let tail = Arc::new(Mutex::new(Vec::new()));
+    let io = Tap {
+        inner: stream,
+        prefix: Bytes::from(rest),
+        tail: tail.clone(),
+    };
+    let sb = sandbox.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let sb = sb.clone();
+        async move { Ok::<_, Infallible>(handle(sb, req).await) }
+    });
+    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .max_concurrent_streams(1024)
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+    if let Err(e) = served {
+        tracing::debug!(id = %sandbox.id, error = %e, "egress HTTP/2 connection ended");
+    }
+    let tail = std::mem::take(&mut *tail.lock().unwrap_or_else(|e| e.into_inner()));
+    Ok(tail)
+}
+
+/// Reads until the sync line; answers it and the bytes after it.
+async fn sync<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    seed: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>), GatewayError> {
+    let mut buf = seed;
+    let mut discarded = 0usize;
+    let mut chunk = vec![0u8; 8192];
+    loop {
+        if let Some(at) = find_sync(&buf) {
+            let line = buf[at..at + SYNC_LEN].to_vec();
+            let rest = buf[at + SYNC_LEN..].to_vec();
+            return Ok((line, rest));
+        }
+        if buf.len() > SYNC_LEN {
+            let cut = buf.len() - (SYNC_LEN - 1);
+            buf.drain(..cut);
+            discarded += cut;
+            if discarded > MAX_DISCARD {
+                return Err(GatewayError::Stream(format!(
+                    "no sync line in the first {MAX_DISCARD} bytes"
+                )));
+            }
+        }
+        let n = stream
+            .read(&mut chunk)
+            .await
+            .map_err(|e| GatewayError::Stream(format!("reading the sync line: {e}")))?;
+        if n == 0 {
+            return Err(GatewayError::Stream(
+                "the stream ended before the sync line".into(),
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Where a complete sync line starts in `buf`.
+fn find_sync(buf: &[u8]) -> Option<usize> {
+    (0..buf.len().saturating_sub(SYNC_LEN - 1)).find(|&i| {
+        let w = &buf[i..i + SYNC_LEN];
+        w.starts_with(SYNC_PREFIX)
+            && w[SYNC_PREFIX.len()..SYNC_LEN - 1]
+                .iter()
+                .all(u8::is_ascii_hexdigit)
+            && w[SYNC_LEN - 1] == b'\n'
+    })
+}
+
+/// The stream under the HTTP/2 server: replays `prefix` first, keeps the last bytes read.
+struct Tap<S> {
+    inner: S,
+    prefix: Bytes,
+    tail: Arc<Mutex<Vec<u8>>>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.prefix.is_empty() {
+            let n = self.prefix.len().min(buf.remaining());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = r {
+            let new = &buf.filled()[before..];
+            let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+            tail.extend_from_slice(new);
+            let excess = tail.len().saturating_sub(TAIL);
+            tail.drain(..excess);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A refusal's text: at most 4 KiB, cut at a character boundary.
+pub(crate) fn bounded_reason(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON {
+        return reason;
+    }
+    let mut end = MAX_REASON;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+fn text(status: u16, reason: &str) -> Response<Body> {
+    let body = Full::new(Bytes::copy_from_slice(bounded_reason(reason).as_bytes()))
+        .map_err(|never| match never {})
+        .boxed();
+    Response::builder()
+        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY))
+        .header("content-type", "text/plain")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(Full::default().map_err(|n| match n {}).boxed()))
+}
+
+/// A response body fed from a channel; an `Err` item resets the stream.
+struct ChannelBody(mpsc::Receiver<io::Result<Bytes>>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+/// The request body of a stream, with bytes read ahead kept for later.
+pub(crate) struct BodyReader {
+    body: Incoming,
+    buf: BytesMut,
+    done: bool,
+}
+
+impl BodyReader {
+    fn new(body: Incoming) -> BodyReader {
+        BodyReader {
+            body,
+            buf: BytesMut::new(),
+            done: false,
+        }
+    }
+
+    /// Reads one more data frame into the buffer; false at the end.
+    async fn fill_more(&mut self) -> io::Result<bool> {
+        while !self.done {
+            match self.body.frame().await {
+                None => self.done = true,
+                Some(Err(e)) => {
+                    self.done = true;
+                    return Err(io::Error::other(e));
+                }
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            self.buf.extend_from_slice(&data);
+                            return Ok(true);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// The next bytes (buffered first); `None` at the end.
+    async fn next_chunk(&mut self) -> io::Result<Option<Bytes>> {
+        if self.buf.is_empty() && !self.fill_more().await? {
+            return Ok(None);
+        }
+        Ok(Some(self.buf.split().freeze()))
+    }
+}
+
+/// A token bucket: `rate` bytes per second, bursts of one second; a take that overdraws
+/// waits off the debt.
+pub(crate) struct Bucket {
+    rate: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl Bucket {
+    pub(crate) fn new(rate: u64) -> Bucket {
+        Bucket {
+            rate: rate as f64,
+            state: Mutex::new((rate as f64, Instant::now())),
+        }
+    }
+
+    async fn take(&self, n: usize) {
+        let wait = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let now = Instant::now();
+            let refill = now.duration_since(s.1).as_secs_f64() * self.rate;
+            s.0 = (s.0 + refill).min(self.rate) - n as f64;
+            s.1 = now;
+            if s.0 < 0.0 {
+                Duration::from_secs_f64(-s.0 / self.rate)
+            } else {
+                Duration::ZERO
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+async fn take(bucket: &Option<Bucket>, n: usize) {
+    if let Some(b) = bucket {
+        b.take(n).await;
+    }
+}
+
+/// Bytes both ways and the time of the last one.
+struct Meter {
+    start: Instant,
+    up: AtomicU64,
+    down: AtomicU64,
+    last_ms: AtomicU64,
+}
+
+impl Meter {
+    fn new() -> Meter {
+        Meter {
+            start: Instant::now(),
+            up: AtomicU64::new(0),
+            down: AtomicU64::new(0),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, counter: &AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, Ordering::Relaxed);
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Completes once nothing moved for `idle`.
+    async fn idle(&self, idle: Duration) {
+        loop {
+            let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let since = self.start.elapsed().saturating_sub(last);
+            if since >= idle {
+                return;
+            }
+            tokio::time::sleep(idle - since).await;
+        }
+    }
+}
+
+/// Copies guest→`io` (at most `up_limit` bytes, then nothing more is read from the guest)
+/// and `io`→guest, metered and rate-limited, until `io` ends, the guest resets, or nothing
+/// moves for the idle timeout. The guest ending its side half-closes `io`.
+async fn pump<S>(
+    sb: &SandboxGateway,
+    body: &mut BodyReader,
+    tx: &mpsc::Sender<io::Result<Bytes>>,
+    io: S,
+    meter: &Meter,
+    up_limit: Option<u64>,
+) where
+    S: AsyncRead + AsyncWrite + Send,
+{
+    let (mut r, mut w) = tokio::io::split(io);
+    let up = async {
+        let mut left = up_limit;
+        loop {
+            if left == Some(0) {
+                break;
+            }
+            let mut chunk = match body.next_chunk().await {
+                Ok(Some(c)) => c,
+                _ => {
+                    let _ = w.shutdown().await;
+                    break;
+                }
+            };
+            if let Some(l) = left.as_mut() {
+                if chunk.len() as u64 > *l {
+                    chunk.truncate(*l as usize);
+                }
+                *l -= chunk.len() as u64;
+            }
+            take(&sb.up, chunk.len()).await;
+            if w.write_all(&chunk).await.is_err() {
+                break;
+            }
+            meter.add(&meter.up, chunk.len());
+        }
+        // Only the other direction or the idle timer ends the pump.
+        std::future::pending::<()>().await
+    };
+    let down = async {
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = match r.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            take(&sb.down, n).await;
+            meter.add(&meter.down, n);
+            if tx
+                .send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+        _ = meter.idle(sb.gateway.config.idle_timeout) => {
+            let _ = tx.try_send(Err(io::Error::new(io::ErrorKind::TimedOut, "idle")));
+        }
+    }
+}
+
+/// Why a stream is refused: status, text, and what the audit says.
+struct Refusal {
+    status: u16,
+    text: String,
+    rule: String,
+    reason: &'static str,
+}
+
+impl Refusal {
+    fn new(status: u16, text: String, rule: &str, reason: &'static str) -> Refusal {
+        Refusal {
+            status,
+            text,
+            rule: rule.to_owned(),
+            reason,
+        }
+    }
+
+    /// Audits the refusal as `egress.deny` and answers it.
+    fn answer(self, sb: &SandboxGateway, host: &Host, port: u16) -> Response<Body> {
+        deny(sb, host, port, &self.rule, self.reason);
+        text(self.status, &self.text)
+    }
+}
+
+fn event(sb: &SandboxGateway, operation: &'static str, host: &Host, port: u16, detail: String) {
+    sb.gateway.audit(EgressEvent {
+        sandbox: sb.id.clone(),
+        operation,
+        host: host.to_string(),
+        port,
+        detail,
+    });
+}
+
+fn deny(sb: &SandboxGateway, host: &Host, port: u16, rule: &str, reason: &str) {
+    event(
+        sb,
+        "egress.deny",
+        host,
+        port,
+        format!("{host}:{port} rule={rule} reason={reason}"),
+    );
+}
+
+async fn handle(sb: Arc<SandboxGateway>, req: Request<Incoming>) -> Response<Body> {
+    let forward = match (req.method(), req.uri().path()) {
+        (&Method::POST, "/v1/egress/connect") => false,
+        (&Method::POST, "/v1/egress/forward") => true,
+        _ => return text(404, "no such route"),
+    };
+    let (host, port) = match target(req.headers()) {
+        Ok(t) => t,
+        Err(e) => return text(400, &e),
+    };
+    let body = BodyReader::new(req.into_body());
+    if forward {
+        handle_forward(sb, host, port, body).await
+    } else {
+        handle_connect(sb, host, port, body).await
+    }
+}
+
+/// `space-host` and `space-port`, validated.
+fn target(headers: &http::HeaderMap) -> Result<(Host, u16), String> {
+    let host = headers
+        .get("space-host")
+        .ok_or("the space-host header is missing")?
+        .to_str()
+        .map_err(|_| "space-host is not ASCII")?;
+    if host.len() > MAX_HOST {
+        return Err(format!("space-host is longer than {MAX_HOST} bytes"));
+    }
+    let host = Host::parse(host).map_err(|e| format!("space-host: {e}"))?;
+    let port = headers
+        .get("space-port")
+        .ok_or("the space-port header is missing")?
+        .to_str()
+        .ok()
+        .filter(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p > 0)
+        .ok_or("space-port must be a number 1..65535")?;
+    Ok((host, port))
+}
+
+/// Policy and the connection limit.
+fn admit(
+    sb: &SandboxGateway,
+    host: &Host,
+    port: u16,
+) -> Result<(Decision, OwnedSemaphorePermit), Refusal> {
+    let decision = sb.policy().decide(host, port);
+    if !decision.allowed {
+        let why = if decision.rule == "default" {
+            "the policy's default".to_owned()
+        } else {
+            format!("rule {}", decision.rule)
+        };
+        return Err(Refusal::new(
+            403,
+            format!("egress to {host}:{port} is refused by {why}"),
+            &decision.rule,
+            "policy",
+        ));
+    }
+    let permit = sb.connections.clone().try_acquire_owned().map_err(|_| {
+        Refusal::new(
+            429,
+            format!(
+                "too many egress connections from this sandbox (at most {})",
+                sb.gateway.config.max_connections
+            ),
+            &decision.rule,
+            "limit",
+        )
+    })?;
+    Ok((decision, permit))
+}
+
+/// Resolves the destination, drops private addresses the policy does not allow, and connects
+/// to a checked address (no second resolution).
+async fn open_upstream(
+    sb: &SandboxGateway,
+    host: &Host,
+    port: u16,
+    decision: &Decision,
+) -> Result<TcpStream, Refusal> {
+    let limit = sb.gateway.config.connect_timeout;
+    let rule = decision.rule.as_str();
+    let work = async {
+        let addrs: Vec<SocketAddr> = match host {
+            Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
+            Host::Name(n) => tokio::net::lookup_host((n.as_str(), port))
+                .await
+                .map_err(|e| {
+                    Refusal::new(
+                        502,
+                        format!("cannot resolve {host}: {e}"),
+                        rule,
+                        "unresolvable",
+                    )
+                })?
+                .take(16)
+                .collect(),
+        };
+        let mut refused = None;
+        let mut last_err = None;
+        for addr in addrs {
+            if let Some(kind) = private_reason(addr.ip()) {
+                if !decision.exact_allow {
+                    refused = Some((kind, addr.ip()));
+                    continue;
+                }
+            }
+            match TcpStream::connect(addr).await {
+                Ok(s) => {
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Err(e) => last_err = Some(e),
+            }
+        }
+        if let Some(e) = last_err {
+            return Err(Refusal::new(
+                502,
+                format!("cannot connect to {host}:{port}: {e}"),
+                rule,
+                "unreachable",
+            ));
+        }
+        match refused {
+            Some((kind, ip)) => Err(Refusal::new(
+                403,
+                format!(
+                    "egress to {host}:{port} is refused: it resolves to a {kind} address ({ip}); \
+                     only an allow rule naming the host exactly reaches such addresses"
+                ),
+                rule,
+                "private_address",
+            )),
+            None => Err(Refusal::new(
+                502,
+                format!("{host} has no address"),
+                rule,
+                "unresolvable",
+            )),
+        }
+    };
+    match tokio::time::timeout(limit, work).await {
+        Ok(r) => r,
+        Err(_) => Err(Refusal::new(
+            504,
+            format!("connecting to {host}:{port} timed out after {limit:?}"),
+            rule,
+            "timeout",
+        )),
+    }
+}
+
+async fn handle_connect(
+    sb: Arc<SandboxGateway>,
+    host: Host,
+    port: u16,
+    body: BodyReader,
+) -> Response<Body> {
+    let (decision, permit) = match admit(&sb, &host, port) {
+        Ok(a) => a,
+        Err(r) => return r.answer(&sb, &host, port),
+    };
+    let upstream = match open_upstream(&sb, &host, port, &decision).await {
+        Ok(s) => s,
+        Err(r) => return r.answer(&sb, &host, port),
+    };
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        tunnel(&sb, &host, port, &decision.rule, body, tx, upstream).await;
+        drop(permit);
+    });
+    Response::new(ChannelBody(rx).boxed())
+}
+
+/// Reads the ClientHello (bounded, timed) and checks its SNI against the CONNECT host.
+async fn check_hello(body: &mut BodyReader, host: &Host) -> Result<(), &'static str> {
+    let read = async {
+        loop {
+            match hello::parse(&body.buf) {
+                Hello::Complete { sni } => return Ok(sni),
+                Hello::NotTls(_) => return Err("not_tls"),
+                Hello::Incomplete if body.buf.len() >= hello::MAX_HELLO => return Err("not_tls"),
+                Hello::Incomplete => {}
+            }
+            if !body.fill_more().await.unwrap_or(false) {
+                return Err("not_tls");
+            }
+        }
+    };
+    let sni = tokio::time::timeout(HELLO_TIMEOUT, read)
+        .await
+        .map_err(|_| "not_tls")??;
+    let ok = match (host, sni) {
+        (Host::Name(_), Some(s)) => host.same_name(&s),
+        (Host::Name(_), None) => false,
+        (Host::Ip(_), None) => true,
+        (Host::Ip(_), Some(s)) => host.same_name(&s),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err("sni_mismatch")
+    }
+}
+
+async fn tunnel(
+    sb: &SandboxGateway,
+    host: &Host,
+    port: u16,
+    rule: &str,
+    mut body: BodyReader,
+    tx: mpsc::Sender<io::Result<Bytes>>,
+    upstream: TcpStream,
+) {
+    if let Err(reason) = check_hello(&mut body, host).await {
+        deny(sb, host, port, rule, reason);
+        let _ = tx.try_send(Err(io::Error::other(reason)));
+        return;
+    }
+    let meter = Meter::new();
+    let kind = if sb.bindings.is_empty() {
+        pump(sb, &mut body, &tx, upstream, &meter, None).await;
+        "tunnel"
+    } else {
+        let (guest_side, inner) = tokio::io::duplex(64 * 1024);
+        let mut pumped = std::pin::pin!(pump(sb, &mut body, &tx, inner, &meter, None));
+        tokio::select! {
+            _ = &mut pumped => {}
+            _ = intercept(sb, host, port, guest_side, upstream) => pumped.await,
+        }
+        "intercept"
+    };
+    allowed(sb, host, port, kind, rule, &meter);
+}
+
+fn allowed(sb: &SandboxGateway, host: &Host, port: u16, kind: &str, rule: &str, meter: &Meter) {
+    event(
+        sb,
+        "egress.allow",
+        host,
+        port,
+        format!(
+            "{host}:{port} kind={kind} rule={rule} up={} down={}",
+            meter.up.load(Ordering::Relaxed),
+            meter.down.load(Ordering::Relaxed)
+        ),
+    );
+}
+
+/// The credential step shared by intercepted and forwarded requests: refuses an
+/// exfiltration, fetches the values to put in, and writes the head to send.
+async fn credentials(
+    sb: &SandboxGateway,
+    host: &Host,
+    port: u16,
+    raw: &[u8],
+    head: &http1::Head,
+    target: &str,
+) -> Result<(SecretValue, Vec<String>), (u16, String)> {
+    let used: Vec<&SecretBinding> = match http1::scan(raw, &sb.bindings, host, port) {
+        Scan::Exfiltration(b) => {
+            event(
+                sb,
+                "credential.exfiltration",
+                host,
+                port,
+                format!("secret={} host={host}", b.name),
+            );
+            return Err((
+                403,
+                format!("credential {} may not be sent to {host}", b.name),
+            ));
+        }
+        Scan::Use(used) => used,
+    };
+    let mut secrets = Vec::new();
+    if let Some(source) = &sb.gateway.config.secrets {
+        for b in used {
+            if let Some(v) = source.value(&sb.id, &b.name).await {
+                secrets.push((b, v));
+            }
+        }
+    }
+    let out = http1::rewrite(head, target, &secrets).map_err(|e| (502, e))?;
+    Ok((out, secrets.iter().map(|(b, _)| b.name.clone()).collect()))
+}
+
+/// Reads one request head from `r` into `buf` (bounded); `Err` carries the refusal.
+async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<Option<http1::Head>, (u16, String)> {
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        match http1::parse_head(buf) {
+            Ok(Some(h)) => return Ok(Some(h)),
+            Ok(None) => {}
+            Err(e) if e.contains("larger") => return Err((431, e)),
+            Err(e) => return Err((400, e)),
+        }
+        let room = http1::MAX_HEAD - buf.len().min(http1::MAX_HEAD) + 1;
+        let n = match r.read(&mut chunk[..room.min(CHUNK)]).await {
+            Ok(0) | Err(_) => return Ok(None),
+            Ok(n) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// One intercepted request inside a CONNECT tunnel: TLS with a minted leaf towards the guest,
+/// TLS verified against the roots towards the upstream, credentials put in, one request with
+/// `Connection: close`, the response streamed back.
+async fn intercept(
+    sb: &SandboxGateway,
+    host: &Host,
+    port: u16,
+    guest_side: tokio::io::DuplexStream,
+    upstream: TcpStream,
+) {
+    let cfg = match sb.gateway.authority.server_config(host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(id = %sb.id, error = %e, "minting a leaf certificate");
+            return;
+        }
+    };
+    let accept = tokio_rustls::TlsAcceptor::from(cfg).accept(guest_side);
+    let mut tls = match tokio::time::timeout(HELLO_TIMEOUT, accept).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => {
+            tracing::debug!(id = %sb.id, %host, error = %e, "guest TLS handshake failed");
+            return;
+        }
+        Err(_) => return,
+    };
+    let mut buf = Vec::new();
+    let refuse = |status: u16, reason: String| http1::refusal(status, &reason);
+    let head = match read_head(&mut tls, &mut buf).await {
+        Ok(Some(h)) => h,
+        Ok(None) => return,
+        Err((status, reason)) => {
+            let _ = tls.write_all(&refuse(status, reason)).await;
+            let _ = tls.shutdown().await;
+            return;
+        }
+    };
+    let framing = match head.body_len() {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = tls.write_all(&refuse(400, e)).await;
+            let _ = tls.shutdown().await;
+            return;
+        }
+    };
+    let (out, used) = match credentials(sb, host, port, &buf[..head.len], &head, &head.target).await
+    {
+        Ok(x) => x,
+        Err((status, reason)) => {
+            let _ = tls.write_all(&refuse(status, reason)).await;
+            let _ = tls.shutdown().await;
+            return;
+        }
+    };
+    let name = match host {
+        Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone()),
+        Host::Ip(ip) => Ok(rustls::pki_types::ServerName::IpAddress((*ip).into())),
+    };
+    let Ok(name) = name else { return };
+    let connector = tokio_rustls::TlsConnector::from(sb.gateway.client_tls.clone());
+    let limit = sb.gateway.config.connect_timeout;
+    let up = match tokio::time::timeout(limit, connector.connect(name, upstream)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            let reason = format!("TLS to {host}:{port} failed: {e}");
+            let _ = tls.write_all(&refuse(502, reason)).await;
+            let _ = tls.shutdown().await;
+            return;
+        }
+        Err(_) => {
+            let reason = format!("TLS to {host}:{port} timed out after {limit:?}");
+            let _ = tls.write_all(&refuse(504, reason)).await;
+            let _ = tls.shutdown().await;
+            return;
+        }
+    };
+    let (mut ur, mut uw) = tokio::io::split(up);
+    if uw.write_all(out.as_bytes()).await.is_err() {
+        return;
+    }
+    drop(out);
+    for name in used {
+        event(
+            sb,
+            "credential.use",
+            host,
+            port,
+            format!("secret={name} host={host}"),
+        );
+    }
+    let leftover = buf.split_off(head.len);
+    let (mut gr, mut gw) = tokio::io::split(tls);
+    let request_body = async {
+        let _ = send_body(&mut gr, &mut uw, leftover, framing).await;
+        std::future::pending::<()>().await
+    };
+    let response = async {
+        let _ = tokio::io::copy(&mut ur, &mut gw).await;
+        let _ = gw.shutdown().await;
+    };
+    tokio::select! {
+        _ = request_body => {}
+        _ = response => {}
+    }
+}
+
+/// Sends the request body: the bytes already read, then the rest per the framing (a fixed
+/// length exactly; chunked as it comes until the client stops).
+async fn send_body<R, W>(
+    r: &mut R,
+    w: &mut W,
+    leftover: Vec<u8>,
+    framing: BodyLen,
+) -> io::Result<()>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut left = match framing {
+        BodyLen::Fixed(n) => Some(n),
+        BodyLen::Chunked => None,
+    };
+    let first = match left {
+        Some(n) => &leftover[..leftover.len().min(n as usize)],
+        None => &leftover[..],
+    };
+    w.write_all(first).await?;
+    if let Some(l) = left.as_mut() {
+        *l -= first.len() as u64;
+    }
+    let mut chunk = vec![0u8; CHUNK];
+    loop {
+        let want = match left {
+            Some(0) => return Ok(()),
+            Some(n) => (n as usize).min(CHUNK),
+            None => CHUNK,
+        };
+        let n = r.read(&mut chunk[..want]).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        w.write_all(&chunk[..n]).await?;
+        if let Some(l) = left.as_mut() {
+            *l -= n as u64;
+        }
+    }
+}
+
+async fn handle_forward(
+    sb: Arc<SandboxGateway>,
+    host: Host,
+    port: u16,
+    mut body: BodyReader,
+) -> Response<Body> {
+    let (decision, permit) = match admit(&sb, &host, port) {
+        Ok(a) => a,
+        Err(r) => return r.answer(&sb, &host, port),
+    };
+    let idle = sb.gateway.config.idle_timeout;
+    let head = loop {
+        match http1::parse_head(&body.buf) {
+            Ok(Some(h)) => break h,
+            Ok(None) => {}
+            Err(e) if e.contains("larger") => return text(431, &e),
+            Err(e) => return text(400, &e),
+        }
+        match tokio::time::timeout(idle, body.fill_more()).await {
+            Ok(Ok(true)) => {}
+            _ => return text(400, "the request head did not arrive"),
+        }
+    };
+    let target = if head.target.starts_with('/') {
+        head.target.clone()
+    } else {
+        match http1::absolute_target(&head.target) {
+            Ok((h, p, path)) if h == host && p == port => path,
+            Ok((h, p, _)) => {
+                return text(
+                    400,
+                    &format!("the request names {h}:{p} but space-host says {host}:{port}"),
+                )
+            }
+            Err(e) => return text(400, &e),
+        }
+    };
+    let framing = match head.body_len() {
+        Ok(f) => f,
+        Err(e) => return text(400, &e),
+    };
+    let raw = body.buf[..head.len].to_vec();
+    let (out, used) = match credentials(&sb, &host, port, &raw, &head, &target).await {
+        Ok(x) => x,
+        Err((status, reason)) => return text(status, &reason),
+    };
+    drop(raw);
+    let mut upstream = match open_upstream(&sb, &host, port, &decision).await {
+        Ok(s) => s,
+        Err(r) => return r.answer(&sb, &host, port),
+    };
+    if let Err(e) = upstream.write_all(out.as_bytes()).await {
+        return text(502, &format!("writing to {host}:{port}: {e}"));
+    }
+    drop(out);
+    for name in used {
+        event(
+            &sb,
+            "credential.use",
+            &host,
+            port,
+            format!("secret={name} host={host}"),
+        );
+    }
+    body.buf.advance(head.len);
+    let limit = match framing {
+        BodyLen::Fixed(n) => Some(n),
+        BodyLen::Chunked => None,
+    };
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let meter = Meter::new();
+        pump(&sb, &mut body, &tx, upstream, &meter, limit).await;
+        allowed(&sb, &host, port, "forward", &decision.rule, &meter);
+        drop(permit);
+    });
+    Response::new(ChannelBody(rx).boxed())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn sync_line_found_after_garbage() {
+        let line = b"SPACE-EGRESS/1 0123456789abcdef0123456789ABCDEF\n";
+        let mut input = b"stale bytes SPACE-EGRESS/1 short\nSPACE-EGRESS/1 ".to_vec();
+        input.extend_from_slice(line);
+        input.extend_from_slice(b"PRI * HTTP/2.0");
+        let (mut a, mut b) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            for c in input.chunks(7) {
+                a.write_all(c).await.unwrap();
+            }
+            a
+        });
+        let (got, rest) = sync(&mut b, Vec::new()).await.unwrap();
+        assert_eq!(got, line);
+        let mut rest = rest;
+        let _a = writer.await.unwrap();
+        while rest.len() < 14 {
+            let mut c = [0u8; 14];
+            let n = b.read(&mut c).await.unwrap();
+            rest.extend_from_slice(&c[..n]);
+        }
+        assert_eq!(rest, b"PRI * HTTP/2.0");
+    }
+
+    #[tokio::test]
+    async fn sync_gives_up_after_a_mebibyte() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            let junk = vec![b'x'; 1 << 16];
+            for _ in 0..40 {
+                if a.write_all(&junk).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let err = sync(&mut b, Vec::new()).await.unwrap_err();
+        assert!(err.to_string().contains("no sync line"), "{err}");
+        // A line in the seed is found without reading.
+        let seed = b"xxSPACE-EGRESS/1 00000000000000000000000000000000\nrest".to_vec();
+        let (line, rest) = sync(&mut tokio::io::empty(), seed).await.unwrap();
+        assert_eq!(line.len(), SYNC_LEN);
+        assert_eq!(rest, b"rest");
+        assert!(sync(&mut tokio::io::empty(), Vec::new()).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn bucket_limits_the_rate() {
+        let b = Bucket::new(100_000);
+        let t0 = Instant::now();
+        for _ in 0..30 {
+            b.take(10_000).await;
+        }
+        // 300 KB at 100 KB/s with a 100 KB burst: about two seconds.
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(1800), "{took:?}");
+        assert!(took < Duration::from_secs(4), "{took:?}");
+    }
+
+    #[test]
+    fn reasons_are_bounded() {
+        let long = "é".repeat(5000);
+        let r = bounded_reason(&long);
+        assert!(r.len() <= MAX_REASON && r.len() > MAX_REASON - 4);
+        assert_eq!(bounded_reason("short"), "short");
+    }
+}
