@@ -283,6 +283,31 @@ impl ApiBench {
         Ok(())
     }
 
+    /// Mean server-side time of each operation, from the duration histogram's sum and count.
+    async fn server_means(&self, operations: &[&str]) -> Result<Vec<String>> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let value = |series: &str, op: &str| -> Option<f64> {
+            let prefix =
+                format!("space_api_request_duration_seconds_{series}{{operation=\"{op}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(&prefix))
+                .and_then(|v| v.trim().parse().ok())
+        };
+        Ok(operations
+            .iter()
+            .map(|op| match (value("sum", op), value("count", op)) {
+                (Some(sum), Some(n)) if n > 0.0 => format!("{op} {:.2} ms", sum / n * 1e3),
+                _ => format!("{op} -"),
+            })
+            .collect())
+    }
+
     /// Alternating node and API create-to-exec pairs from a full pool; one uncounted pair
     /// first warms caches and connections.
     async fn pairs(&self, runs: usize) -> Result<(Samples, Samples)> {
@@ -330,7 +355,18 @@ impl ApiBench {
         print!("{}", t.render());
         let (a, n) = (api_exec.percentile(50.0), node_exec.percentile(50.0));
         if let (Some(a), Some(n)) = (a, n) {
-            println!("API minus node at p50: {:.2} ms\n", a - n);
+            println!("API minus node at p50: {:.2} ms", a - n);
+        }
+        match self
+            .server_means(&["sandbox.create", "sandbox.exec", "sandbox.kill"])
+            .await
+        {
+            Ok(means) => println!(
+                "server side (from /metrics, request to response head, mean over every call \
+                 incl. warm-up): {}\n",
+                means.join(", ")
+            ),
+            Err(e) => println!("server side: /metrics unreadable: {e:#}\n"),
         }
         Ok((node_exec, api_exec))
     }

@@ -2,6 +2,7 @@
 //!
 //! - [`bench`]: the measurement groups (boot, snapshot, restore, pause, exec, files);
 //! - [`node`]: the node group (`space-bench node`): the lifecycle through `space_node::Node`;
+//! - [`egress`]: the egress group (`space-bench egress`): what the gateway adds to HTTPS;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
 //! - [`scratch`]: the loop-mounted btrfs (or plain) directory a run works in;
@@ -12,6 +13,7 @@
 pub mod api;
 pub mod bare;
 pub mod bench;
+pub mod egress;
 pub mod host;
 pub mod node;
 pub mod procmem;

@@ -9,6 +9,8 @@
 //!     [--only create,pool,pause,snapshot,suspend,fork,memory] [--pool-size N] [--idle N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- api [--runs N]
 //!     [--concurrent N] [--pool-size N]
+//! cargo run --release -p space-bench -- egress [--runs N] [--big-runs N] [--big-mib N]
+//!     [--guest [--guest-runs N]]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -59,6 +61,28 @@ struct Cli {
     /// QEMU binary.
     #[arg(long, default_value = "qemu-system-x86_64", global = true)]
     qemu: PathBuf,
+    /// Whether `--runs` was on the command line (groups with another default use theirs).
+    #[arg(skip)]
+    runs_given: bool,
+}
+
+impl Cli {
+    /// Parses the command line, noting whether `--runs` was given.
+    fn parse_args() -> Cli {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.runs_given = runs_given(&matches);
+        cli
+    }
+}
+
+/// Whether `--runs` came from the command line, before or after the subcommand.
+fn runs_given(matches: &clap::ArgMatches) -> bool {
+    let explicit = |m: &clap::ArgMatches| {
+        m.value_source("runs") == Some(clap::parser::ValueSource::CommandLine)
+    };
+    explicit(matches) || matches.subcommand().is_some_and(|(_, sub)| explicit(sub))
 }
 
 #[derive(Subcommand, Debug)]
@@ -71,7 +95,34 @@ enum Command {
     /// from the warm pool to the first exec through HTTP and through the node's library calls,
     /// and a burst of concurrent creates.
     Api(ApiArgs),
+    /// Measures what the egress gateway adds to HTTPS (no VM): a small request and a large
+    /// download straight to a local HTTPS server, through a spliced tunnel, and through an
+    /// intercepted tunnel with a credential put in. `--runs` defaults to 200 here.
+    Egress(EgressArgs),
 }
+
+#[derive(clap::Args, Debug)]
+struct EgressArgs {
+    /// Large downloads per path (0: skip them).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=100))]
+    big_runs: u64,
+    /// Size of the large download in MiB.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=16384))]
+    big_mib: u64,
+    /// Also run curl inside real guests (boots `base` guests on a node; needs root, the
+    /// kernel and the base image).
+    #[arg(long)]
+    guest: bool,
+    /// curl runs per path inside the guests.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    guest_runs: u64,
+    /// Root image with curl for `--guest`.
+    #[arg(long, env = "SPACE_ROOTFS_BASE")]
+    rootfs_base: Option<PathBuf>,
+}
+
+/// Small requests per path of the egress group when `--runs` is not given.
+const EGRESS_RUNS: usize = 200;
 
 #[derive(clap::Args, Debug)]
 struct ApiArgs {
@@ -97,7 +148,7 @@ struct NodeArgs {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -118,6 +169,42 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    if let Some(Command::Egress(args)) = &cli.command {
+        if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
+            bail!("--only, --dir and --no-btrfs belong to the runtime groups, not to `egress`");
+        }
+        let guest = if args.guest {
+            let kernel = cli
+                .kernel
+                .clone()
+                .filter(|k| k.is_file())
+                .ok_or_else(|| anyhow!("--guest needs the kernel: pass --kernel or set SPACE_KERNEL (`source target/space/env.sh`)"))?;
+            let rootfs = args
+                .rootfs_base
+                .clone()
+                .filter(|r| r.is_file())
+                .ok_or_else(|| anyhow!("--guest needs the base image: pass --rootfs-base or set SPACE_ROOTFS_BASE (`source target/space/env.sh`)"))?;
+            Some(space_bench::egress::GuestPlan {
+                runs: args.guest_runs as usize,
+                kernel,
+                rootfs,
+                qemu: cli.qemu.clone(),
+            })
+        } else {
+            None
+        };
+        let plan = space_bench::egress::EgressPlan {
+            guest,
+            runs: if cli.runs_given {
+                cli.runs
+            } else {
+                EGRESS_RUNS
+            },
+            big_runs: args.big_runs as usize,
+            big_mib: args.big_mib,
+        };
+        return space_bench::egress::run(&plan, shutdown_signal()).await;
+    }
     let mut paths = Vec::new();
     for (what, flag, var, path) in [
         ("kernel", "kernel", "SPACE_KERNEL", &cli.kernel),
@@ -341,6 +428,37 @@ mod tests {
             "warp"
         ])
         .is_err());
+    }
+
+    #[test]
+    fn cli_parses_the_egress_group() {
+        use clap::CommandFactory as _;
+        let args = [
+            "space-bench",
+            "egress",
+            "--big-runs",
+            "2",
+            "--big-mib",
+            "10",
+        ];
+        let cli = Cli::try_parse_from(args).unwrap();
+        let Some(Command::Egress(e)) = &cli.command else {
+            panic!("no egress command: {cli:?}");
+        };
+        assert_eq!((e.big_runs, e.big_mib), (2, 10));
+        assert!(!runs_given(&Cli::command().get_matches_from(args)));
+        for args in [
+            ["space-bench", "egress", "--runs", "7"],
+            ["space-bench", "--runs", "7", "egress"],
+        ] {
+            let cli = Cli::try_parse_from(args).unwrap();
+            assert_eq!(cli.runs, 7);
+            assert!(
+                runs_given(&Cli::command().get_matches_from(args)),
+                "{args:?}"
+            );
+        }
+        assert!(Cli::try_parse_from(["space-bench", "egress", "--big-mib", "0"]).is_err());
     }
 
     #[test]
