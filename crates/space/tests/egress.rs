@@ -593,3 +593,50 @@ mod reqwest {
         })
     }
 }
+
+/// Many proxied HTTPS connections in quick succession, one after the other, in one guest:
+/// every one of them is answered and the guest stays responsive.
+#[test]
+fn egress_many_connections_in_a_row() {
+    env_path("SPACE_ROOTFS_BASE");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let tls_seen = Seen::default();
+    let (tls, ca_pem) = rt.block_on(https_upstream(tls_seen.clone()));
+    let ca_dir = tempfile::Builder::new()
+        .prefix("space-e2e-ca")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let ca_file = ca_dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let s = TestServer::start_with(vec![
+        "--templates".into(),
+        "base".into(),
+        "--pool-size".into(),
+        "0".into(),
+        "--extra-root".into(),
+        ca_file.display().to_string(),
+    ]);
+    let id = create(&s, &["--allow", "127.0.0.1"]);
+    ok(&s.cli_stdin(
+        ca_pem.as_bytes(),
+        ["exec", &id, "--", "sh", "-c", "cat > /tmp/upstream-ca.pem"],
+    ));
+    const RUNS: usize = 40;
+    let (code, out, err) = via_proxy(
+        &s,
+        &id,
+        &format!(
+            "i=0; while [ $i -lt {RUNS} ]; do i=$((i+1)); \
+             echo \"egress-loop $i $(grep -E 'MemAvailable' /proc/meminfo) guestd $(grep VmRSS /proc/1/status)\" > /dev/console; \
+             curl -sS -m 30 -o /dev/null -w '%{{http_code}}\\n' --cacert /tmp/upstream-ca.pem \
+             https://127.0.0.1:{tls}/many-$i || echo failed; done"
+        ),
+    );
+    assert_eq!(code, 0, "the loop: {err}");
+    let codes: Vec<&str> = out.lines().collect();
+    assert_eq!(codes, vec!["200"; RUNS], "curl answers; stderr: {err}");
+    assert_eq!(tls_seen.with_path("/many-").len(), RUNS);
+    ok(&s.cli(["kill", &id]));
+    drop(s);
+    drop(rt);
+}
