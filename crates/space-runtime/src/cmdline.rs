@@ -14,6 +14,13 @@ use std::path::PathBuf;
 
 use crate::accel::Accel;
 
+/// TCG with a 64 MiB translation-block cache. QEMU's default (1 GiB of anonymous memory)
+/// grows with every new guest process it translates and outgrows the memory a jailed VM may
+/// use beyond its RAM ([`crate::jail::JailConfig::memory_overhead_mib`]); the memory cgroup
+/// then evicts the guest's RAM (a file) instead, and the guest stalls re-reading it from disk.
+/// A smaller cache only costs retranslations.
+pub const TCG_ACCEL: &str = "tcg,tb-size=64";
+
 /// Guest RAM, a file mapped shared so snapshots can clone it instead of streaming it.
 pub const MEM_FILE: &str = "mem";
 /// The guest's root disk (raw ext4).
@@ -104,7 +111,7 @@ pub fn build(cfg: &QemuConfig) -> Vec<OsString> {
     match cfg.accel {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
         // `max` is fixed per QEMU version (unlike `host`), so it is reproducible on restore.
-        Accel::Tcg => push(&["-accel", "tcg", "-cpu", "max"]),
+        Accel::Tcg => push(&["-accel", TCG_ACCEL, "-cpu", "max"]),
     }
     let vcpus = cfg.vcpus.to_string();
     let mem = format!("{}M", cfg.memory_mib);
@@ -179,7 +186,7 @@ mod tests {
         let args = strings(&build(&config(Accel::Tcg, false)));
         let expected = "-nodefaults -no-user-config -nographic -no-reboot -S \
             -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny \
-            -M microvm,acpi=off,memory-backend=mem -accel tcg -cpu max -smp 2 -m 256M \
+            -M microvm,acpi=off,memory-backend=mem -accel tcg,tb-size=64 -cpu max -smp 2 -m 256M \
             -object memory-backend-file,id=mem,size=256M,mem-path=mem,share=on \
             -chardev file,id=console,path=console.log,append=on -serial chardev:console \
             -drive file=rootfs.ext4,format=raw,if=none,id=root,discard=unmap \
