@@ -4,6 +4,8 @@
 //! `/v1/egress/forward` by plain splicing to real TCP servers on 127.0.0.1), and clients that
 //! speak HTTP proxy to the daemon's proxy port. Also `POST /v1/tcp` through the real client.
 
+mod common;
+
 use std::convert::Infallible;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -590,90 +592,24 @@ async fn tcp_route_is_full_duplex() {
 /// descriptor that host connections use one after another, as a virtio-serial port is.
 /// Bytes from the guest go to the newest host connection only; older ones are cut off.
 mod port {
-    use std::io::{Read, Write};
-    use std::os::fd::AsRawFd;
-    use std::os::unix::net::UnixStream as StdUnixStream;
-    use std::sync::atomic::AtomicU64;
-
-    use nix::pty::openpty;
-    use nix::sys::termios::{cfmakeraw, tcgetattr, tcsetattr, SetArg};
-
+    use super::common::{raw_pty, PortBridge};
     use super::*;
 
-    struct Bridge {
-        master: Arc<std::fs::File>,
-        current: Arc<Mutex<Option<StdUnixStream>>>,
-        generation: Arc<AtomicU64>,
+    /// A new host connection on the bridge, served like the real gateway's loop would.
+    fn connect(bridge: &PortBridge, log: &Arc<HostLog>) {
+        let task = tokio::spawn(serve_conn(bridge.connect(), log.clone()));
+        log.conns.lock().unwrap().push(task);
     }
 
-    impl Bridge {
-        fn new(master: std::os::fd::OwnedFd) -> Bridge {
-            let master = Arc::new(std::fs::File::from(master));
-            let current: Arc<Mutex<Option<StdUnixStream>>> = Arc::new(Mutex::new(None));
-            let (m, cur) = (master.clone(), current.clone());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 65536];
-                loop {
-                    let n = match (&*m).read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if let Some(s) = cur.lock().unwrap().as_mut() {
-                        let _ = s.write_all(&buf[..n]);
-                    }
-                }
-            });
-            Bridge {
-                master,
-                current,
-                generation: Default::default(),
-            }
-        }
-
-        /// A new host connection, served like the real gateway's loop would.
-        fn connect(&self, log: &Arc<HostLog>) {
-            let (ours, theirs) = StdUnixStream::pair().unwrap();
-            let mut reader = theirs.try_clone().unwrap();
-            let me = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-            *self.current.lock().unwrap() = Some(theirs);
-            let (m, generation) = (self.master.clone(), self.generation.clone());
-            std::thread::spawn(move || {
-                let mut buf = vec![0u8; 65536];
-                loop {
-                    let n = match reader.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => n,
-                    };
-                    if generation.load(Ordering::SeqCst) != me {
-                        return;
-                    }
-                    if (&*m).write_all(&buf[..n]).is_err() {
-                        return;
-                    }
-                }
-            });
-            ours.set_nonblocking(true).unwrap();
-            let stream = UnixStream::from_std(ours).unwrap();
-            let task = tokio::spawn(serve_conn(stream, log.clone()));
-            log.conns.lock().unwrap().push(task);
-        }
-
-        /// The host goes away without the guest noticing (as across a restore).
-        fn disconnect(&self, log: &HostLog) {
-            self.generation.fetch_add(1, Ordering::SeqCst);
-            *self.current.lock().unwrap() = None;
-            log.drop_connections();
-        }
+    /// The host goes away without the guest noticing (as across a restore).
+    fn disconnect(bridge: &PortBridge, log: &HostLog) {
+        bridge.disconnect();
+        log.drop_connections();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tunnels_over_a_port_across_a_host_change() {
-        let pty = openpty(None, None).unwrap();
-        let mut t = tcgetattr(&pty.slave).unwrap();
-        cfmakeraw(&mut t);
-        tcsetattr(&pty.slave, SetArg::TCSANOW, &t).unwrap();
-        let slave_path =
-            std::fs::read_link(format!("/proc/self/fd/{}", pty.slave.as_raw_fd())).unwrap();
+        let pty = raw_pty();
         let dir = tempfile::tempdir().unwrap();
         let ctl = dir.path().join("ctl.sock");
         let proxy = format!("127.0.0.1:{}", free_port());
@@ -681,7 +617,7 @@ mod port {
             .arg("--listen")
             .arg(&ctl)
             .arg("--egress-device")
-            .arg(&slave_path)
+            .arg(&pty.slave_path)
             .arg("--egress-listen")
             .arg(&proxy)
             .env("SPACE_GUESTD_LOG", "warn")
@@ -696,8 +632,8 @@ mod port {
             log: log.clone(),
             _dir: dir,
         };
-        let bridge = Bridge::new(pty.master);
-        bridge.connect(&log);
+        let bridge = PortBridge::new(pty.master);
+        connect(&bridge, &log);
         wait_for("the control socket", || g.ctl.exists()).await;
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&g.proxy).await.is_err() {
@@ -710,8 +646,8 @@ mod port {
 
         // A new host takes over the port (the guest saw no disconnect) and sends the identity
         // step, as after a restore: the next tunnel runs on a freshly synchronised connection.
-        bridge.disconnect(&log);
-        bridge.connect(&log);
+        disconnect(&bridge, &log);
+        connect(&bridge, &log);
         let c = GuestClient::connect(UnixStream::connect(&g.ctl).await.unwrap())
             .await
             .unwrap();
