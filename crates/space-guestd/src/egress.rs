@@ -45,9 +45,9 @@ pub const PORT_NAME: &str = "space.egress";
 pub const DEFAULT_PROXY_ADDR: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 3128));
 /// Start of the synchronisation line; 32 hex digits and `\n` follow.
-pub const HANDSHAKE_PREFIX: &[u8] = b"SPACE-EGRESS/1 ";
+pub const HANDSHAKE_PREFIX: &[u8] = space_proto::limits::EGRESS_SYNC_PREFIX;
 /// Most bytes discarded while waiting for the host's answer line.
-pub const MAX_DISCARD: usize = 1024 * 1024;
+pub const MAX_DISCARD: usize = space_proto::limits::EGRESS_MAX_DISCARD;
 /// Longest a new connection may take: waiting for the host, the line, the HTTP/2 start.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a port without a host is re-checked while a connection waits for one.
@@ -551,7 +551,10 @@ mod tests {
     #[test]
     fn line_format() {
         let l = line();
-        assert_eq!(l.len(), HANDSHAKE_PREFIX.len() + 32 + 1);
+        assert_eq!(
+            l.len(),
+            HANDSHAKE_PREFIX.len() + space_proto::limits::EGRESS_SYNC_TOKEN_HEX + 1
+        );
         assert!(l.starts_with(b"SPACE-EGRESS/1 abab"));
         assert_eq!(*l.last().unwrap(), b'\n');
     }

@@ -30,3 +30,11 @@ pub const MAX_HOSTNAME: usize = 64;
 pub const MAX_FINISHED_PROCESSES: usize = 128;
 /// Largest CA certificate (PEM) accepted by identity.
 pub const MAX_CA_PEM: usize = 64 * 1024;
+
+/// Start of the `space.egress` synchronisation line (`docs/egress.md`); the token's hex
+/// digits ([`EGRESS_SYNC_TOKEN_HEX`]) and `\n` follow.
+pub const EGRESS_SYNC_PREFIX: &[u8] = b"SPACE-EGRESS/1 ";
+/// Hex digits of the synchronisation line's token.
+pub const EGRESS_SYNC_TOKEN_HEX: usize = 32;
+/// Most bytes either end of `space.egress` discards while looking for the synchronisation line.
+pub const EGRESS_MAX_DISCARD: usize = 1 << 20;

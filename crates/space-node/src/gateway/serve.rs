@@ -26,10 +26,10 @@ use super::policy::{private_reason, Decision, Host, MAX_HOST};
 use super::{EgressEvent, GatewayError, SandboxGateway, SecretBinding, SecretValue};
 
 /// The start of the guest's sync line; 32 hex digits and `\n` follow.
-const SYNC_PREFIX: &[u8] = b"SPACE-EGRESS/1 ";
-const SYNC_LEN: usize = SYNC_PREFIX.len() + 33;
+const SYNC_PREFIX: &[u8] = space_proto::limits::EGRESS_SYNC_PREFIX;
+const SYNC_LEN: usize = SYNC_PREFIX.len() + space_proto::limits::EGRESS_SYNC_TOKEN_HEX + 1;
 /// The most bytes discarded while looking for the sync line.
-const MAX_DISCARD: usize = 1 << 20;
+const MAX_DISCARD: usize = space_proto::limits::EGRESS_MAX_DISCARD;
 /// The most bytes of a refusal's text.
 const MAX_REASON: usize = 4096;
 /// How long a CONNECT may take to send its ClientHello.
