@@ -2,6 +2,7 @@
 //!
 //! - [`bench`]: the measurement groups (boot, snapshot, restore, pause, exec, files);
 //! - [`node`]: the node group (`space-bench node`): the lifecycle through `space_node::Node`;
+//! - [`storage`]: the storage group (`space-bench storage`): the node's drivers without VMs;
 //! - [`egress`]: the egress group (`space-bench egress`): what the gateway adds to HTTPS;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
@@ -20,3 +21,4 @@ pub mod procmem;
 pub mod qmp;
 pub mod scratch;
 pub mod stats;
+pub mod storage;

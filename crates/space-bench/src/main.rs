@@ -7,6 +7,7 @@
 //!     [--only boot,snapshot,restore,pause,exec,files] [--dir DIR | --no-btrfs]
 //! source target/space/env.sh && cargo run --release -p space-bench -- node [--runs N]
 //!     [--only create,pool,pause,snapshot,suspend,fork,memory] [--pool-size N] [--idle N]
+//! cargo run --release -p space-bench -- storage [--runs N] [--mib N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- api [--runs N]
 //!     [--concurrent N] [--pool-size N]
 //! cargo run --release -p space-bench -- egress [--runs N] [--big-runs N] [--big-mib N]
@@ -99,6 +100,17 @@ enum Command {
     /// download straight to a local HTTPS server, through a spliced tunnel, and through an
     /// intercepted tunnel with a credential put in. `--runs` defaults to 200 here.
     Egress(EgressArgs),
+    /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
+    /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
+    /// copy on the root filesystem.
+    Storage(StorageArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct StorageArgs {
+    /// Size of the file the volume holds, in MiB.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=16384))]
+    mib: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -169,6 +181,13 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    if let Some(Command::Storage(args)) = &cli.command {
+        let plan = space_bench::storage::StoragePlan {
+            runs: cli.runs,
+            mib: args.mib,
+        };
+        return tokio::task::block_in_place(|| space_bench::storage::run(&plan));
+    }
     if let Some(Command::Egress(args)) = &cli.command {
         if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
             bail!("--only, --dir and --no-btrfs belong to the runtime groups, not to `egress`");

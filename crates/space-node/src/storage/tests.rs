@@ -3,10 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use super::testutil::{loop_attached, LoopFs, UnmountOnDrop};
 use super::*;
@@ -453,93 +452,6 @@ fn layout_rejects_hostile_names() {
         }
     }
     assert!(layout.sandbox_dir(&"a".repeat(255)).is_ok());
-}
-
-fn time(f: impl FnOnce()) -> Duration {
-    let t = Instant::now();
-    f();
-    t.elapsed()
-}
-
-/// Cost of snapshotting a volume that holds a 256 MiB disk image, per driver. Run with
-/// `cargo test -p space-node --lib measure_snapshot_cost -- --ignored --nocapture`.
-#[test]
-#[ignore = "writes 512 MiB; a measurement, not a check"]
-fn measure_snapshot_cost() {
-    fn fill(vol: &Path) {
-        let mut f = fs::File::create(vol.join("rootfs.ext4")).unwrap();
-        let chunk: Vec<u8> = (0..(1 << 20) as u32)
-            .map(|i| (i * 13 % 253) as u8)
-            .collect();
-        for _ in 0..256 {
-            f.write_all(&chunk).unwrap();
-        }
-        f.sync_all().unwrap();
-    }
-    fn run(name: &str, storage: &dyn Storage, root: &Path) {
-        let vol = root.join("vol");
-        storage.create_volume(&vol).unwrap();
-        fill(&vol);
-        let sync = || {
-            let d = fs::File::open(root).unwrap();
-            nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)).unwrap();
-        };
-        sync();
-        let (mut snap, mut durable, mut delete) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..8 {
-            let dst = root.join(format!("snap{i}"));
-            let took = time(|| storage.snapshot_volume(&vol, &dst, i % 2 == 1).unwrap());
-            snap.push(took);
-            durable.push(took + time(sync));
-            delete.push(time(|| storage.delete_volume(&dst).unwrap()));
-            sync();
-        }
-        let clone = time(|| {
-            storage
-                .clone_file(&vol.join("rootfs.ext4"), &root.join("clone"))
-                .unwrap();
-        });
-        // The create path's other shape: a new volume with the template's file cloned in.
-        let mut fresh = Vec::new();
-        for i in 0..8 {
-            let dst = root.join(format!("fresh{i}"));
-            fresh.push(time(|| {
-                storage.create_volume(&dst).unwrap();
-                storage
-                    .clone_file(&vol.join("rootfs.ext4"), &dst.join("rootfs.ext4"))
-                    .unwrap();
-            }));
-            storage.delete_volume(&dst).unwrap();
-            sync();
-        }
-        let stats = |mut v: Vec<Duration>| {
-            v.sort();
-            format!(
-                "median {:.2?} (min {:.2?}, max {:.2?})",
-                v[v.len() / 2],
-                v[0],
-                v[v.len() - 1]
-            )
-        };
-        println!("{name}, volume holding a 256 MiB file, 8 runs:");
-        println!("  snapshot:          {}", stats(snap));
-        println!("  snapshot + syncfs: {}", stats(durable));
-        println!("  delete:            {}", stats(delete));
-        println!("  clone_file:        {clone:.2?}");
-        println!("  create + clone:    {}", stats(fresh));
-    }
-    if let Some(fs) = LoopFs::btrfs() {
-        run("btrfs (loop image)", &btrfs::BtrfsStorage::new(), fs.path());
-        let dir = fs.path().join("r");
-        fs::create_dir(&dir).unwrap();
-        run("reflink (on btrfs)", &reflink::ReflinkStorage::new(), &dir);
-    }
-    let dir = tempfile::tempdir().unwrap();
-    run(
-        "copy (host ext4)",
-        &copy::CopyStorage::new(dir.path()),
-        dir.path(),
-    );
 }
 
 #[test]
