@@ -3,8 +3,9 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 CARGO ?= cargo
 ENV := target/space/env.sh
+TOOLS := target/space/tools.sh
 
-.PHONY: help deps artifacts up test lint unit bench clean-cache
+.PHONY: help deps artifacts tools up test lint unit bench clean-cache
 
 help:
 	@echo "make up      build everything and run space on its embedded defaults"
@@ -17,6 +18,9 @@ deps:
 artifacts: deps
 	@scripts/artifacts.sh all
 
+tools: deps
+	@scripts/tools.sh
+
 up: artifacts
 	@echo "[up] building space"
 	@$(CARGO) build --quiet --release -p space
@@ -28,10 +32,10 @@ lint: deps
 	@echo "[lint] cargo clippy -D warnings"
 	@$(CARGO) clippy --quiet --workspace --all-targets -- -D warnings
 
-test: artifacts lint
+test: artifacts tools lint
 	@scripts/python-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
-	@source $(ENV) && $(CARGO) test --workspace
+	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
 
 bench: artifacts
 	@$(CARGO) build --quiet --release -p space-bench

@@ -191,6 +191,10 @@ impl From<NodeError> for ApiError {
                 e.to_string(),
             ),
             NodeError::Guest { .. } => ApiError::guest(chain(&e)),
+            NodeError::Archive(m) => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "archive_unavailable", m.clone())
+            }
+            NodeError::Key(m) => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", m.clone()),
             _ => ApiError::internal(format!("node: {}", chain(&e))),
         }
     }

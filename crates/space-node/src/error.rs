@@ -80,6 +80,13 @@ pub enum NodeError {
     /// [`crate::admission`]. Nothing was started.
     #[error("{0}")]
     Capacity(String),
+    /// The object store failed, or what it holds is corrupt or missing (`docs/archive.md`).
+    #[error("{0}")]
+    Archive(String),
+    /// A key needed to read or write the archive is not available: the tenant's master key
+    /// refused (disabled, deleted, unreachable), or the lineage's key was destroyed.
+    #[error("{0}")]
+    Key(String),
     /// The VM runtime failed.
     #[error("runtime")]
     Runtime(#[from] space_runtime::Error),

@@ -10,11 +10,13 @@
 //! - [`scheduler`]: rolling snapshots and retention, around [`retention`].
 //! - [`recovery`]: crash recovery (adoption, restores, cut-short transitions, orphans).
 //! - [`admission`]: the memory, vCPU and sandbox-count limits a create must fit in.
+//! - [`archive`]: snapshots to and from the object store, and sandboxes found there.
 //! - [`gateway`]: the egress gateway (policy, SNI check, limits, TLS interception, credentials).
 //!
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
 pub mod admission;
+pub mod archive;
 pub mod error;
 pub mod gateway;
 pub mod ids;
@@ -29,13 +31,14 @@ pub mod storage;
 pub mod template;
 
 pub use admission::AdmissionConfig;
+pub use archive::ArchiveConfig;
 pub use error::{NodeError, Result};
 pub use gateway::{
     EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
     SecretBinding, SecretSource, SecretValue,
 };
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
-pub use node::{Node, NodeConfig, SandboxUsage, DEFAULT_MAX_DISK_MIB};
+pub use node::{ArchiveReport, Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};
 pub use record::{
     Origin, RecoveryAction, RecoveryEvent, SandboxOptions, SandboxRecord, SnapshotKind,

@@ -19,6 +19,7 @@ use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
 use tokio::sync::oneshot;
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
+use crate::archive::ArchiveConfig;
 use crate::error::{NodeError, Result};
 use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
@@ -65,6 +66,9 @@ pub struct NodeConfig {
     /// The egress gateway: limits, extra upstream roots, the secret source and audit sink
     /// ([`crate::gateway`]).
     pub gateway: GatewayConfig,
+    /// The object store snapshots go to ([`crate::archive`]); `None`: snapshots stay on this
+    /// node's disk only.
+    pub archive: Option<ArchiveConfig>,
 }
 
 impl NodeConfig {
@@ -87,6 +91,7 @@ impl NodeConfig {
             rolling: RollingConfig::default(),
             max_disk_mib: DEFAULT_MAX_DISK_MIB,
             gateway: GatewayConfig::default(),
+            archive: None,
         }
     }
 }
@@ -108,6 +113,8 @@ struct Inner {
     max_disk_mib: u64,
     sandboxes: Mutex<HashMap<SandboxId, Handle>>,
     shutting_down: std::sync::atomic::AtomicBool,
+    /// Sandboxes found in the object store at open, not yet handed to the control plane.
+    adopted: Mutex<Vec<SandboxRecord>>,
 }
 
 /// One host's node services. Cheap to clone.
@@ -144,6 +151,8 @@ impl Node {
             ready_timeout: config.ready_timeout,
             auto_restore: config.auto_restore,
             gateway,
+            archive: config.archive.clone(),
+            archive_lock: tokio::sync::Mutex::new(()),
         });
         let node = Node {
             inner: Arc::new(Inner {
@@ -154,9 +163,36 @@ impl Node {
                 max_disk_mib: config.max_disk_mib,
                 sandboxes: Mutex::default(),
                 shutting_down: false.into(),
+                adopted: Mutex::default(),
             }),
         };
         node.recover_pass(true).await?;
+        if let Some(cfg) = &node.inner.ctx.archive {
+            // A store that cannot be listed does not keep the node's own sandboxes down.
+            match crate::archive::adopt_archived(&node.inner.ctx, cfg).await {
+                Ok(found) => {
+                    for r in found {
+                        let h = Sandbox::spawn(node.inner.ctx.clone(), r.clone(), None)?;
+                        node.lock_sandboxes().insert(r.id.clone(), h);
+                        node.inner
+                            .adopted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(r);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "object store: archived sandboxes not listed")
+                }
+            }
+            tokio::spawn(reconcile_every(
+                Arc::downgrade(&node.inner),
+                ARCHIVE_TICK,
+                |inner| async move {
+                    archive_pass(&inner).await;
+                },
+            ));
+        }
         if let Some(tick) = config.timeout_tick {
             tokio::spawn(reconcile_every(
                 Arc::downgrade(&node.inner),
@@ -178,6 +214,25 @@ impl Node {
         // After recovery, which removes sandbox directories no record names.
         node.inner.pools.spawn_loop();
         Ok(node)
+    }
+
+    fn lock_sandboxes(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Handle>> {
+        self.inner
+            .sandboxes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sandboxes this node found in the object store when it opened (a node that lost its
+    /// disk, or a fresh one on an existing store), each once: the caller records who owns
+    /// them.
+    pub fn take_adopted(&self) -> Vec<SandboxRecord> {
+        std::mem::take(&mut *self.inner.adopted.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The object store configuration, when the node has one.
+    pub fn archive(&self) -> Option<&ArchiveConfig> {
+        self.inner.ctx.archive.as_ref()
     }
 
     /// The data directory layout.
@@ -369,6 +424,10 @@ impl Node {
             },
             origin,
             None,
+            Owner {
+                tenant: req.tenant.clone(),
+                lineage: None,
+            },
         );
         if let Launch::Restore { .. } = how {
             // A warm-pool member if there is one (`crate::pool`), else the restore below.
@@ -402,6 +461,10 @@ impl Node {
                 snapshot: point.snapshot.clone(),
             },
             Some((parent.id.clone(), point.snapshot.clone())),
+            Owner {
+                tenant: parent.tenant.clone(),
+                lineage: Some(parent.lineage().to_owned()),
+            },
         );
         self.start(
             record,
@@ -662,6 +725,56 @@ impl Node {
         blocking(move || tail_of(&path, max_bytes)).await
     }
 
+    /// Like [`Node::guest`], but a Paused sandbox is resumed and a Suspended one restored
+    /// (from this node's copy or the object store) first, unless its `auto_resume` is off
+    /// (then the refusal is answered as is). Says what it woke. Concurrent callers wake the
+    /// sandbox once: the others find it running.
+    pub async fn guest_waking(&self, id: &SandboxId) -> Result<(GuestClient, Option<Wake>)> {
+        let mut woke = None;
+        for _ in 0..3 {
+            let err = match self.guest(id).await {
+                Ok(c) => return Ok((c, woke)),
+                Err(e) => e,
+            };
+            let NodeError::IllegalState { state, .. } = &err else {
+                return Err(err);
+            };
+            let state = *state;
+            if !matches!(state, State::Paused | State::Suspended) {
+                return Err(err);
+            }
+            if !self.info(id).await?.options.auto_resume {
+                return Err(err);
+            }
+            let r = match state {
+                State::Paused => self.resume(id).await.map(|_| Wake::Resumed),
+                _ => self.restore(id).await.map(|_| Wake::Restored),
+            };
+            match r {
+                Ok(w) => woke = Some(w),
+                // Someone else woke it in between.
+                Err(NodeError::IllegalState { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.guest(id).await.map(|c| (c, woke))
+    }
+
+    /// Drops this node's copy of an archived snapshot of a Suspended sandbox (a restore
+    /// fetches it again). Answers whether it did (false: not archived, or not here).
+    pub async fn evict_local(&self, id: &SandboxId, snapshot: &SnapshotId) -> Result<bool> {
+        let snap = snapshot.clone();
+        self.call(id, |r| Request::Evict(snap, r)).await
+    }
+
+    /// Uploads what should be in the object store and is not (restore points of suspended
+    /// sandboxes, snapshots taken on request, and every upload interval the newest full
+    /// snapshot of each live sandbox), then evicts local copies over the cache limits. Takes
+    /// no input and can run at any time.
+    pub async fn reconcile_archive(&self) -> ArchiveReport {
+        archive_pass(&self.inner).await
+    }
+
     /// Counts as activity for the idle timeout (for callers that use a client they hold).
     pub async fn touch(&self, id: &SandboxId) -> Result<()> {
         self.call(id, Request::Touch).await
@@ -756,6 +869,138 @@ impl Node {
     }
 }
 
+/// What [`Node::guest_waking`] did before answering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wake {
+    /// The sandbox was Paused and was resumed.
+    Resumed,
+    /// The sandbox was Suspended and was restored.
+    Restored,
+}
+
+impl Wake {
+    /// `resume` or `restore`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wake::Resumed => "resume",
+            Wake::Restored => "restore",
+        }
+    }
+}
+
+/// What one archive pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ArchiveReport {
+    /// Snapshots uploaded.
+    pub uploaded: Vec<(SandboxId, SnapshotId)>,
+    /// Uploads that failed.
+    pub failed: usize,
+    /// Local copies evicted.
+    pub evicted: Vec<(SandboxId, SnapshotId)>,
+}
+
+/// How often the archive pass runs (each sandbox's own interval decides what it uploads).
+const ARCHIVE_TICK: Duration = Duration::from_secs(5);
+
+async fn archive_pass(inner: &Inner) -> ArchiveReport {
+    let mut report = ArchiveReport::default();
+    let Some(cfg) = inner.ctx.archive.clone() else {
+        return report;
+    };
+    let handles: Vec<(SandboxId, Handle)> = inner
+        .sandboxes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(id, h)| (id.clone(), h.clone()))
+        .collect();
+    for (id, h) in &handles {
+        let (tx, rx) = oneshot::channel();
+        if h.tx
+            .send(Request::UploadJob(cfg.upload_interval, tx))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let Ok(Ok(Some(job))) = rx.await else {
+            continue;
+        };
+        match crate::archive::upload_snapshot(
+            &inner.ctx,
+            &cfg,
+            &job.record,
+            &job.snapshot,
+            &job.dir,
+        )
+        .await
+        {
+            Ok(remote) => {
+                let (tx, rx) = oneshot::channel();
+                if h.tx
+                    .send(Request::Uploaded(job.snapshot.clone(), remote, tx))
+                    .await
+                    .is_ok()
+                    && matches!(rx.await, Ok(Ok(())))
+                {
+                    report.uploaded.push((id.clone(), job.snapshot));
+                }
+            }
+            Err(e) => {
+                report.failed += 1;
+                tracing::warn!(%id, snapshot = %job.snapshot, error = %e, "archive pass: upload failed (retried next pass)");
+            }
+        }
+    }
+    // The cache: archived local copies of suspended sandboxes, oldest suspension first.
+    let mut cached: Vec<(u64, SandboxId, SnapshotId, u64, Handle)> = Vec::new();
+    for (id, h) in &handles {
+        if h.status.state() != State::Suspended {
+            continue;
+        }
+        let (tx, rx) = oneshot::channel();
+        if h.tx.send(Request::Info(tx)).await.is_err() {
+            continue;
+        }
+        let Ok(Ok(r)) = rx.await else { continue };
+        for s in r.snapshots.iter().filter(|s| s.local && s.remote.is_some()) {
+            cached.push((
+                r.state_since_unix_ms,
+                id.clone(),
+                s.id.clone(),
+                s.size_bytes,
+                h.clone(),
+            ));
+        }
+    }
+    cached.sort_by_key(|c| c.0);
+    let mut total: u64 = cached.iter().map(|c| c.3).sum();
+    let root = inner.ctx.layout.root().to_owned();
+    for (_, id, snap, size, h) in cached {
+        let over_size = cfg.cache_max_bytes.is_some_and(|max| total > max);
+        let low_space = free_bytes(&root).is_some_and(|f| f < cfg.min_free_bytes);
+        if !over_size && !low_space {
+            break;
+        }
+        let (tx, rx) = oneshot::channel();
+        if h.tx.send(Request::Evict(snap.clone(), tx)).await.is_err() {
+            continue;
+        }
+        if let Ok(Ok(true)) = rx.await {
+            total = total.saturating_sub(size);
+            tracing::info!(%id, snapshot = %snap, over_size, low_space, "evicted a cached snapshot copy");
+            report.evicted.push((id, snap));
+        }
+    }
+    report
+}
+
+fn free_bytes(p: &std::path::Path) -> Option<u64> {
+    nix::sys::statvfs::statvfs(p)
+        .ok()
+        .map(|s| s.blocks_available() * s.fragment_size())
+}
+
 /// What [`Node::usage`] tells of one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SandboxUsage {
@@ -783,6 +1028,7 @@ pub(crate) fn new_record(
     shape: MachineShape,
     origin: Origin,
     forked_from: Option<(SandboxId, SnapshotId)>,
+    owner: Owner,
 ) -> SandboxRecord {
     let MachineShape {
         vcpus,
@@ -820,7 +1066,16 @@ pub(crate) fn new_record(
         started_unix_ms: now,
         last_activity_unix_ms: now,
         recoveries: Vec::new(),
+        tenant: owner.tenant,
+        lineage: owner.lineage,
     }
+}
+
+/// Who owns a new sandbox and which lineage its archive joins.
+pub(crate) struct Owner {
+    pub tenant: String,
+    /// `None`: a lineage of its own (named by its id).
+    pub lineage: Option<String>,
 }
 
 fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u64) -> Result<()> {

@@ -489,6 +489,10 @@ fn pooled_record(t: &Template) -> SandboxRecord {
         },
         Origin::Template,
         None,
+        crate::node::Owner {
+            tenant: crate::record::DEFAULT_TENANT.to_owned(),
+            lineage: None,
+        },
     );
     if let Some(p) = r.pending.as_mut() {
         p.request = POOL_REQUEST.to_owned();

@@ -124,7 +124,7 @@ mod opt_ms {
 }
 
 /// The shape and environment a sandbox was created with.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SandboxOptions {
     /// vCPUs; `None`: the template's.
     pub vcpus: Option<u32>,
@@ -146,6 +146,31 @@ pub struct SandboxOptions {
     /// older records: none.
     #[serde(default)]
     pub secrets: Vec<SecretBinding>,
+    /// Whether guest access (exec, files, terminals, ports) to a Paused sandbox resumes it and
+    /// to a Suspended one restores it ([`crate::Node::guest_waking`]). Absent in older
+    /// records: on.
+    #[serde(default = "yes")]
+    pub auto_resume: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for SandboxOptions {
+    fn default() -> Self {
+        SandboxOptions {
+            vcpus: None,
+            memory_mib: None,
+            disk_mib: None,
+            env: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+            timeouts: TimeoutPolicy::default(),
+            egress: EgressPolicy::default(),
+            secrets: Vec::new(),
+            auto_resume: true,
+        }
+    }
 }
 
 /// What a snapshot holds.
@@ -200,6 +225,38 @@ pub struct SnapshotRecord {
     /// How long the guest's vCPUs were stopped to take it, in microseconds (zero when it was
     /// already paused).
     pub paused_for_us: u64,
+    /// Whether its files are on this node's disk (false once evicted, or for a snapshot known
+    /// only from the object store). Absent in older records: yes.
+    #[serde(default = "yes")]
+    pub local: bool,
+    /// Its copy in the object store, once uploaded (`docs/archive.md`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteCopy>,
+}
+
+/// A snapshot's copy in the object store.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteCopy {
+    /// BLAKE3 of the manifest object: checked before the manifest is used.
+    pub manifest_hash: String,
+    /// When the manifest was committed, ms since the Unix epoch.
+    pub uploaded_unix_ms: u64,
+    /// Bytes the upload wrote (new chunks and the manifest).
+    pub uploaded_bytes: u64,
+    /// Bytes the manifest references in the store (every chunk it uses, shared or not).
+    pub stored_bytes: u64,
+}
+
+impl SnapshotRecord {
+    /// Where the snapshot lives: `local`, `local+remote`, `remote`.
+    pub fn location(&self) -> &'static str {
+        match (self.local, self.remote.is_some()) {
+            (true, false) => "local",
+            (true, true) => "local+remote",
+            (false, true) => "remote",
+            (false, false) => "lost",
+        }
+    }
 }
 
 /// How the current (or last) VM of a sandbox was started: what crash recovery would redo.
@@ -282,6 +339,28 @@ pub struct SandboxRecord {
     /// [`MAX_RECOVERY_EVENTS`]). Absent from the file while empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub recoveries: Vec<RecoveryEvent>,
+    /// The tenant that owns the sandbox (set by the control plane at create; a fork inherits
+    /// it). Absent in older records: `default`.
+    #[serde(default = "default_tenant")]
+    pub tenant: String,
+    /// The lineage the sandbox's archived chunks and key belong to: its own id, or its fork
+    /// parent's lineage. Absent in older records: its own id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lineage: Option<String>,
+}
+
+/// The tenant of records that name none.
+pub const DEFAULT_TENANT: &str = "default";
+
+fn default_tenant() -> String {
+    DEFAULT_TENANT.to_owned()
+}
+
+impl SandboxRecord {
+    /// The lineage (its own id when the record names none).
+    pub fn lineage(&self) -> &str {
+        self.lineage.as_deref().unwrap_or(self.id.as_str())
+    }
 }
 
 /// How many recovery events a record keeps.
@@ -544,6 +623,8 @@ mod tests {
                 created_unix_ms: 1,
                 size_bytes: 2,
                 paused_for_us: 3,
+                local: true,
+                remote: None,
             }],
             failure: None,
             created_unix_ms: 10,
@@ -551,6 +632,8 @@ mod tests {
             started_unix_ms: 12,
             last_activity_unix_ms: 13,
             recoveries: Vec::new(),
+            tenant: DEFAULT_TENANT.into(),
+            lineage: None,
         }
     }
 

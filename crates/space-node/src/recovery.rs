@@ -694,6 +694,8 @@ fn complete_full(ctx: &Ctx, r: &SandboxRecord, id: &SnapshotId) -> Result<Option
         created_unix_ms: m.created_unix_ms,
         size_bytes: dir_size(&dir),
         paused_for_us: 0,
+        local: true,
+        remote: None,
     }))
 }
 

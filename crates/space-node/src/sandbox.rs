@@ -65,6 +65,10 @@ pub(crate) struct Ctx {
     pub auto_restore: bool,
     /// The egress gateway ([`crate::gateway`]).
     pub gateway: Arc<Gateway>,
+    /// The object store, when the node has one ([`crate::archive`]).
+    pub archive: Option<crate::archive::ArchiveConfig>,
+    /// Serializes template uploads and fetches (one per template build, not per sandbox).
+    pub archive_lock: tokio::sync::Mutex<()>,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -175,6 +179,13 @@ pub(crate) enum Request {
     /// Node shutdown: the VM is killed (`false`) or left running for the next node process
     /// to adopt (`true`); the record stays as it is (recovery picks it up).
     Shutdown(bool, Reply<()>),
+    /// From the archive pass: the snapshot that should go to the object store next, if any
+    /// (uploads of newest full snapshots at most every interval).
+    UploadJob(Option<Duration>, Reply<Option<crate::archive::UploadJob>>),
+    /// From the archive pass: a snapshot is in the store now.
+    Uploaded(SnapshotId, crate::record::RemoteCopy, Reply<()>),
+    /// Drop the local copy of an archived snapshot (Suspended only). Answers whether it did.
+    Evict(SnapshotId, Reply<bool>),
 }
 
 use State::{Failed, Paused, Running, Suspended, Terminated};
@@ -203,6 +214,9 @@ impl Request {
             Request::SetTimeouts(..) => "set timeouts",
             Request::SetEgress(..) => "set egress",
             Request::Shutdown(..) => "shutdown",
+            Request::UploadJob(..) => "upload",
+            Request::Uploaded(..) => "record upload",
+            Request::Evict(..) => "evict",
         }
     }
 
@@ -219,6 +233,8 @@ impl Request {
             Request::Touch(_) => &[Running, Paused, Suspended],
             Request::Timeout(..) => LIVE,
             Request::Rolling(..) => ALIVE_OR_SUSPENDED,
+            Request::UploadJob(..) | Request::Uploaded(..) => ALIVE_OR_SUSPENDED,
+            Request::Evict(..) => &[Suspended],
         }
     }
 
@@ -231,6 +247,9 @@ impl Request {
                 | Request::Shutdown(..)
                 | Request::Kill(_)
                 | Request::Rolling(..)
+                | Request::UploadJob(..)
+                | Request::Uploaded(..)
+                | Request::Evict(..)
         )
     }
 
@@ -251,6 +270,9 @@ impl Request {
             Request::Guest(r) => drop(r.send(Err(err))),
             Request::Timeout(_, r) => drop(r.send(Ok(false))),
             Request::Rolling(_, r) => drop(r.send(Err(err))),
+            Request::UploadJob(_, r) => drop(r.send(Ok(None))),
+            Request::Uploaded(_, _, r) => drop(r.send(Err(err))),
+            Request::Evict(_, r) => drop(r.send(Ok(false))),
         }
     }
 }
@@ -594,7 +616,7 @@ impl Sandbox {
                 let _ = r.send(res);
             }
             Request::Suspend(r) => {
-                let res = self.suspend().await;
+                let res = self.suspend(true).await;
                 let _ = r.send(res);
             }
             Request::Restore(r) => {
@@ -655,6 +677,16 @@ impl Sandbox {
             Request::SetEgress(policy, r) => {
                 let res = self.set_egress(policy);
                 let _ = r.send(res);
+            }
+            Request::UploadJob(interval, r) => {
+                let _ = r.send(Ok(self.upload_job(interval)));
+            }
+            Request::Uploaded(snap, remote, r) => {
+                let _ = r.send(self.uploaded(&snap, remote));
+            }
+            Request::Evict(snap, r) => {
+                let done = self.evict_local(&snap).await;
+                let _ = r.send(Ok(done));
             }
             Request::Shutdown(detach, r) => {
                 if let Some(vm) = self.vm.take() {
@@ -821,6 +853,8 @@ impl Sandbox {
             created_unix_ms: now_ms(),
             size_bytes: dir_size(&dir),
             paused_for_us: paused_for.as_micros() as u64,
+            local: true,
+            remote: None,
         })
     }
 
@@ -916,24 +950,116 @@ impl Sandbox {
         Ok(paused_for)
     }
 
-    async fn suspend(&mut self) -> Result<SnapshotRecord> {
+    /// Full snapshot, then the VM goes. With an object store the snapshot is uploaded first
+    /// and the VM stays (stopped) until its manifest is committed; if the upload fails and
+    /// `require_remote`, the VM runs on as before and the error is answered (nothing lost);
+    /// otherwise the sandbox is suspended on its local copy and a later pass uploads it.
+    async fn suspend(&mut self, require_remote: bool) -> Result<SnapshotRecord> {
         let id = self.new_snapshot_id("suspend");
         self.begin("suspend", Suspended, Some(&id))?;
-        let snap = match self
+        let archive = self.ctx.archive.clone();
+        // Stopped for the whole upload: the state uploaded is the state that stays.
+        let stopped_here = archive.is_some() && self.record.state == Running;
+        if stopped_here {
+            if let Err(e) = self.vm().pause().await {
+                self.abandon();
+                return Err(e.into());
+            }
+        }
+        let mut snap = match self
             .take_snapshot(&id, SnapshotKind::Full, SnapshotReason::Suspend)
             .await
         {
             Ok(s) => s,
             Err(e) => {
+                if stopped_here {
+                    self.resume_after_failure().await;
+                }
                 self.abandon();
                 return Err(e);
             }
         };
+        if let Some(cfg) = &archive {
+            let mut after = self.record.clone();
+            after.snapshots.push(snap.clone());
+            after.restore_point = Some(id.clone());
+            after.state = Suspended;
+            after.pending = None;
+            let dir = self
+                .ctx
+                .layout
+                .snapshot_dir(self.record.id.as_str(), id.as_str())?;
+            match crate::archive::upload_snapshot(&self.ctx, cfg, &after, &id, &dir).await {
+                Ok(remote) => snap.remote = Some(remote),
+                Err(e) if require_remote => {
+                    // The snapshot stays listed (an ordinary full snapshot now).
+                    self.record.snapshots.push(snap);
+                    if stopped_here {
+                        self.resume_after_failure().await;
+                    }
+                    self.abandon();
+                    return Err(e);
+                }
+                Err(e) => {
+                    tracing::warn!(id = %self.record.id, error = %e, "suspended on the local copy only; the upload is retried later");
+                }
+            }
+        }
         self.record.snapshots.push(snap.clone());
         self.record.restore_point = Some(id);
         self.stop_vm().await;
         self.finish(Suspended)?;
-        Ok(snap)
+        if snap.remote.is_some() && archive.as_ref().and_then(|c| c.cache_max_bytes) == Some(0) {
+            self.evict_local(&snap.id).await;
+        }
+        Ok(self.record.snapshot(&snap.id).cloned().unwrap_or(snap))
+    }
+
+    /// Drops the local copy of an archived snapshot (the record says where it lives).
+    pub(crate) async fn evict_local(&mut self, snap: &SnapshotId) -> bool {
+        let archived = self
+            .record
+            .snapshot(snap)
+            .is_some_and(|s| s.remote.is_some() && s.local);
+        if !archived {
+            return false;
+        }
+        if let Err(e) = crate::archive::evict(&self.ctx, &self.record.id, snap).await {
+            tracing::error!(id = %self.record.id, snapshot = %snap, error = %e, "evicting a local snapshot copy");
+            return false;
+        }
+        if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
+            s.local = false;
+        }
+        if let Err(e) = self.write() {
+            tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
+        }
+        true
+    }
+
+    /// Makes sure full snapshot `snap`'s files are on this node, fetching them from the
+    /// object store when they are not.
+    async fn ensure_local(&mut self, snap: &SnapshotId) -> Result<PathBuf> {
+        let dir = self
+            .ctx
+            .layout
+            .snapshot_dir(self.record.id.as_str(), snap.as_str())?;
+        if crate::archive::full_snapshot_present(&dir) {
+            return Ok(dir);
+        }
+        let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
+        let (Some(cfg), Some(remote)) = (self.ctx.archive.clone(), remote) else {
+            return Err(NodeError::Archive(format!(
+                "snapshot {snap} of {} is neither on this node nor in an object store it uses",
+                self.record.id
+            )));
+        };
+        crate::archive::fetch_snapshot(&self.ctx, &cfg, &self.record, snap, &remote.manifest_hash)
+            .await?;
+        if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
+            s.local = true;
+        }
+        Ok(dir)
     }
 
     /// Kills the VM and frees its RAM and disk files (the logs stay).
@@ -951,11 +1077,14 @@ impl Sandbox {
         let point = self.record.restore_point.clone().ok_or_else(|| {
             NodeError::Invalid("a suspended sandbox without a restore point".into())
         })?;
-        let dir = self
-            .ctx
-            .layout
-            .snapshot_dir(self.record.id.as_str(), point.as_str())?;
         self.begin("restore", Running, Some(&point))?;
+        let dir = match self.ensure_local(&point).await {
+            Ok(d) => d,
+            Err(e) => {
+                self.abandon();
+                return Err(e);
+            }
+        };
         clear_vm_files(&self.dir)?;
         match launch(
             &self.ctx,
@@ -1000,6 +1129,8 @@ impl Sandbox {
         // Everything that can be checked is checked before the current VM is touched.
         let how = match snap.kind {
             SnapshotKind::Full => {
+                // An archived snapshot whose local copy was evicted comes back first.
+                let snap_dir = self.ensure_local(&target).await?;
                 let m = space_runtime::Manifest::read(&snap_dir.join("manifest.json")).map_err(
                     |e| NodeError::Invalid(format!("snapshot {target} cannot be restored: {e}")),
                 )?;
@@ -1139,7 +1270,7 @@ impl Sandbox {
         let action = self.record.options.timeouts.action;
         tracing::info!(id = %self.record.id, ?kind, ?action, "timeout");
         match action {
-            TimeoutAction::Suspend => self.suspend().await.map(|_| true),
+            TimeoutAction::Suspend => self.suspend(false).await.map(|_| true),
             TimeoutAction::Kill => self.kill().await.map(|_| true),
         }
     }
@@ -1189,6 +1320,8 @@ pub struct CreateRequest {
     pub version: VersionReq,
     /// Shape, environment, metadata, timeouts.
     pub options: crate::record::SandboxOptions,
+    /// The owning tenant (its keys seal the sandbox's archive).
+    pub tenant: String,
 }
 
 impl CreateRequest {
@@ -1198,6 +1331,7 @@ impl CreateRequest {
             template,
             version: VersionReq::Latest,
             options: Default::default(),
+            tenant: crate::record::DEFAULT_TENANT.to_owned(),
         }
     }
 }

@@ -290,7 +290,12 @@ fn plan_deletions(
     } else {
         Liveness::Live
     };
-    let plan = policy.plan(&retention_input(r, extra), now, liveness);
+    // The newest archived snapshot is what the store's head names: kept while it is.
+    let mut extra = extra.to_vec();
+    if let Some(s) = r.snapshots.iter().rev().find(|s| s.remote.is_some()) {
+        extra.push(s.id.clone());
+    }
+    let plan = policy.plan(&retention_input(r, &extra), now, liveness);
     for d in plan.deleted() {
         tracing::info!(id = %r.id, "retention: {d}");
     }
@@ -337,9 +342,11 @@ async fn prune_terminated(
     if doomed.is_empty() {
         return Ok(doomed);
     }
+    let remote = crate::archive::archived(&r, &doomed);
     r.snapshots.retain(|s| !doomed.contains(&s.id));
     ctx.records.write(&r)?;
     delete_volumes(ctx, &r.id, &doomed).await;
+    crate::archive::delete_remote(ctx, &r.id, &remote).await;
     Ok(doomed)
 }
 
@@ -355,9 +362,11 @@ impl Sandbox {
         }
         let doomed = plan_deletions(&self.record, &job.retention, &job.in_use, now_ms());
         if !doomed.is_empty() {
+            let remote = crate::archive::archived(&self.record, &doomed);
             self.record.snapshots.retain(|s| !doomed.contains(&s.id));
             self.write()?;
             delete_volumes(&self.ctx, &self.record.id, &doomed).await;
+            crate::archive::delete_remote(&self.ctx, &self.record.id, &remote).await;
         }
         out.deleted = doomed;
         Ok(out)

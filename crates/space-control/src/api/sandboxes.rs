@@ -131,6 +131,8 @@ pub struct CreateBody {
     secrets: Vec<String>,
     #[serde(default)]
     egress: Option<space_node::gateway::EgressPolicy>,
+    #[serde(default)]
+    auto_resume: Option<bool>,
 }
 
 fn created(v: Value) -> Response {
@@ -196,7 +198,9 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
             timeouts,
             egress,
             secrets,
+            auto_resume: body.auto_resume.unwrap_or(true),
         },
+        tenant: tenant.to_string(),
     };
     let guard = quota::admit(&st.quotas, &st.node, &st.store, tenant, need).await?;
     let info = st.node.create(req).await?;

@@ -1,0 +1,516 @@
+//! Archiving a snapshot directory: cut every file into chunks, leave out zero chunks and
+//! chunks equal to the base template's at the same offset, name the rest by keyed hash, store
+//! each chunk the lineage does not have yet (compressed, sealed, packed), then write the flat
+//! manifest. Only new chunks travel, so a snapshot after small writes costs a few chunks.
+//!
+//! Order of writes: packs, then the manifest. A manifest is written only after every pack it
+//! names is in the store, so a reader never sees a manifest whose chunks are missing; packs
+//! left by an upload that failed before its manifest are referenced by nothing and garbage
+//! collection removes them.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use object_store::path::Path as ObjPath;
+use rand::RngCore;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::crypto::{ChunkId, LineageKeys};
+use crate::manifest::{self, BaseRef, ChunkLoc, FileMap, HostInfo, Manifest, Run, FORMAT};
+use crate::pack::{encode_chunk, PackBuilder};
+use crate::store::{Archive, StoreError};
+
+/// Chunk size of new manifests (`docs/archive.md` says why).
+pub const DEFAULT_CHUNK_SIZE: u32 = 256 << 10;
+/// A pack is sent once it holds this much.
+pub const DEFAULT_PACK_TARGET: usize = 32 << 20;
+/// Packs in flight at once.
+const PUTS_IN_FLIGHT: usize = 4;
+
+/// Errors of an upload.
+#[derive(Debug, thiserror::Error)]
+pub enum UploadError {
+    /// The store failed; nothing new is referenced.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Reading a snapshot file failed.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The spec is not valid.
+    #[error("invalid upload: {0}")]
+    Invalid(String),
+}
+
+/// One file to archive.
+#[derive(Debug, Clone)]
+pub struct SourceFile {
+    /// Its name in the manifest (relative path).
+    pub name: String,
+    /// Where it is on this host.
+    pub path: PathBuf,
+    /// The base template's file at the same offsets: its name in the template archive and its
+    /// path on this host.
+    pub base: Option<(String, PathBuf)>,
+}
+
+/// What to archive and under which names.
+#[derive(Debug, Clone)]
+pub struct UploadSpec {
+    /// Owner of the lineage.
+    pub tenant: String,
+    /// The lineage.
+    pub lineage: String,
+    /// The sandbox (or template) the snapshot belongs to.
+    pub sandbox: String,
+    /// The snapshot id.
+    pub snapshot: String,
+    /// Where the manifest goes.
+    pub manifest_path: ObjPath,
+    /// Chunk size ([`DEFAULT_CHUNK_SIZE`]).
+    pub chunk_size: u32,
+    /// Pack size target ([`DEFAULT_PACK_TARGET`]).
+    pub pack_target: usize,
+    /// The template the `base` files belong to.
+    pub base: Option<BaseRef>,
+    /// The host that took the snapshot.
+    pub host: Option<HostInfo>,
+    /// The sandbox's record.
+    pub record: serde_json::Value,
+    /// The files.
+    pub files: Vec<SourceFile>,
+}
+
+/// Chunks the lineage already has in the store, with where they are.
+#[derive(Debug, Default, Clone)]
+pub struct Known {
+    chunks: HashMap<ChunkId, (String, u64, u32, u32)>,
+}
+
+impl Known {
+    /// Adds every chunk `m` references.
+    pub fn add_manifest(&mut self, m: &Manifest) {
+        for c in &m.chunks {
+            if let Some(pack) = m.packs.get(c.pack as usize) {
+                self.chunks
+                    .entry(c.id)
+                    .or_insert_with(|| (pack.clone(), c.offset, c.len, c.plain_len));
+            }
+        }
+    }
+
+    /// How many chunks are known.
+    pub fn len(&self) -> usize {
+        self.chunks.len()
+    }
+
+    /// None known.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+}
+
+/// What an upload did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UploadReport {
+    /// Chunks in all files.
+    pub chunks: u64,
+    /// Zero chunks (not stored).
+    pub zero: u64,
+    /// Chunks equal to the base (not stored).
+    pub base: u64,
+    /// Chunks the lineage already had (not stored again).
+    pub reused: u64,
+    /// Chunks stored by this upload.
+    pub new_chunks: u64,
+    /// Their plaintext bytes.
+    pub new_plain_bytes: u64,
+    /// Bytes written to the store (packs and manifest).
+    pub uploaded_bytes: u64,
+    /// Packs written.
+    pub packs: u64,
+    /// The manifest object's size.
+    pub manifest_bytes: u64,
+    /// The manifest hash.
+    pub manifest_hash: String,
+    /// Wall time.
+    pub elapsed: Duration,
+}
+
+struct Cut {
+    files: Vec<FileMap>,
+    packs: Vec<String>,
+    chunks: Vec<ChunkLoc>,
+    report: UploadReport,
+}
+
+struct PackOut {
+    name: String,
+    bytes: Vec<u8>,
+}
+
+fn new_pack_name() -> String {
+    let mut b = [0u8; 16];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    hex::encode(b)
+}
+
+/// Archives the snapshot described by `spec` into `archive`, storing only chunks not in
+/// `known`; returns the manifest (written) and what it cost.
+pub async fn upload(
+    archive: &Archive,
+    keys: Arc<LineageKeys>,
+    spec: UploadSpec,
+    known: &Known,
+) -> Result<(Manifest, UploadReport), UploadError> {
+    let t0 = Instant::now();
+    if !(manifest::MIN_CHUNK..=manifest::MAX_CHUNK).contains(&spec.chunk_size)
+        || !spec.chunk_size.is_power_of_two()
+    {
+        return Err(UploadError::Invalid(format!(
+            "chunk size {} is not a power of two in {}..={}",
+            spec.chunk_size,
+            manifest::MIN_CHUNK,
+            manifest::MAX_CHUNK
+        )));
+    }
+    if keys.lineage() != spec.lineage {
+        return Err(UploadError::Invalid("keys of another lineage".into()));
+    }
+    let (tx, mut rx) = mpsc::channel::<PackOut>(2);
+    let worker = {
+        let (keys, files, known) = (keys.clone(), spec.files.clone(), known.clone());
+        let (cs, target) = (spec.chunk_size, spec.pack_target.max(1));
+        tokio::task::spawn_blocking(move || cut(&keys, &files, &known, cs, target, tx))
+    };
+    let mut puts: JoinSet<Result<u64, StoreError>> = JoinSet::new();
+    let mut uploaded = 0u64;
+    let mut failed: Option<StoreError> = None;
+    while let Some(pack) = rx.recv().await {
+        while puts.len() >= PUTS_IN_FLIGHT {
+            match puts.join_next().await {
+                Some(Ok(Ok(n))) => uploaded += n,
+                Some(Ok(Err(e))) => failed = Some(e),
+                Some(Err(e)) => failed = Some(join_error(e)),
+                None => break,
+            }
+        }
+        if failed.is_some() {
+            break;
+        }
+        let path = archive.pack_path(&spec.lineage, &pack.name)?;
+        let a = archive.clone();
+        puts.spawn(async move {
+            let n = pack.bytes.len() as u64;
+            a.put(&path, Bytes::from(pack.bytes)).await.map(|_| n)
+        });
+    }
+    // Stops the worker if we left the loop early (its sends fail).
+    drop(rx);
+    while let Some(r) = puts.join_next().await {
+        match r {
+            Ok(Ok(n)) => uploaded += n,
+            Ok(Err(e)) => failed = failed.or(Some(e)),
+            Err(e) => failed = failed.or(Some(join_error(e))),
+        }
+    }
+    let cut = worker
+        .await
+        .map_err(|e| UploadError::Invalid(format!("the chunking task failed: {e}")))?;
+    if let Some(e) = failed {
+        return Err(e.into());
+    }
+    let mut cut = cut?;
+    let m = Manifest {
+        format: FORMAT,
+        lineage: spec.lineage.clone(),
+        tenant: spec.tenant.clone(),
+        sandbox: spec.sandbox.clone(),
+        snapshot: spec.snapshot.clone(),
+        created_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
+        chunk_size: spec.chunk_size,
+        base: spec.base.clone(),
+        host: spec.host.clone(),
+        record: spec.record.clone(),
+        files: cut.files,
+        packs: cut.packs,
+        chunks: cut.chunks,
+    };
+    m.validate()
+        .map_err(|e| UploadError::Invalid(format!("made an invalid manifest: {e}")))?;
+    let object = m.encode(&keys);
+    if object.len() > manifest::MAX_MANIFEST_BYTES {
+        return Err(UploadError::Invalid(format!(
+            "the manifest is {} bytes, over the format's limit",
+            object.len()
+        )));
+    }
+    cut.report.manifest_hash = Manifest::hash(&object);
+    cut.report.manifest_bytes = object.len() as u64;
+    archive
+        .put(&spec.manifest_path, Bytes::from(object))
+        .await?;
+    cut.report.uploaded_bytes = uploaded + cut.report.manifest_bytes;
+    cut.report.elapsed = t0.elapsed();
+    Ok((m, cut.report))
+}
+
+fn join_error(e: tokio::task::JoinError) -> StoreError {
+    StoreError::Config(format!("an upload task failed: {e}"))
+}
+
+fn push_run(runs: &mut Vec<Run>, next: Run) {
+    match (runs.last_mut(), next) {
+        (Some(Run::Zero(n)), Run::Zero(m)) => *n += m,
+        (Some(Run::Base(n)), Run::Base(m)) => *n += m,
+        (Some(Run::Chunks(a)), Run::Chunks(b)) => a.extend(b),
+        (_, next) => runs.push(next),
+    }
+}
+
+/// The data ranges of a file (holes left out), from `SEEK_DATA`/`SEEK_HOLE`; the whole file
+/// when the filesystem does not say.
+fn data_ranges(f: &File, size: u64) -> Vec<(u64, u64)> {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    let mut out = Vec::new();
+    let mut pos: i64 = 0;
+    while (pos as u64) < size {
+        // SAFETY: lseek on a file descriptor we own; it reads no memory of ours.
+        let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
+        if data < 0 {
+            let errno = std::io::Error::last_os_error().raw_os_error();
+            if errno == Some(libc::ENXIO) {
+                break; // no data after pos
+            }
+            return vec![(0, size)];
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return vec![(0, size)];
+        }
+        out.push((data as u64, (hole as u64).min(size)));
+        pos = hole;
+    }
+    out
+}
+
+fn overlaps(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
+    // Ranges are sorted and disjoint: find the first that ends after `start`.
+    let i = ranges.partition_point(|&(_, e)| e <= start);
+    ranges.get(i).is_some_and(|&(s, _)| s < end)
+}
+
+fn cut(
+    keys: &LineageKeys,
+    files: &[SourceFile],
+    known: &Known,
+    cs: u32,
+    target: usize,
+    tx: mpsc::Sender<PackOut>,
+) -> Result<Cut, UploadError> {
+    let mut report = UploadReport::default();
+    let mut packs: Vec<String> = Vec::new();
+    let mut pack_index: HashMap<String, u32> = HashMap::new();
+    let mut chunks: Vec<ChunkLoc> = Vec::new();
+    let mut by_id: HashMap<ChunkId, u32> = HashMap::new();
+    let mut maps = Vec::with_capacity(files.len());
+    let mut current = PackBuilder::default();
+    let mut current_name = new_pack_name();
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| UploadError::Io { path, source }
+    };
+    let mut intern_pack = |name: &str, packs: &mut Vec<String>| -> u32 {
+        *pack_index.entry(name.to_owned()).or_insert_with(|| {
+            packs.push(name.to_owned());
+            (packs.len() - 1) as u32
+        })
+    };
+    let mut buf = vec![0u8; cs as usize];
+    let mut base_buf = vec![0u8; cs as usize];
+    for sf in files {
+        if !manifest::safe_relative_path(&sf.name) {
+            return Err(UploadError::Invalid(format!("file name {:?}", sf.name)));
+        }
+        let f = File::open(&sf.path).map_err(io(&sf.path))?;
+        let meta = f.metadata().map_err(io(&sf.path))?;
+        let size = meta.len();
+        let ranges = data_ranges(&f, size);
+        let base = match &sf.base {
+            Some((name, path)) => {
+                let bf = File::open(path).map_err(io(path))?;
+                let bsize = bf.metadata().map_err(io(path))?.len();
+                Some((name.clone(), bf, bsize, path.clone()))
+            }
+            None => None,
+        };
+        let mut runs = Vec::new();
+        let count = manifest::chunk_count(size, cs);
+        for index in 0..count {
+            let off = index * cs as u64;
+            let len = manifest::chunk_len(size, cs, index) as usize;
+            report.chunks += 1;
+            if !overlaps(&ranges, off, off + len as u64) {
+                report.zero += 1;
+                push_run(&mut runs, Run::Zero(1));
+                continue;
+            }
+            let chunk = &mut buf[..len];
+            f.read_exact_at(chunk, off).map_err(io(&sf.path))?;
+            if chunk.iter().all(|&b| b == 0) {
+                report.zero += 1;
+                push_run(&mut runs, Run::Zero(1));
+                continue;
+            }
+            if let Some((_, bf, bsize, bpath)) = &base {
+                if off + len as u64 <= *bsize {
+                    let b = &mut base_buf[..len];
+                    bf.read_exact_at(b, off).map_err(io(bpath))?;
+                    if b == chunk {
+                        report.base += 1;
+                        push_run(&mut runs, Run::Base(1));
+                        continue;
+                    }
+                }
+            }
+            let id = keys.chunk_id(chunk);
+            let idx = if let Some(&i) = by_id.get(&id) {
+                report.reused += 1;
+                i
+            } else if let Some((pack, offset, slen, plain_len)) = known.chunks.get(&id) {
+                report.reused += 1;
+                let p = intern_pack(pack, &mut packs);
+                chunks.push(ChunkLoc {
+                    id,
+                    pack: p,
+                    offset: *offset,
+                    len: *slen,
+                    plain_len: *plain_len,
+                });
+                by_id.insert(id, (chunks.len() - 1) as u32);
+                (chunks.len() - 1) as u32
+            } else {
+                let sealed = encode_chunk(keys, &id, chunk);
+                let (offset, slen) = current.push(&sealed);
+                let p = intern_pack(&current_name, &mut packs);
+                chunks.push(ChunkLoc {
+                    id,
+                    pack: p,
+                    offset,
+                    len: slen,
+                    plain_len: len as u32,
+                });
+                report.new_chunks += 1;
+                report.new_plain_bytes += len as u64;
+                by_id.insert(id, (chunks.len() - 1) as u32);
+                if current.len() >= target {
+                    let full = std::mem::take(&mut current);
+                    let name = std::mem::replace(&mut current_name, new_pack_name());
+                    report.packs += 1;
+                    if tx
+                        .blocking_send(PackOut {
+                            name,
+                            bytes: full.finish(),
+                        })
+                        .is_err()
+                    {
+                        return Err(UploadError::Invalid("the upload stopped".into()));
+                    }
+                }
+                (chunks.len() - 1) as u32
+            };
+            push_run(&mut runs, Run::Chunks(vec![idx]));
+        }
+        maps.push(FileMap {
+            name: sf.name.clone(),
+            size,
+            mode: meta.mode() & 0o7777,
+            base: base.as_ref().map(|(n, ..)| n.clone()),
+            runs,
+        });
+    }
+    if !current.is_empty() {
+        report.packs += 1;
+        if tx
+            .blocking_send(PackOut {
+                name: current_name,
+                bytes: current.finish(),
+            })
+            .is_err()
+        {
+            return Err(UploadError::Invalid("the upload stopped".into()));
+        }
+    }
+    Ok(Cut {
+        files: maps,
+        packs,
+        chunks,
+        report,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_merge() {
+        let mut r = Vec::new();
+        for x in [
+            Run::Zero(1),
+            Run::Zero(2),
+            Run::Base(1),
+            Run::Chunks(vec![0]),
+            Run::Chunks(vec![1]),
+            Run::Zero(1),
+        ] {
+            push_run(&mut r, x);
+        }
+        assert_eq!(
+            r,
+            vec![
+                Run::Zero(3),
+                Run::Base(1),
+                Run::Chunks(vec![0, 1]),
+                Run::Zero(1)
+            ]
+        );
+    }
+
+    #[test]
+    fn holes_are_found() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("sparse");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .read(true)
+            .write(true)
+            .open(&p)
+            .unwrap();
+        f.set_len(16 << 20).unwrap();
+        f.write_all_at(b"x", 8 << 20).unwrap();
+        let r = data_ranges(&f, 16 << 20);
+        assert!(!r.is_empty());
+        assert!(overlaps(&r, 8 << 20, (8 << 20) + 1));
+        // On filesystems that report holes, the start is one.
+        if r[0].0 > 0 {
+            assert!(!overlaps(&r, 0, 4096));
+        }
+    }
+}

@@ -1,0 +1,785 @@
+//! The node's side of the object store (`docs/archive.md`): snapshots go up on suspend and on
+//! a schedule, come back down when a restore finds no local copy, and a node with an empty data
+//! directory finds every archived sandbox in the store.
+//!
+//! The format itself (chunks, packs, manifests, keys) is `space-archive`. This module decides
+//! what goes up and when, names the base template of each file, keeps the record in step, and
+//! materializes snapshots and templates into the data directory the way the rest of the node
+//! expects them (a complete read-only volume, or nothing).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use space_archive::crypto::LineageKeys;
+use space_archive::fetch::DEFAULT_PARALLEL_READS;
+use space_archive::upload::{
+    Known, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE, DEFAULT_PACK_TARGET,
+};
+use space_archive::{Archive, BaseRef, HostInfo, KeyError, Keyring, Manifest};
+
+use crate::error::{NodeError, Result};
+use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
+use crate::record::{now_ms, RemoteCopy, SandboxRecord, SnapshotKind, State};
+use crate::sandbox::Ctx;
+use crate::template::{self, blocking, Template};
+
+/// The tenant whose keys seal template archives (templates are the deployment's, not a
+/// tenant's).
+pub const TEMPLATE_TENANT: &str = "_templates";
+/// Files of a full snapshot, in upload order.
+const SNAPSHOT_FILES: &[&str] = &["mem", "rootfs.ext4", "state", "manifest.json"];
+/// Files of a template build.
+const TEMPLATE_FILES: &[&str] = &[
+    "vmlinux",
+    "rootfs.ext4",
+    "snapshot/mem",
+    "snapshot/rootfs.ext4",
+    "snapshot/state",
+    "snapshot/manifest.json",
+    "template.json",
+];
+
+/// How a node uses the object store.
+#[derive(Clone)]
+pub struct ArchiveConfig {
+    /// The store.
+    pub archive: Archive,
+    /// The key hierarchy over it.
+    pub keyring: Arc<Keyring>,
+    /// Chunk size of new manifests.
+    pub chunk_size: u32,
+    /// Pack size target.
+    pub pack_target: usize,
+    /// The newest full snapshot of every running sandbox goes up this often (`None`: only on
+    /// suspend and request).
+    pub upload_interval: Option<Duration>,
+    /// Local copies of snapshots of suspended sandboxes that are also in the store are a
+    /// cache: evicted, least recently suspended first, while they take more than this.
+    /// `Some(0)` evicts each right after its upload; `None` never evicts by size.
+    pub cache_max_bytes: Option<u64>,
+    /// ... and while the data directory's filesystem has less free space than this.
+    pub min_free_bytes: u64,
+}
+
+impl std::fmt::Debug for ArchiveConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ArchiveConfig")
+            .field("archive", &self.archive.name())
+            .field("chunk_size", &self.chunk_size)
+            .field("upload_interval", &self.upload_interval)
+            .field("cache_max_bytes", &self.cache_max_bytes)
+            .finish()
+    }
+}
+
+impl ArchiveConfig {
+    /// Defaults over `archive` and `keyring`: 256 KiB chunks, 32 MiB packs, an upload of each
+    /// running sandbox's newest full snapshot every 10 minutes, a cache limited by free space
+    /// (2 GiB kept free).
+    pub fn new(archive: Archive, keyring: Arc<Keyring>) -> ArchiveConfig {
+        ArchiveConfig {
+            archive,
+            keyring,
+            chunk_size: DEFAULT_CHUNK_SIZE,
+            pack_target: DEFAULT_PACK_TARGET,
+            upload_interval: Some(Duration::from_secs(600)),
+            cache_max_bytes: None,
+            min_free_bytes: 2 << 30,
+        }
+    }
+}
+
+fn key_error(e: KeyError) -> NodeError {
+    match e {
+        KeyError::Store(s) => NodeError::Archive(s.to_string()),
+        other => NodeError::Key(other.to_string()),
+    }
+}
+
+fn archive_error<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> NodeError + '_ {
+    move |e| NodeError::Archive(format!("{what}: {e}"))
+}
+
+/// What this host is, as a manifest records it.
+pub(crate) fn host_info(ctx: &Ctx) -> HostInfo {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |name: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    HostInfo {
+        qemu: ctx.runtime.version().to_string(),
+        accel: ctx.runtime.accel().to_string(),
+        cpu_model: field("model name"),
+        cpu_flags: blake3::hash(field("flags").as_bytes()).to_hex().to_string(),
+    }
+}
+
+/// Refuses a snapshot this host cannot load: another QEMU build or accelerator, or under KVM
+/// another CPU feature set (the guest saw the host's CPU).
+pub(crate) fn check_host(ctx: &Ctx, m: &Manifest) -> Result<()> {
+    let Some(h) = &m.host else { return Ok(()) };
+    let me = host_info(ctx);
+    if h.qemu != me.qemu || h.accel != me.accel {
+        return Err(NodeError::Invalid(format!(
+            "snapshot {} of {} was taken with QEMU {} under {}; this node runs QEMU {} under {}",
+            m.snapshot, m.sandbox, h.qemu, h.accel, me.qemu, me.accel
+        )));
+    }
+    if me.accel == "kvm" && h.cpu_flags != me.cpu_flags {
+        return Err(NodeError::Invalid(format!(
+            "snapshot {} of {} was taken under KVM on a {} with other CPU features than this \
+             node's {}",
+            m.snapshot, m.sandbox, h.cpu_model, me.cpu_model
+        )));
+    }
+    Ok(())
+}
+
+// ---- templates -------------------------------------------------------------------------
+
+#[derive(Debug, Serialize, Deserialize)]
+struct TemplateArchived {
+    manifest_hash: String,
+}
+
+fn template_lineage(t: &TemplateRef) -> String {
+    format!("tpl.{}.{}", t.name, t.version)
+}
+
+fn template_record_path(ctx: &Ctx, t: &TemplateRef) -> PathBuf {
+    ctx.layout
+        .root()
+        .join("state")
+        .join("archive")
+        .join("templates")
+        .join(format!("{}@{}.json", t.name, t.version))
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let dir = path.parent().expect("state paths have a parent");
+    std::fs::create_dir_all(dir).map_err(NodeError::io("creating", dir))?;
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec_pretty(value).expect("serializes");
+    std::fs::write(&tmp, bytes).map_err(NodeError::io("writing", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(NodeError::io("renaming", path))
+}
+
+/// The template build as a base: its archive's manifest hash, uploading it first when the
+/// store does not have it yet (once per build; later sandboxes of the template reuse it).
+pub(crate) async fn template_base(ctx: &Ctx, cfg: &ArchiveConfig, t: &Template) -> Result<BaseRef> {
+    let tref = t.template_ref();
+    let local = template_record_path(ctx, tref);
+    let _guard = ctx.archive_lock.lock().await;
+    if let Ok(bytes) = std::fs::read(&local) {
+        if let Ok(rec) = serde_json::from_slice::<TemplateArchived>(&bytes) {
+            return Ok(BaseRef {
+                name: tref.name.to_string(),
+                version: tref.version.to_string(),
+                manifest_hash: rec.manifest_hash,
+            });
+        }
+    }
+    let a = &cfg.archive;
+    let (name, version) = (tref.name.as_str(), tref.version.as_str());
+    let head_path = a
+        .template_path(name, version, "head")
+        .map_err(archive_error("template head"))?;
+    let hash = match a
+        .get_small(&head_path)
+        .await
+        .map_err(|e| NodeError::Archive(e.to_string()))?
+    {
+        // Versions are immutable and unique per build: the store's copy is this build.
+        Some(bytes) => {
+            serde_json::from_slice::<TemplateArchived>(&bytes)
+                .map_err(archive_error("template head"))?
+                .manifest_hash
+        }
+        None => {
+            let lineage = template_lineage(tref);
+            let keys = cfg
+                .keyring
+                .lineage_keys(TEMPLATE_TENANT, &lineage, true, false)
+                .await
+                .map_err(key_error)?;
+            let spec = UploadSpec {
+                tenant: TEMPLATE_TENANT.into(),
+                lineage,
+                sandbox: format!("{name}@{version}"),
+                snapshot: "build".into(),
+                manifest_path: a
+                    .template_path(name, version, "manifest")
+                    .map_err(archive_error("template manifest"))?,
+                chunk_size: cfg.chunk_size,
+                pack_target: cfg.pack_target,
+                base: None,
+                host: Some(host_info(ctx)),
+                record: serde_json::to_value(&t.manifest).expect("serializes"),
+                files: TEMPLATE_FILES
+                    .iter()
+                    .map(|f| SourceFile {
+                        name: (*f).into(),
+                        path: t.dir.join(f),
+                        base: None,
+                    })
+                    .collect(),
+            };
+            let (_, report) = space_archive::upload(a, keys, spec, &Known::default())
+                .await
+                .map_err(|e| NodeError::Archive(format!("uploading template {tref}: {e}")))?;
+            tracing::info!(
+                template = %tref, bytes = report.uploaded_bytes, chunks = report.new_chunks,
+                took = ?report.elapsed, "template archived"
+            );
+            let head = TemplateArchived {
+                manifest_hash: report.manifest_hash.clone(),
+            };
+            a.put(
+                &head_path,
+                serde_json::to_vec(&head).expect("serializes").into(),
+            )
+            .await
+            .map_err(|e| NodeError::Archive(e.to_string()))?;
+            report.manifest_hash
+        }
+    };
+    write_json(
+        &local,
+        &TemplateArchived {
+            manifest_hash: hash.clone(),
+        },
+    )?;
+    Ok(BaseRef {
+        name: name.into(),
+        version: version.into(),
+        manifest_hash: hash,
+    })
+}
+
+/// The template build `t`, fetched from the store when this node does not have it. A local
+/// build is used as a base only if it is the archived one (same manifest hash).
+pub(crate) async fn local_template(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    base: &BaseRef,
+) -> Result<Template> {
+    let name: TemplateName = base.name.parse()?;
+    let tref = TemplateRef::new(&base.name, &base.version)?;
+    if let Ok(t) = template::resolve(&ctx.layout, &name, &VersionReq::Exact(tref.version.clone())) {
+        let ours = std::fs::read(template_record_path(ctx, &tref))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<TemplateArchived>(&b).ok());
+        return match ours {
+            Some(r) if r.manifest_hash == base.manifest_hash => Ok(t),
+            Some(_) => Err(NodeError::Archive(format!(
+                "template {tref} on this node is not the build the snapshot was based on"
+            ))),
+            // Built here and never archived: versions are unique per build, so it is that one.
+            None => Ok(t),
+        };
+    }
+    let _guard = ctx.archive_lock.lock().await;
+    let a = &cfg.archive;
+    let lineage = template_lineage(&tref);
+    let keys = cfg
+        .keyring
+        .lineage_keys(TEMPLATE_TENANT, &lineage, false, true)
+        .await
+        .map_err(key_error)?;
+    let mpath = a
+        .template_path(&base.name, &base.version, "manifest")
+        .map_err(archive_error("template manifest"))?;
+    let object = a
+        .get_bounded(&mpath, space_archive::manifest::MAX_MANIFEST_BYTES as u64)
+        .await
+        .map_err(|e| NodeError::Archive(e.to_string()))?
+        .ok_or_else(|| {
+            NodeError::Archive(format!(
+                "template {tref} is neither on this node nor in the object store"
+            ))
+        })?;
+    let sandbox = format!("{}@{}", base.name, base.version);
+    let m = Manifest::decode(&object, Some(&base.manifest_hash), &keys, &sandbox, "build")
+        .map_err(|e| NodeError::Archive(format!("template {tref}: {e}")))?;
+    check_host(ctx, &m)?;
+    let final_dir = ctx.layout.template_dir(&base.name, &base.version)?;
+    let parent = final_dir
+        .parent()
+        .expect("template dirs have a parent")
+        .to_owned();
+    std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
+    let tmp = parent.join(format!(".fetch-{}-{}", base.version, std::process::id()));
+    let t0 = std::time::Instant::now();
+    materialize_into(ctx, cfg, keys, &m, &tmp, None).await?;
+    let fixed = fix_kernel_path(
+        &tmp.join("snapshot/manifest.json"),
+        &final_dir.join("vmlinux"),
+    );
+    let placed = fixed.and_then(|_| {
+        std::fs::rename(&tmp, &final_dir).map_err(NodeError::io("placing", &final_dir))
+    });
+    if let Err(e) = placed {
+        let _ = ctx.storage.delete_volume(&tmp);
+        return Err(e);
+    }
+    ctx.storage.set_readonly(&final_dir)?;
+    write_json(
+        &template_record_path(ctx, &tref),
+        &TemplateArchived {
+            manifest_hash: base.manifest_hash.clone(),
+        },
+    )?;
+    tracing::info!(template = %tref, took = ?t0.elapsed(), "template fetched from the object store");
+    template::resolve(&ctx.layout, &name, &VersionReq::Exact(tref.version))
+}
+
+/// Points a runtime snapshot manifest at this node's copy of the kernel.
+fn fix_kernel_path(manifest: &Path, kernel: &Path) -> Result<()> {
+    let mut m = space_runtime::Manifest::read(manifest)
+        .map_err(|e| NodeError::Archive(format!("fetched snapshot manifest: {e}")))?;
+    m.kernel.path = kernel.to_owned();
+    std::fs::remove_file(manifest).map_err(NodeError::io("replacing", manifest))?;
+    m.write(manifest)
+        .map_err(|e| NodeError::Archive(format!("writing {}: {e}", manifest.display())))
+}
+
+/// Fetches `m` into a new volume `dir` (removed again on any failure).
+async fn materialize_into(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    keys: Arc<LineageKeys>,
+    m: &Manifest,
+    dir: &Path,
+    base_dir: Option<&Path>,
+) -> Result<()> {
+    {
+        let (s, d) = (ctx.storage.clone(), dir.to_owned());
+        blocking(move || {
+            s.delete_volume(&d)?;
+            Ok(s.create_volume(&d)?)
+        })
+        .await?;
+    }
+    let storage = ctx.storage.clone();
+    let clone: space_archive::CloneFile = Arc::new(move |src: &Path, dst: &Path| {
+        storage
+            .clone_file(src, dst)
+            .map(|_| ())
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    });
+    let r = space_archive::materialize(
+        &cfg.archive,
+        keys,
+        m,
+        dir,
+        base_dir,
+        clone,
+        DEFAULT_PARALLEL_READS,
+    )
+    .await;
+    match r {
+        Ok(report) => {
+            tracing::debug!(dir = %dir.display(), chunks = report.chunks, bytes = report.fetched_bytes, took = ?report.elapsed, "fetched");
+            Ok(())
+        }
+        Err(e) => {
+            let (s, d) = (ctx.storage.clone(), dir.to_owned());
+            let _ = blocking(move || Ok(s.delete_volume(&d)?)).await;
+            Err(NodeError::Archive(format!(
+                "fetching snapshot {} of {}: {e}",
+                m.snapshot, m.sandbox
+            )))
+        }
+    }
+}
+
+// ---- sandbox snapshots ---------------------------------------------------------------
+
+/// The chunks the lineage already has that a new upload of `r` can reuse: those of the
+/// sandbox's newest archived snapshot, or for a fork's first upload, its parent's.
+async fn known_chunks(cfg: &ArchiveConfig, r: &SandboxRecord, keys: &LineageKeys) -> Known {
+    let mut known = Known::default();
+    let a = &cfg.archive;
+    let newest = r.snapshots.iter().rev().find_map(|s| {
+        s.remote
+            .as_ref()
+            .map(|rc| (r.id.to_string(), s.id.to_string(), rc.manifest_hash.clone()))
+    });
+    let from = match newest {
+        Some(x) => Some(x),
+        None => match &r.forked_from {
+            Some((parent, _)) => a
+                .head(parent.as_str())
+                .await
+                .ok()
+                .flatten()
+                .filter(|h| h.lineage == r.lineage())
+                .map(|h| (h.sandbox, h.snapshot, h.manifest_hash)),
+            None => None,
+        },
+    };
+    if let Some((sandbox, snapshot, hash)) = from {
+        match fetch_manifest(cfg, keys, &sandbox, &snapshot, &hash).await {
+            Ok(m) => known.add_manifest(&m),
+            Err(e) => {
+                tracing::warn!(id = %r.id, error = %e, "previous manifest unreadable; uploading every chunk")
+            }
+        }
+    }
+    known
+}
+
+async fn fetch_manifest(
+    cfg: &ArchiveConfig,
+    keys: &LineageKeys,
+    sandbox: &str,
+    snapshot: &str,
+    hash: &str,
+) -> Result<Manifest> {
+    let a = &cfg.archive;
+    let p = a
+        .manifest_path(sandbox, snapshot)
+        .map_err(archive_error("manifest path"))?;
+    let object = a
+        .get_bounded(&p, space_archive::manifest::MAX_MANIFEST_BYTES as u64)
+        .await
+        .map_err(|e| NodeError::Archive(e.to_string()))?
+        .ok_or_else(|| {
+            NodeError::Archive(format!(
+                "the manifest of snapshot {snapshot} of {sandbox} is not in the object store"
+            ))
+        })?;
+    Manifest::decode(&object, Some(hash), keys, sandbox, snapshot)
+        .map_err(|e| NodeError::Archive(format!("snapshot {snapshot} of {sandbox}: {e}")))
+}
+
+/// Uploads full snapshot `snap` of `r` (its files in `dir`), with `r` as the record the
+/// manifest carries; writes the sandbox's head. Returns the remote copy to record.
+pub(crate) async fn upload_snapshot(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    dir: &Path,
+) -> Result<RemoteCopy> {
+    let t = template::resolve(
+        &ctx.layout,
+        &r.template.name,
+        &VersionReq::Exact(r.template.version.clone()),
+    )?;
+    let base = template_base(ctx, cfg, &t).await?;
+    let keys = cfg
+        .keyring
+        .lineage_keys(&r.tenant, r.lineage(), true, false)
+        .await
+        .map_err(key_error)?;
+    let known = known_chunks(cfg, r, &keys).await;
+    let a = &cfg.archive;
+    let spec = UploadSpec {
+        tenant: r.tenant.clone(),
+        lineage: r.lineage().to_owned(),
+        sandbox: r.id.to_string(),
+        snapshot: snap.to_string(),
+        manifest_path: a
+            .manifest_path(r.id.as_str(), snap.as_str())
+            .map_err(archive_error("manifest path"))?,
+        chunk_size: cfg.chunk_size,
+        pack_target: cfg.pack_target,
+        base: Some(base),
+        host: Some(host_info(ctx)),
+        record: serde_json::to_value(r).expect("a record serializes"),
+        files: SNAPSHOT_FILES
+            .iter()
+            .map(|f| SourceFile {
+                name: (*f).into(),
+                path: dir.join(f),
+                base: match *f {
+                    "mem" => Some(("snapshot/mem".into(), t.dir.join("snapshot/mem"))),
+                    "rootfs.ext4" => Some((
+                        "snapshot/rootfs.ext4".into(),
+                        t.dir.join("snapshot/rootfs.ext4"),
+                    )),
+                    _ => None,
+                },
+            })
+            .collect(),
+    };
+    let (m, report) = space_archive::upload(a, keys, spec, &known)
+        .await
+        .map_err(|e| NodeError::Archive(format!("uploading snapshot {snap} of {}: {e}", r.id)))?;
+    let head = space_archive::Head {
+        format: 1,
+        sandbox: r.id.to_string(),
+        tenant: r.tenant.clone(),
+        lineage: r.lineage().to_owned(),
+        snapshot: snap.to_string(),
+        manifest_hash: report.manifest_hash.clone(),
+        updated_unix_ms: now_ms(),
+    };
+    a.put_head(&head)
+        .await
+        .map_err(|e| NodeError::Archive(format!("committing snapshot {snap} of {}: {e}", r.id)))?;
+    tracing::info!(
+        id = %r.id, snapshot = %snap, new_chunks = report.new_chunks, reused = report.reused,
+        zero = report.zero, base = report.base, bytes = report.uploaded_bytes,
+        took = ?report.elapsed, "snapshot archived"
+    );
+    Ok(RemoteCopy {
+        manifest_hash: report.manifest_hash,
+        uploaded_unix_ms: now_ms(),
+        uploaded_bytes: report.uploaded_bytes,
+        stored_bytes: m.stored_bytes(),
+    })
+}
+
+/// Whether a full snapshot's files are complete in `dir`.
+pub(crate) fn full_snapshot_present(dir: &Path) -> bool {
+    let Ok(m) = space_runtime::Manifest::read(&dir.join("manifest.json")) else {
+        return false;
+    };
+    let len = |n: &str| std::fs::metadata(dir.join(n)).map(|m| m.len()).ok();
+    len("mem") == Some(m.memory_bytes())
+        && len("state") == Some(m.state_bytes)
+        && len("rootfs.ext4").is_some()
+}
+
+/// Fetches archived full snapshot `snap` of `r` into its snapshot directory (a complete,
+/// read-only volume, or nothing).
+pub(crate) async fn fetch_snapshot(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    hash: &str,
+) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    // Always unwrapped anew: a disabled master key stops restores at once.
+    let keys = cfg
+        .keyring
+        .lineage_keys(&r.tenant, r.lineage(), false, true)
+        .await
+        .map_err(key_error)?;
+    let m = fetch_manifest(cfg, &keys, r.id.as_str(), snap.as_str(), hash).await?;
+    check_host(ctx, &m)?;
+    let base = m
+        .base
+        .clone()
+        .ok_or_else(|| NodeError::Archive("a snapshot manifest without its template".into()))?;
+    let t = local_template(ctx, cfg, &base).await?;
+    let final_dir = ctx.layout.snapshot_dir(r.id.as_str(), snap.as_str())?;
+    let parent = ctx.layout.snapshots_of(r.id.as_str())?;
+    std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
+    // Hidden while incomplete; recovery removes leftovers (not a snapshot id).
+    let tmp = parent.join(format!(".fetch-{}-{}", snap, std::process::id()));
+    materialize_into(ctx, cfg, keys, &m, &tmp, Some(&t.dir)).await?;
+    let placed = fix_kernel_path(&tmp.join("manifest.json"), &t.kernel()).and_then(|_| {
+        let (s, d) = (ctx.storage.clone(), final_dir.clone());
+        s.delete_volume(&d)?;
+        std::fs::rename(&tmp, &final_dir).map_err(NodeError::io("placing", &final_dir))
+    });
+    if let Err(e) = placed {
+        let _ = ctx.storage.delete_volume(&tmp);
+        return Err(e);
+    }
+    ctx.storage.set_readonly(&final_dir)?;
+    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot fetched from the object store");
+    Ok(())
+}
+
+/// The snapshots among `ids` that have a copy in the store.
+pub(crate) fn archived(r: &SandboxRecord, ids: &[SnapshotId]) -> Vec<SnapshotId> {
+    r.snapshots
+        .iter()
+        .filter(|s| s.remote.is_some() && ids.contains(&s.id))
+        .map(|s| s.id.clone())
+        .collect()
+}
+
+/// Deletes the manifests of archived snapshots that retention dropped (their packs go with
+/// garbage collection once nothing references them). Failures are logged: an unlisted
+/// manifest is only space.
+pub(crate) async fn delete_remote(ctx: &Ctx, id: &SandboxId, snaps: &[SnapshotId]) {
+    let Some(cfg) = &ctx.archive else { return };
+    for s in snaps {
+        let r = match cfg.archive.manifest_path(id.as_str(), s.as_str()) {
+            Ok(p) => cfg.archive.delete(&p).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            tracing::warn!(%id, snapshot = %s, error = %e, "retention: deleting an archived manifest");
+        }
+    }
+}
+
+/// What the archive pass uploads for one sandbox: a snapshot, and the record its manifest
+/// carries.
+pub(crate) struct UploadJob {
+    pub record: SandboxRecord,
+    pub snapshot: SnapshotId,
+    pub dir: PathBuf,
+}
+
+impl crate::sandbox::Sandbox {
+    /// The next snapshot this sandbox should have in the store, if any: a suspended
+    /// sandbox's restore point, a snapshot taken on request, or (every `interval`) the newest
+    /// full snapshot of a live one. Only snapshots whose files are here.
+    pub(crate) fn upload_job(&self, interval: Option<Duration>) -> Option<UploadJob> {
+        let r = &self.record;
+        let local_full = |s: &&crate::record::SnapshotRecord| {
+            s.kind == SnapshotKind::Full && s.local && s.remote.is_none()
+        };
+        let pick = match r.state {
+            State::Suspended => r
+                .restore_point
+                .as_ref()
+                .and_then(|p| r.snapshot(p))
+                .filter(local_full),
+            State::Running | State::Paused => {
+                let requested = r
+                    .snapshots
+                    .iter()
+                    .filter(local_full)
+                    .find(|s| s.reason == crate::record::SnapshotReason::Request);
+                requested.or_else(|| {
+                    let interval = interval?;
+                    let last = r
+                        .snapshots
+                        .iter()
+                        .filter_map(|s| s.remote.as_ref().map(|rc| rc.uploaded_unix_ms))
+                        .max()
+                        .unwrap_or(0);
+                    if now_ms().saturating_sub(last) < interval.as_millis() as u64 {
+                        return None;
+                    }
+                    r.snapshots
+                        .iter()
+                        .rev()
+                        .find(|s| s.kind == SnapshotKind::Full)
+                        .filter(local_full)
+                })
+            }
+            _ => None,
+        }?;
+        let dir = self
+            .ctx
+            .layout
+            .snapshot_dir(r.id.as_str(), pick.id.as_str())
+            .ok()?;
+        full_snapshot_present(&dir).then(|| UploadJob {
+            record: r.clone(),
+            snapshot: pick.id.clone(),
+            dir,
+        })
+    }
+
+    /// Records an upload the archive pass made.
+    pub(crate) fn uploaded(&mut self, snap: &SnapshotId, remote: RemoteCopy) -> Result<()> {
+        if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
+            s.remote = Some(remote);
+        }
+        self.write()
+    }
+}
+
+/// Removes the local copy of a snapshot that is in the store.
+pub(crate) async fn evict(ctx: &Ctx, id: &SandboxId, snap: &SnapshotId) -> Result<()> {
+    let dir = ctx.layout.snapshot_dir(id.as_str(), snap.as_str())?;
+    let s = ctx.storage.clone();
+    blocking(move || Ok(s.delete_volume(&dir)?)).await
+}
+
+// ---- a node without its disk -----------------------------------------------------------
+
+/// Records for every sandbox the store holds and this node has no record of: Suspended on
+/// the head's snapshot, which lives only in the store until a restore fetches it. Sandboxes
+/// whose keys do not open (a disabled master key) are skipped with a warning and found again
+/// at the next start.
+pub(crate) async fn adopt_archived(ctx: &Ctx, cfg: &ArchiveConfig) -> Result<Vec<SandboxRecord>> {
+    let heads = cfg
+        .archive
+        .heads()
+        .await
+        .map_err(|e| NodeError::Archive(format!("listing archived sandboxes: {e}")))?;
+    let mut adopted = Vec::new();
+    for h in heads {
+        let Ok(id) = h.sandbox.parse::<SandboxId>() else {
+            continue;
+        };
+        if ctx.records.read(&id)?.is_some() {
+            continue;
+        }
+        match adopt_one(ctx, cfg, &h, &id).await {
+            Ok(r) => adopted.push(r),
+            Err(e) => {
+                tracing::warn!(sandbox = %h.sandbox, error = %e, "archived sandbox not adopted")
+            }
+        }
+    }
+    Ok(adopted)
+}
+
+async fn adopt_one(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    h: &space_archive::Head,
+    id: &SandboxId,
+) -> Result<SandboxRecord> {
+    let keys = cfg
+        .keyring
+        .lineage_keys(&h.tenant, &h.lineage, false, true)
+        .await
+        .map_err(key_error)?;
+    let m = fetch_manifest(cfg, &keys, &h.sandbox, &h.snapshot, &h.manifest_hash).await?;
+    let mut r: SandboxRecord = serde_json::from_value(m.record.clone()).map_err(|e| {
+        NodeError::Archive(format!(
+            "the record in snapshot {} of {}: {e}",
+            h.snapshot, h.sandbox
+        ))
+    })?;
+    if r.id != *id || r.lineage() != h.lineage || r.tenant != h.tenant {
+        return Err(NodeError::Archive(format!(
+            "the record in snapshot {} names sandbox {} of tenant {}",
+            h.snapshot, r.id, r.tenant
+        )));
+    }
+    let snap: SnapshotId = h.snapshot.parse()?;
+    // Only what the store holds: snapshots with a remote copy, plus the head's own.
+    r.snapshots
+        .retain(|s| (s.remote.is_some() && s.kind == SnapshotKind::Full) || s.id == snap);
+    for s in r.snapshots.iter_mut() {
+        s.local = false;
+    }
+    match r.snapshots.iter_mut().find(|s| s.id == snap) {
+        Some(s) => {
+            s.remote = Some(RemoteCopy {
+                manifest_hash: h.manifest_hash.clone(),
+                uploaded_unix_ms: h.updated_unix_ms,
+                uploaded_bytes: 0,
+                stored_bytes: m.stored_bytes(),
+            })
+        }
+        None => {
+            return Err(NodeError::Archive(format!(
+                "the record in snapshot {} does not list it",
+                h.snapshot
+            )))
+        }
+    }
+    let now = now_ms();
+    r.state = State::Suspended;
+    r.state_since_unix_ms = now;
+    r.pending = None;
+    r.restore_point = Some(snap);
+    r.failure = None;
+    r.last_activity_unix_ms = now;
+    ctx.records.write(&r)?;
+    tracing::info!(id = %r.id, tenant = %r.tenant, snapshot = %h.snapshot, "archived sandbox adopted from the object store");
+    Ok(r)
+}
