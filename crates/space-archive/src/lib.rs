@@ -23,6 +23,9 @@ pub mod pack;
 pub mod store;
 pub mod upload;
 
+#[cfg(feature = "testing")]
+pub mod testing;
+
 pub use fetch::{materialize, CloneFile, FetchError, FetchReport};
 pub use keys::{KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterKey, MasterResolver};
 pub use manifest::{BaseRef, HostInfo, Manifest, ManifestError};

@@ -212,6 +212,14 @@ pub fn component(s: &str) -> Result<&str, StoreError> {
 impl Archive {
     /// Opens the store and checks (or, in an empty store, writes) the format marker.
     pub async fn open(config: &StoreConfig) -> Result<Archive, StoreError> {
+        let archive = Archive::new(config)?;
+        archive.check_format().await?;
+        Ok(archive)
+    }
+
+    /// Builds the client without talking to the store (the first use finds out whether it
+    /// is reachable); [`Archive::check`] checks the format marker.
+    pub fn new(config: &StoreConfig) -> Result<Archive, StoreError> {
         let store: Arc<dyn ObjectStore> = match config {
             StoreConfig::Local(dir) => {
                 std::fs::create_dir_all(dir)
@@ -260,12 +268,15 @@ impl Archive {
                 }
             }
         };
-        let archive = Archive {
+        Ok(Archive {
             store,
             name: config.to_string().into(),
-        };
-        archive.check_format().await?;
-        Ok(archive)
+        })
+    }
+
+    /// Checks (or, in an empty store, writes) the format marker.
+    pub async fn check(&self) -> Result<(), StoreError> {
+        self.check_format().await
     }
 
     /// Wraps an object store someone else built (tests, other backends).

@@ -141,6 +141,8 @@ pub struct UploadReport {
     pub packs: u64,
     /// The manifest object's size.
     pub manifest_bytes: u64,
+    /// New chunks per file, in the spec's order.
+    pub new_per_file: Vec<(String, u64)>,
     /// The manifest hash.
     pub manifest_hash: String,
     /// Wall time.
@@ -360,6 +362,7 @@ fn cut(
             None => None,
         };
         let mut runs = Vec::new();
+        let new_before = report.new_chunks;
         let count = manifest::chunk_count(size, cs);
         for index in 0..count {
             let off = index * cs as u64;
@@ -436,6 +439,9 @@ fn cut(
             };
             push_run(&mut runs, Run::Chunks(vec![idx]));
         }
+        report
+            .new_per_file
+            .push((sf.name.clone(), report.new_chunks - new_before));
         maps.push(FileMap {
             name: sf.name.clone(),
             size,

@@ -529,12 +529,13 @@ pub(crate) async fn upload_snapshot(
     tracing::info!(
         id = %r.id, snapshot = %snap, new_chunks = report.new_chunks, reused = report.reused,
         zero = report.zero, base = report.base, bytes = report.uploaded_bytes,
-        took = ?report.elapsed, "snapshot archived"
+        per_file = ?report.new_per_file, took = ?report.elapsed, "snapshot archived"
     );
     Ok(RemoteCopy {
         manifest_hash: report.manifest_hash,
         uploaded_unix_ms: now_ms(),
         uploaded_bytes: report.uploaded_bytes,
+        new_chunks: report.new_chunks,
         stored_bytes: m.stored_bytes(),
     })
 }
@@ -762,6 +763,7 @@ async fn adopt_one(
                 manifest_hash: h.manifest_hash.clone(),
                 uploaded_unix_ms: h.updated_unix_ms,
                 uploaded_bytes: 0,
+                new_chunks: 0,
                 stored_bytes: m.stored_bytes(),
             })
         }
@@ -771,6 +773,12 @@ async fn adopt_one(
                 h.snapshot
             )))
         }
+    }
+    // The VM's working directory, as a suspended sandbox has it (the restore starts there).
+    let dir = ctx.layout.sandbox_dir(r.id.as_str())?;
+    if !dir.exists() {
+        let (s, d) = (ctx.storage.clone(), dir.clone());
+        blocking(move || Ok(s.create_volume(&d)?)).await?;
     }
     let now = now_ms();
     r.state = State::Suspended;

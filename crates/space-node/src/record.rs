@@ -243,6 +243,9 @@ pub struct RemoteCopy {
     pub uploaded_unix_ms: u64,
     /// Bytes the upload wrote (new chunks and the manifest).
     pub uploaded_bytes: u64,
+    /// Chunks the upload stored (the rest were zero, the template's, or already stored).
+    #[serde(default)]
+    pub new_chunks: u64,
     /// Bytes the manifest references in the store (every chunk it uses, shared or not).
     pub stored_bytes: u64,
 }

@@ -1,0 +1,230 @@
+//! Test support: a real S3 server (Garage) on loopback, for the tests of this crate and of
+//! the crates that use it. Built with the `testing` feature only.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::store::{S3Config, StoreConfig};
+
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A single-node Garage on loopback with one bucket and one key, its data in a temporary
+/// directory. Killed on drop.
+pub struct Garage {
+    child: Option<Child>,
+    /// Its configuration, data and log.
+    pub dir: tempfile::TempDir,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// The access key id.
+    pub key_id: String,
+    /// The secret key.
+    pub secret: String,
+    /// The bucket.
+    pub bucket: String,
+    config: PathBuf,
+    bin: PathBuf,
+    s3_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The Garage binary (`SPACE_GARAGE`, set by `make test` from `scripts/tools.sh`).
+pub fn garage_bin() -> PathBuf {
+    match std::env::var_os("SPACE_GARAGE") {
+        Some(p) => PathBuf::from(p),
+        None => panic!(
+            "SPACE_GARAGE is not set: the S3 tests run against a real Garage; `make test` \
+             installs it with scripts/garage.sh and sets SPACE_GARAGE in target/space/env.sh"
+        ),
+    }
+}
+
+impl Garage {
+    /// Starts a server, lays out its one node, makes the bucket and the key.
+    pub fn start() -> Garage {
+        let bin = garage_bin();
+        let dir = tempfile::tempdir().unwrap();
+        let (s3, rpc, admin) = (free_port(), free_port(), free_port());
+        let secret = hex::encode(noise(rpc as u64, 32));
+        let config = dir.path().join("garage.toml");
+        let mut f = std::fs::File::create(&config).unwrap();
+        write!(
+            f,
+            r#"metadata_dir = "{d}/meta"
+data_dir = "{d}/data"
+db_engine = "sqlite"
+replication_factor = 1
+compression_level = "none"
+rpc_bind_addr = "127.0.0.1:{rpc}"
+rpc_public_addr = "127.0.0.1:{rpc}"
+rpc_secret = "{secret}"
+
+[s3_api]
+s3_region = "garage"
+api_bind_addr = "127.0.0.1:{s3}"
+root_domain = ".s3.garage.localhost"
+
+[admin]
+api_bind_addr = "127.0.0.1:{admin}"
+admin_token = "{secret}"
+"#,
+            d = dir.path().display()
+        )
+        .unwrap();
+        let mut g = Garage {
+            child: None,
+            endpoint: format!("http://127.0.0.1:{s3}"),
+            key_id: String::new(),
+            secret: String::new(),
+            bucket: "space-test".into(),
+            config,
+            bin,
+            s3_port: s3,
+            dir,
+        };
+        g.spawn();
+        // Layout: this node, one zone, then a bucket and a key that may use it.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let node_id = loop {
+            let out = g.cli(&["node", "id", "-q"]);
+            if out.status.success() {
+                let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+                break s.split('@').next().unwrap().to_owned();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "garage did not come up: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        g.ok(&["layout", "assign", "-z", "dc1", "-c", "1G", &node_id]);
+        g.ok(&["layout", "apply", "--version", "1"]);
+        g.ok(&["bucket", "create", &g.bucket.clone()]);
+        let key_id = format!("GK{}", hex::encode(noise(s3 as u64, 12)));
+        let key_secret = hex::encode(noise(admin as u64, 32));
+        g.ok(&[
+            "key",
+            "import",
+            "--yes",
+            "-n",
+            "space-test",
+            &key_id,
+            &key_secret,
+        ]);
+        g.ok(&[
+            "bucket",
+            "allow",
+            "--read",
+            "--write",
+            "--owner",
+            &g.bucket.clone(),
+            "--key",
+            &key_id,
+        ]);
+        g.key_id = key_id;
+        g.secret = key_secret;
+        g.wait_s3();
+        g
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("garage.log")).unwrap();
+        let child = Command::new(&self.bin)
+            .args(["-c"])
+            .arg(&self.config)
+            .arg("server")
+            .env("RUST_LOG", "garage=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+    }
+
+    fn wait_s3(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.s3_port)).is_err() {
+            assert!(Instant::now() < deadline, "garage's S3 port did not open");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bin)
+            .arg("-c")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "garage {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Stops the server (SIGKILL), keeping its data.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same data and ports.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+        self.wait_s3();
+    }
+
+    /// A store configuration for the bucket under `prefix`.
+    pub fn config(&self, prefix: &str) -> StoreConfig {
+        StoreConfig::S3(S3Config {
+            bucket: self.bucket.clone(),
+            prefix: prefix.into(),
+            endpoint: Some(self.endpoint.clone()),
+            region: Some("garage".into()),
+            access_key_id: Some(self.key_id.clone()),
+            secret_access_key: Some(self.secret.clone()),
+        })
+    }
+
+    /// Every byte Garage keeps on disk for its objects (its data directory).
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+impl Drop for Garage {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
