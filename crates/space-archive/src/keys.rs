@@ -627,6 +627,66 @@ impl MasterKey for LocalMaster {
     }
 }
 
+/// A [`LocalMaster`] read from (or made in) its file on first use, so the file can live in a
+/// directory that is only mounted later. `made` is called once if the file was made.
+pub struct FileMaster {
+    path: PathBuf,
+    loaded: std::sync::OnceLock<LocalMaster>,
+    made: Box<dyn Fn(&Path) + Send + Sync>,
+}
+
+impl FileMaster {
+    /// A master key in `path`; `made` runs once when the file had to be made.
+    pub fn new(path: PathBuf, made: impl Fn(&Path) + Send + Sync + 'static) -> FileMaster {
+        FileMaster {
+            path,
+            loaded: std::sync::OnceLock::new(),
+            made: Box::new(made),
+        }
+    }
+
+    fn get(&self) -> Result<&LocalMaster, KeyError> {
+        if let Some(m) = self.loaded.get() {
+            return Ok(m);
+        }
+        let existed = self.path.exists();
+        let m = LocalMaster::open_or_create(&self.path)?;
+        if !existed {
+            (self.made)(&self.path);
+        }
+        Ok(self.loaded.get_or_init(|| m))
+    }
+}
+
+impl MasterKey for FileMaster {
+    fn id(&self) -> String {
+        match self.get() {
+            Ok(m) => m.id(),
+            Err(_) => format!("local:{}", self.path.display()),
+        }
+    }
+
+    fn generate<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<(Key, Vec<u8>), KeyError>> {
+        Box::pin(async move { self.get()?.generate(tenant).await })
+    }
+
+    fn wrap<'a>(
+        &'a self,
+        tenant: &'a str,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Vec<u8>, KeyError>> {
+        Box::pin(async move { self.get()?.wrap(tenant, key).await })
+    }
+
+    fn unwrap<'a>(
+        &'a self,
+        tenant: &'a str,
+        wrapped: &'a [u8],
+    ) -> BoxFuture<'a, Result<Key, KeyError>> {
+        Box::pin(async move { self.get()?.unwrap(tenant, wrapped).await })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

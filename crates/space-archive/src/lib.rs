@@ -27,7 +27,9 @@ pub mod upload;
 pub mod testing;
 
 pub use fetch::{materialize, CloneFile, FetchError, FetchReport};
-pub use keys::{KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterKey, MasterResolver};
+pub use keys::{
+    FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterKey, MasterResolver,
+};
 pub use manifest::{BaseRef, HostInfo, Manifest, ManifestError};
 pub use store::{Archive, Head, S3Config, StoreConfig, StoreError};
 pub use upload::{upload, Known, SourceFile, UploadError, UploadReport, UploadSpec};

@@ -173,6 +173,8 @@ impl std::fmt::Display for StoreConfig {
 pub struct Archive {
     store: Arc<dyn ObjectStore>,
     name: Arc<str>,
+    /// The directory of a local store, made by [`Archive::check`].
+    local: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Archive {
@@ -220,14 +222,26 @@ impl Archive {
     /// Builds the client without talking to the store (the first use finds out whether it
     /// is reachable); [`Archive::check`] checks the format marker.
     pub fn new(config: &StoreConfig) -> Result<Archive, StoreError> {
+        let mut local = None;
         let store: Arc<dyn ObjectStore> = match config {
             StoreConfig::Local(dir) => {
-                std::fs::create_dir_all(dir)
-                    .map_err(|e| StoreError::Config(format!("creating {}: {e}", dir.display())))?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| StoreError::Config(format!("{}: {e}", dir.display())))?
-                    .with_automatic_cleanup(true);
-                Arc::new(fs)
+                // The directory need not exist yet (it may be under a data directory that is
+                // mounted later); `check` makes it. Files are synced before a put returns.
+                let abs = if dir.is_absolute() {
+                    dir.clone()
+                } else {
+                    std::env::current_dir()
+                        .map_err(|e| StoreError::Config(format!("{}: {e}", dir.display())))?
+                        .join(dir)
+                };
+                let rel = abs.to_string_lossy().trim_start_matches('/').to_owned();
+                let prefix = ObjPath::parse(&rel)
+                    .map_err(|e| StoreError::Config(format!("{}: {e}", abs.display())))?;
+                let fs = object_store::local::LocalFileSystem::new()
+                    .with_automatic_cleanup(true)
+                    .with_fsync(true);
+                local = Some(abs);
+                Arc::new(object_store::prefix::PrefixStore::new(fs, prefix))
             }
             StoreConfig::S3(c) => {
                 let mut b = object_store::aws::AmazonS3Builder::new()
@@ -271,6 +285,7 @@ impl Archive {
         Ok(Archive {
             store,
             name: config.to_string().into(),
+            local,
         })
     }
 
@@ -287,12 +302,17 @@ impl Archive {
         let a = Archive {
             store,
             name: name.into(),
+            local: None,
         };
         a.check_format().await?;
         Ok(a)
     }
 
     async fn check_format(&self) -> Result<(), StoreError> {
+        if let Some(dir) = &self.local {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Config(format!("creating {}: {e}", dir.display())))?;
+        }
         let p = ObjPath::from(FORMAT_OBJECT);
         match self.get_small(&p).await? {
             Some(b) if b.as_ref() == FORMAT_TEXT.as_bytes() => Ok(()),

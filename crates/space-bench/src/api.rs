@@ -113,6 +113,7 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
     pools.sizes.insert(template_name(), plan.pool_size);
     node.pools = pools;
     let config = ServerConfig {
+        archive: None,
         node,
         listen: "127.0.0.1:0".parse().expect("a valid address"),
         kernel: plan.kernel.clone(),

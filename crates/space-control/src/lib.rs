@@ -7,11 +7,14 @@
 //! - [`quota`]: tenant quotas; [`metrics`]: Prometheus text;
 //! - [`store`], [`keys`]: the SQLite state store and API keys;
 //! - [`vault`]: the credentials vault (secrets sealed with AES-256-GCM);
-//! - [`egress`]: the secret source and audit sink the node's gateway uses.
+//! - [`egress`]: the secret source and audit sink the node's gateway uses;
+//! - [`archive`]: the object store and master key, the audit of key unwraps, ownership of
+//!   sandboxes found in the store.
 //!
 //! `docs/control.md` describes how the pieces fit.
 
 pub mod api;
+pub mod archive;
 pub mod egress;
 pub mod error;
 pub mod keys;

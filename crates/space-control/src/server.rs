@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState};
+use crate::archive::{own_adopted, ArchiveSettings, KeyAuditSink};
 use crate::egress::{AuditSink, AuditWriter, VaultSecrets};
 use crate::metrics::Metrics;
 use crate::quota::QuotaLocks;
@@ -47,6 +48,9 @@ pub struct ServerConfig {
     pub max_upload_bytes: u64,
     /// Largest JSON request body in bytes.
     pub max_body_bytes: usize,
+    /// The object store suspended sandboxes go to (`docs/archive.md`); `None`: snapshots stay
+    /// on the node's disk.
+    pub archive: Option<ArchiveSettings>,
 }
 
 /// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
@@ -64,6 +68,7 @@ impl ServerConfig {
             stock_templates: Vec::new(),
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            archive: None,
         }
     }
 }
@@ -117,10 +122,14 @@ impl Server {
         if config.node.gateway.secrets.is_none() {
             config.node.gateway.secrets = Some(secrets.clone());
         }
+        let key_audit = Arc::new(KeyAuditSink::default());
+        if let (Some(a), None) = (&config.archive, &config.node.archive) {
+            config.node.archive = Some(a.node_config(&config.node.data_dir, key_audit.clone())?);
+        }
         let node = Node::open(config.node.clone())
             .await
             .context("opening the node")?;
-        match Self::prepare(&node, &config, &secrets, writer).await {
+        match Self::prepare(&node, &config, &secrets, writer, &key_audit).await {
             Ok((store, vault, bootstrap)) => {
                 let parts = Parts {
                     store,
@@ -142,6 +151,7 @@ impl Server {
         config: &ServerConfig,
         secrets: &VaultSecrets,
         writer: Option<AuditWriter>,
+        key_audit: &KeyAuditSink,
     ) -> anyhow::Result<(Arc<Store>, Arc<Vault>, Option<KeyCreated>)> {
         let state_dir = config.node.data_dir.join("state");
         std::fs::create_dir_all(&state_dir)
@@ -167,6 +177,8 @@ impl Server {
         let bootstrap = store
             .bootstrap(&tenant)
             .context("making the default tenant")?;
+        key_audit.connect(store.clone());
+        own_adopted(node, &store).context("recording sandboxes found in the object store")?;
         kill_unowned(node, &store).await?;
         for name in &config.stock_templates {
             build_stock(node, config, name).await?;

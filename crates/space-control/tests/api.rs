@@ -49,6 +49,14 @@ fn server_config(data: &Path) -> ServerConfig {
     cfg.images = BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]);
     cfg.stock_templates = vec!["minimal".into()];
     cfg.max_upload_bytes = MAX_UPLOAD;
+    // Suspended sandboxes go to a directory store, and their local copies are evicted at once:
+    // every restore below comes from the store.
+    let mut archive = space_control::archive::ArchiveSettings::new(
+        space_archive::StoreConfig::Local(data.with_extension("objects")),
+    );
+    archive.cache_max_bytes = Some(0);
+    archive.upload_interval = None;
+    cfg.archive = Some(archive);
     cfg
 }
 
@@ -854,22 +862,11 @@ async fn run_checks(api: &Api, admin: &str) {
         .starts_with("text/plain"));
     assert!(resp.bytes().await.unwrap().len() <= 100);
 
-    // ---- pause / resume ----------------------------------------------------------------------
+    // ---- pause / resume, and wake on access --------------------------------------------------
     let p = api
         .ok("POST", &format!("{sbp}/pause"), admin, None, 200)
         .await;
     assert_eq!(p["state"], "paused");
-    let msg = api
-        .err(
-            "POST",
-            &format!("{sbp}/exec"),
-            Some(admin),
-            Some(json!({"cmd": ["true"]})),
-            409,
-            "illegal_state",
-        )
-        .await;
-    assert!(msg.contains("running"), "{msg}");
     api.err(
         "POST",
         &format!("{sbp}/pause"),
@@ -879,10 +876,68 @@ async fn run_checks(api: &Api, admin: &str) {
         "illegal_state",
     )
     .await;
+    // Guest access to a paused sandbox resumes it (auto_resume is on by default).
+    assert_eq!(api.sh(admin, &a, "echo awake").await.trim(), "awake");
+    let info = api.ok("GET", &sbp, admin, None, 200).await;
+    assert_eq!(info["state"], "running");
+    assert_eq!(info["auto_resume"], true);
+    let woke = api
+        .ok(
+            "GET",
+            &format!("/v1/audit?sandbox={a}&operation=sandbox.wake"),
+            admin,
+            None,
+            200,
+        )
+        .await;
+    let woke = woke["events"].as_array().unwrap();
+    assert_eq!(woke.len(), 1, "{woke:?}");
+    assert!(woke[0]["detail"].as_str().unwrap().starts_with("resume"));
+    api.ok("POST", &format!("{sbp}/pause"), admin, None, 200)
+        .await;
     let r = api
         .ok("POST", &format!("{sbp}/resume"), admin, None, 200)
         .await;
     assert_eq!(r["state"], "running");
+    // With auto_resume off, a paused sandbox refuses guest access instead.
+    let strict = api
+        .ok(
+            "POST",
+            "/v1/sandboxes",
+            admin,
+            Some(json!({"template": "minimal", "auto_resume": false})),
+            201,
+        )
+        .await;
+    assert_eq!(strict["auto_resume"], false);
+    let strict = strict["id"].as_str().unwrap().to_owned();
+    api.ok(
+        "POST",
+        &format!("/v1/sandboxes/{strict}/pause"),
+        admin,
+        None,
+        200,
+    )
+    .await;
+    let msg = api
+        .err(
+            "POST",
+            &format!("/v1/sandboxes/{strict}/exec"),
+            Some(admin),
+            Some(json!({"cmd": ["true"]})),
+            409,
+            "illegal_state",
+        )
+        .await;
+    assert!(msg.contains("running"), "{msg}");
+    api.ok(
+        "DELETE",
+        &format!("/v1/sandboxes/{strict}"),
+        admin,
+        None,
+        200,
+    )
+    .await;
 
     // ---- snapshot and rollback -----------------------------------------------------------------
     api.sh(admin, &a, "echo before > /tmp/marker").await;
@@ -990,6 +1045,55 @@ async fn run_checks(api: &Api, admin: &str) {
         .await;
     assert_eq!(r["state"], "running");
     assert_eq!(api.sh(admin, &a, "cat /tmp/marker").await, "before\n");
+    let snaps = api
+        .ok("GET", &format!("{sbp}/snapshots"), admin, None, 200)
+        .await;
+    let suspended = snaps["snapshots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["reason"] == "suspend")
+        .unwrap()
+        .clone();
+    assert!(
+        suspended["remote"]["manifest_hash"].is_string(),
+        "{suspended}"
+    );
+
+    // ---- wake on access: an exec and a file read restore a suspended sandbox ----------------
+    api.ok("POST", &format!("{sbp}/suspend"), admin, None, 200)
+        .await;
+    assert_eq!(api.sh(admin, &a, "cat /tmp/marker").await, "before\n");
+    api.ok("POST", &format!("{sbp}/suspend"), admin, None, 200)
+        .await;
+    let resp = api
+        .request("GET", &format!("{sbp}/files?path=/tmp/marker"), Some(admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "before\n");
+    let wakes = api
+        .ok(
+            "GET",
+            &format!("/v1/audit?sandbox={a}&operation=sandbox.wake"),
+            admin,
+            None,
+            200,
+        )
+        .await;
+    let restores = wakes["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["detail"].as_str().unwrap().starts_with("restore"))
+        .count();
+    assert_eq!(restores, 2, "{wakes}");
+    // Every unwrap of the tenant's key is in the audit log.
+    let keys = api
+        .ok("GET", "/v1/audit?operation=key.unwrap", admin, None, 200)
+        .await;
+    assert!(!keys["events"].as_array().unwrap().is_empty(), "{keys}");
 
     // ---- fork ------------------------------------------------------------------------------------
     let child = api
@@ -1232,7 +1336,8 @@ async fn run_checks(api: &Api, admin: &str) {
     let dead = api
         .ok("GET", "/v1/sandboxes?state=terminated", admin, None, 200)
         .await;
-    assert_eq!(dead["sandboxes"].as_array().unwrap().len(), 2);
+    // The two killed here and the one with auto_resume off.
+    assert_eq!(dead["sandboxes"].as_array().unwrap().len(), 3);
     let metrics = api
         .request("GET", "/metrics", None)
         .send()

@@ -168,8 +168,17 @@ impl Node {
         };
         node.recover_pass(true).await?;
         if let Some(cfg) = &node.inner.ctx.archive {
-            // A store that cannot be listed does not keep the node's own sandboxes down.
-            match crate::archive::adopt_archived(&node.inner.ctx, cfg).await {
+            // A store that cannot be reached or listed does not keep the node's own sandboxes
+            // down: it is logged, and uploads retry on every archive pass.
+            let checked = cfg.archive.check().await;
+            if let Err(e) = &checked {
+                tracing::error!(error = %e, "object store");
+            }
+            let found = match checked {
+                Ok(()) => crate::archive::adopt_archived(&node.inner.ctx, cfg).await,
+                Err(e) => Err(NodeError::Archive(e.to_string())),
+            };
+            match found {
                 Ok(found) => {
                     for r in found {
                         let h = Sandbox::spawn(node.inner.ctx.clone(), r.clone(), None)?;

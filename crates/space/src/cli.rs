@@ -117,6 +117,24 @@ pub struct UpArgs {
     /// (repeatable; for tests and private upstreams).
     #[arg(long = "extra-root", value_name = "PEM")]
     pub extra_roots: Vec<PathBuf>,
+    /// Where suspended sandboxes are archived: a directory, `file:///path`, or
+    /// `s3://bucket/prefix` (credentials, region and endpoint from AWS_ACCESS_KEY_ID,
+    /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; an endpoint means path-style
+    /// requests). `none` keeps snapshots on this disk only. Default: `<data-dir>/objects`.
+    #[arg(long, env = "SPACE_OBJECT_STORE", value_name = "URL")]
+    pub object_store: Option<String>,
+    /// The deployment's master key file, which wraps every tenant key of the archive (made on
+    /// first start; back it up away from the store). Default: `<data-dir>/state/master.key`.
+    #[arg(long, env = "SPACE_MASTER_KEY_FILE", value_name = "PATH")]
+    pub master_key_file: Option<PathBuf>,
+    /// Local copies of archived snapshots of suspended sandboxes are evicted past this many
+    /// bytes (default: only when the disk runs low; 0: right after each upload).
+    #[arg(long, value_name = "BYTES")]
+    pub cache_max: Option<u64>,
+    /// Seconds between uploads of each running sandbox's newest full snapshot (default 600;
+    /// 0: only on suspend and request).
+    #[arg(long, value_name = "SECONDS")]
+    pub upload_interval: Option<u64>,
 }
 
 /// `space control`.

@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use space_archive::StoreConfig;
+use space_control::archive::ArchiveSettings;
 use space_control::server::{
     Server, ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES,
 };
@@ -65,6 +67,22 @@ fn pool_size(pools: &mut PoolConfig, n: usize, templates: &[String]) -> Result<(
     Ok(())
 }
 
+/// The object store settings of `space up`: `<data-dir>/objects` unless told otherwise.
+fn archive_settings(a: &UpArgs) -> Result<Option<ArchiveSettings>> {
+    let store = match a.object_store.as_deref() {
+        Some("none") => return Ok(None),
+        Some(s) => StoreConfig::parse(s).map_err(|e| anyhow::anyhow!("--object-store: {e}"))?,
+        None => StoreConfig::Local(a.data_dir.join("objects")),
+    };
+    let mut s = ArchiveSettings::new(store);
+    s.master_key_file = a.master_key_file.clone();
+    s.cache_max_bytes = a.cache_max;
+    if let Some(secs) = a.upload_interval {
+        s.upload_interval = (secs > 0).then(|| std::time::Duration::from_secs(secs));
+    }
+    Ok(Some(s))
+}
+
 /// Waits for Ctrl-C or SIGTERM.
 async fn stop_signal() -> Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -85,6 +103,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         );
     }
     let images = images(&a.images)?;
+    let archive = archive_settings(&a)?;
     let templates = match a.templates {
         Some(t) => t.into_iter().filter(|t| !t.is_empty()).collect(),
         None => images.keys().cloned().collect::<Vec<_>>(),
@@ -117,6 +136,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         stock_templates: templates.clone(),
         max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        archive,
     };
     eprintln!(
         "space: starting on {} with data in {} (stock templates: {})",

@@ -517,6 +517,19 @@ fn egress_credentials_and_ingress_end_to_end() {
     assert_eq!(http, (200, "hello-from-inside\n".to_owned()));
     let listed = json(&s.cli(["expose", &id, "--ls", "--json"]));
     assert_eq!(listed[0]["port"], 8000);
+    // A request to a suspended sandbox's URL wakes it (restore), and the server in the guest
+    // answers as if nothing happened.
+    ok(&s.cli(["suspend", &id]));
+    let http = reqwest::blocking_get_text(&rt, &format!("{url}hello.txt"));
+    assert_eq!(http, (200, "hello-from-inside\n".to_owned()));
+    let woke = json(&s.cli(["audit", "--json"]));
+    assert!(
+        woke.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["operation"] == "sandbox.wake" && e["sandbox"] == id.as_str()),
+        "{woke}"
+    );
     let unknown = format!("{}/ingress/{}/hello.txt", s.url, "A".repeat(32));
     assert_eq!(reqwest::blocking_get_text(&rt, &unknown).0, 404);
     ok(&s.cli(["unexpose", &id, "8000"]));
@@ -546,6 +559,27 @@ fn egress_credentials_and_ingress_end_to_end() {
         !files_containing(&snaps, &placeholder).is_empty(),
         "the placeholder is not found in the snapshot either: the scan proves nothing"
     );
+
+    // ---- the object store holds neither the value nor a file's plaintext ----
+    let marker = format!("file-plaintext-{}", "7f3a9c".repeat(8));
+    let (code, _, err) = sh(
+        &s,
+        &id,
+        &format!("echo {marker} > /root/plain.txt && cp /root/plain.txt /tmp/plain.txt && sync"),
+    );
+    assert_eq!(code, 0, "{err}");
+    ok(&s.cli(["suspend", &id]));
+    let objects = s.data_dir.join("objects");
+    let stored = bytes_under(&objects);
+    assert!(stored > 1 << 20, "only {stored} bytes in the object store");
+    for needle in [value.as_str(), marker.as_str(), placeholder.as_str()] {
+        let hits = files_containing(&objects, needle);
+        assert!(hits.is_empty(), "{needle:?} is readable in {hits:?}");
+    }
+    // The same marker is in the local snapshot (disk and memory): the scan would see it.
+    assert!(!files_containing(&s.data_dir.join("snapshots"), &marker).is_empty());
+    ok(&s.cli(["restore", &id]));
+    assert_eq!(sh(&s, &id, "cat /tmp/plain.txt").1.trim(), marker);
 
     // ---- the vault's delete ----
     ok(&s.cli(["secret", "rm", "TOKEN"]));

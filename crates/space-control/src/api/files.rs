@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use space_proto::{GuestClient, WriteOptions};
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
-use crate::error::{node_error, ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
 
 /// `?path=P` (and the flags some routes take).
 #[derive(Debug, Deserialize)]
@@ -34,7 +34,7 @@ pub struct PathQuery {
 
 async fn guest(st: &Shared, who: &crate::store::Principal, raw: &str) -> ApiResult<GuestClient> {
     let id = st.scope(who, raw)?;
-    st.node.guest(&id).await.map_err(node_error(&id))
+    st.guest(Some(who), &id).await
 }
 
 /// `GET /v1/sandboxes/{id}/files?path=P`

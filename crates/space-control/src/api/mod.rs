@@ -190,6 +190,46 @@ impl AppState {
         result
     }
 
+    /// A client for the guest of `id`, waking the sandbox first when it is Paused (resume) or
+    /// Suspended (restore, from this node or the object store) and its `auto_resume` is on:
+    /// the caller sees a slower first answer instead of a refusal. Each wake is audited as
+    /// `sandbox.wake` (detail `resume` or `restore`), for `who` or, on a public ingress URL,
+    /// for the sandbox's tenant.
+    pub async fn guest(
+        &self,
+        who: Option<&Principal>,
+        id: &SandboxId,
+    ) -> ApiResult<space_runtime::GuestClient> {
+        let started = std::time::Instant::now();
+        let (client, woke) = self
+            .node
+            .guest_waking(id)
+            .await
+            .map_err(crate::error::node_error(id))?;
+        if let Some(w) = woke {
+            let detail = format!(
+                "{} on access ({} ms)",
+                w.as_str(),
+                started.elapsed().as_millis()
+            );
+            let event = NewAuditEvent {
+                tenant: match who {
+                    Some(p) => Some(p.tenant.clone()),
+                    None => self.store.sandbox_tenant(id.as_str()).ok().flatten(),
+                },
+                key_id: who.map(|p| p.key_id.clone()),
+                sandbox: Some(id.to_string()),
+                operation: "sandbox.wake".into(),
+                result: "ok".into(),
+                detail: Some(detail),
+            };
+            if let Err(e) = self.store.record(event) {
+                tracing::error!(error = %e, "recording an audit event");
+            }
+        }
+        Ok(client)
+    }
+
     /// Resolves a sandbox id of the caller's tenant: a malformed id is `400 invalid_id`;
     /// another tenant's sandbox answers exactly like a missing one.
     pub fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {

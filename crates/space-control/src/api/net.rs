@@ -430,7 +430,7 @@ async fn ingress_inner(st: Shared, token: String, rest: String, req: Request) ->
         return ingress_not_found().into_response();
     };
     let prefix = format!("/ingress/{token}");
-    proxy(&st, &id, found.0.port, &prefix, &rest, req, true)
+    proxy(&st, None, &id, found.0.port, &prefix, &rest, req, true)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
@@ -445,7 +445,17 @@ pub async fn port_proxy(
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw)?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{port}/proxy");
-    proxy(&st, &id, check_port(port)?, &prefix, &rest, req, false).await
+    proxy(
+        &st,
+        Some(&who),
+        &id,
+        check_port(port)?,
+        &prefix,
+        &rest,
+        req,
+        false,
+    )
+    .await
 }
 
 /// `ANY /v1/sandboxes/{id}/ports/{port}/proxy/` (the empty rest of the path).
@@ -457,7 +467,17 @@ pub async fn port_proxy_index(
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw)?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{port}/proxy");
-    proxy(&st, &id, check_port(port)?, &prefix, "", req, false).await
+    proxy(
+        &st,
+        Some(&who),
+        &id,
+        check_port(port)?,
+        &prefix,
+        "",
+        req,
+        false,
+    )
+    .await
 }
 
 /// Headers that belong to one hop and are not passed on.
@@ -504,8 +524,10 @@ fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn proxy(
     st: &Shared,
+    who: Option<&crate::store::Principal>,
     id: &SandboxId,
     port: u16,
     prefix: &str,
@@ -515,7 +537,8 @@ async fn proxy(
 ) -> ApiResult<Response> {
     let info = st.node.info(id).await.map_err(node_error(id))?;
     match info.state {
-        SbState::Running => {}
+        // A sleeping sandbox is woken by the request (when its auto_resume allows).
+        SbState::Running | SbState::Paused | SbState::Suspended => {}
         SbState::Terminated => {
             return Err(if public {
                 ingress_not_found()
@@ -535,7 +558,7 @@ async fn proxy(
             ))
         }
     }
-    let guest = st.node.guest(id).await.map_err(node_error(id))?;
+    let guest = st.guest(who, id).await?;
     let tunnel = guest.tcp(port).await.map_err(|e| {
         ApiError::new(
             StatusCode::BAD_GATEWAY,

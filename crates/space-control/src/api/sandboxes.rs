@@ -58,6 +58,11 @@ pub fn sandbox_json(r: &SandboxRecord, tenant: &TenantName) -> Value {
             "snapshot": snap.as_str(),
         })),
         "failure": r.failure,
+        "auto_resume": r.options.auto_resume,
+        "restore_point": r.restore_point.as_ref().map(|p| json!({
+            "snapshot": p.as_str(),
+            "location": r.snapshot(p).map_or("lost", |s| s.location()),
+        })),
         "created_unix_ms": r.created_unix_ms,
         "state_since_unix_ms": r.state_since_unix_ms,
         "last_activity_unix_ms": r.last_activity_unix_ms,

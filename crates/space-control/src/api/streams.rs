@@ -25,7 +25,7 @@ use space_proto::{Command, ExecOutput, ExecSpec, ExitStatus, GuestClient, PtySpe
 use tokio::sync::mpsc;
 
 use super::{ApiJson, ApiPath, Caller, Shared};
-use crate::error::{node_error, ApiError, ApiResult};
+use crate::error::{ApiError, ApiResult};
 
 /// How often an open stream counts as activity.
 const TOUCH_EVERY: Duration = Duration::from_secs(30);
@@ -177,7 +177,7 @@ pub async fn exec(
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw)?;
     let (spec, stdin) = req.spec()?;
-    let guest = st.node.guest(&id).await.map_err(node_error(&id))?;
+    let guest = st.guest(Some(&who), &id).await?;
     let mut handle = guest.exec(spec).await?;
     let pid = handle.pid();
     if let Some(w) = handle.take_stdin() {
@@ -324,7 +324,7 @@ pub async fn exec_ws(
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw)?;
     let ws = upgrade(ws)?;
-    let guest = st.node.guest(&id).await.map_err(node_error(&id))?;
+    let guest = st.guest(Some(&who), &id).await?;
     let node = st.node.clone();
     Ok(ws.on_upgrade(move |socket| exec_session(socket, node, id, guest)))
 }
@@ -447,7 +447,7 @@ pub async fn pty(
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw)?;
     let ws = upgrade(ws)?;
-    let guest = st.node.guest(&id).await.map_err(node_error(&id))?;
+    let guest = st.guest(Some(&who), &id).await?;
     let node = st.node.clone();
     Ok(ws.on_upgrade(move |socket| pty_session(socket, node, id, guest)))
 }

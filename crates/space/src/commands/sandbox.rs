@@ -174,6 +174,15 @@ pub async fn info(c: &Client, id: &str, json: bool) -> Result<()> {
         ("vcpus", field(&sb, "vcpus")),
         ("memory", format!("{} MiB", field(&sb, "memory_mib"))),
         ("disk", format!("{} MiB", field(&sb, "disk_mib"))),
+        (
+            "restore point",
+            match sb.get("restore_point") {
+                Some(p) if p.is_object() => {
+                    format!("{} ({})", field(p, "snapshot"), field(p, "location"))
+                }
+                _ => "-".into(),
+            },
+        ),
         ("env", output::pairs(sb.get("env"))),
         ("metadata", output::pairs(sb.get("metadata"))),
         ("idle timeout", output::millis(t.get("idle_ms"))),
@@ -268,6 +277,18 @@ pub async fn snapshot(c: &Client, a: SnapshotArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
+/// Where a listed snapshot lives: on the node, in the object store, or both.
+fn location(s: &Value) -> &'static str {
+    let local = s.get("local").and_then(Value::as_bool).unwrap_or(true);
+    let remote = s.get("remote").is_some_and(|r| r.is_object());
+    match (local, remote) {
+        (true, false) => "local",
+        (true, true) => "local+remote",
+        (false, true) => "remote",
+        (false, false) => "lost",
+    }
+}
+
 /// `space snapshots`.
 pub async fn snapshots(c: &Client, id: &str, json: bool) -> Result<()> {
     let v: Value = c.get(&path(id, "/snapshots")?, &[]).await?;
@@ -287,10 +308,14 @@ pub async fn snapshots(c: &Client, id: &str, json: bool) -> Result<()> {
                 field(s, "reason"),
                 output::age(s, "created_unix_ms"),
                 field(s, "size_bytes"),
+                location(s).into(),
             ]
         })
         .collect();
-    output::print_table(&["ID", "KIND", "REASON", "CREATED", "BYTES"], &rows);
+    output::print_table(
+        &["ID", "KIND", "REASON", "CREATED", "BYTES", "WHERE"],
+        &rows,
+    );
     Ok(())
 }
 

@@ -1,0 +1,157 @@
+//! The control plane's side of the object store: which store and master key the deployment
+//! uses, the audit of every key unwrap, and ownership of the sandboxes a node found in the
+//! store (`docs/archive.md`).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use space_archive::{Archive, FileMaster, KeyAudit, KeyEvent, Keyring, MasterKey, StoreConfig};
+use space_node::{ArchiveConfig, Node};
+
+use crate::store::{NewAuditEvent, Quotas, Store, TenantName};
+
+/// The master key file's name in `<data>/state/` when none is given.
+pub const MASTER_KEY_FILE: &str = "master.key";
+/// Key events kept while the store is not open yet (the node unwraps keys when it opens).
+const MAX_PENDING_EVENTS: usize = 10_000;
+
+/// How a deployment uses the object store.
+#[derive(Debug, Clone)]
+pub struct ArchiveSettings {
+    /// The store: a directory (`space up`'s default, `<data>/objects`) or `s3://bucket/prefix`.
+    pub store: StoreConfig,
+    /// The deployment's master key file; `None`: `<data>/state/master.key`, made on first use.
+    pub master_key_file: Option<PathBuf>,
+    /// Local copies of archived snapshots of suspended sandboxes are evicted past this many
+    /// bytes (`None`: only when the disk runs low).
+    pub cache_max_bytes: Option<u64>,
+    /// How often the newest full snapshot of each running sandbox goes up (`None`: only on
+    /// suspend and request).
+    pub upload_interval: Option<Duration>,
+}
+
+impl ArchiveSettings {
+    /// A store with the defaults for everything else.
+    pub fn new(store: StoreConfig) -> ArchiveSettings {
+        ArchiveSettings {
+            store,
+            master_key_file: None,
+            cache_max_bytes: None,
+            upload_interval: Some(Duration::from_secs(600)),
+        }
+    }
+
+    /// The node's configuration: the store client, the master key (made if absent) and a
+    /// keyring whose unwraps go to `audit`.
+    pub fn node_config(
+        &self,
+        data_dir: &std::path::Path,
+        audit: Arc<KeyAuditSink>,
+    ) -> anyhow::Result<ArchiveConfig> {
+        let archive = Archive::new(&self.store).context("the object store")?;
+        let key_file = self
+            .master_key_file
+            .clone()
+            .unwrap_or_else(|| data_dir.join("state").join(MASTER_KEY_FILE));
+        // Read on first use: the file may be under the data directory, which the node mounts
+        // when it opens.
+        let master: Arc<dyn MasterKey> = Arc::new(FileMaster::new(key_file, |path| {
+            eprintln!(
+                "[up] made a new master key in {} (back it up away from the object store: \
+                 archived sandboxes do not open without it)",
+                path.display()
+            );
+        }));
+        let keyring = Arc::new(Keyring::new(
+            archive.clone(),
+            Arc::new(master),
+            audit,
+            Duration::from_secs(300),
+        ));
+        let mut cfg = ArchiveConfig::new(archive, keyring);
+        cfg.cache_max_bytes = self.cache_max_bytes;
+        cfg.upload_interval = self.upload_interval;
+        Ok(cfg)
+    }
+}
+
+/// Key events into the audit log. Events before the store is connected are held (bounded)
+/// and written when it is.
+#[derive(Default)]
+pub struct KeyAuditSink {
+    store: OnceLock<Arc<Store>>,
+    pending: Mutex<Vec<KeyEvent>>,
+}
+
+impl KeyAuditSink {
+    /// Connects the store and writes what was held.
+    pub fn connect(&self, store: Arc<Store>) {
+        let _ = self.store.set(store);
+        let held = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        for e in held {
+            self.write(e);
+        }
+    }
+
+    fn write(&self, e: KeyEvent) {
+        let Some(store) = self.store.get() else {
+            let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            if p.len() < MAX_PENDING_EVENTS {
+                p.push(e);
+            }
+            return;
+        };
+        let what = match &e.lineage {
+            Some(l) => format!("lineage {l}, master key {}", e.master),
+            None => format!("master key {}", e.master),
+        };
+        let event = NewAuditEvent {
+            tenant: e.tenant.parse::<TenantName>().ok(),
+            key_id: None,
+            sandbox: None,
+            operation: format!("key.{}", e.operation),
+            result: if e.ok { "ok" } else { "key_unavailable" }.into(),
+            detail: Some(match &e.detail {
+                Some(d) => format!("{what} (tenant {}): {d}", e.tenant),
+                None => format!("{what} (tenant {})", e.tenant),
+            }),
+        };
+        if let Err(err) = store.record(event) {
+            tracing::error!(error = %err, "recording a key event");
+        }
+    }
+}
+
+impl KeyAudit for KeyAuditSink {
+    fn record(&self, event: KeyEvent) {
+        self.write(event);
+    }
+}
+
+/// Records who owns the sandboxes the node found in the object store (their tenant is in
+/// their sealed record); a tenant the database does not have yet is made, without keys.
+pub fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
+    for r in node.take_adopted() {
+        let tenant: TenantName = match r.tenant.parse() {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(id = %r.id, tenant = %r.tenant, error = %e, "an archived sandbox names an invalid tenant");
+                continue;
+            }
+        };
+        if store.tenant(&tenant)?.is_none() {
+            store.create_tenant(&tenant, Quotas::default())?;
+            eprintln!("[up] tenant {tenant} made again from the object store (it has no API keys)");
+        }
+        if store.sandbox_tenant(r.id.as_str())?.is_none() {
+            store.add_sandbox(r.id.as_str(), &tenant)?;
+        }
+        eprintln!(
+            "[up] found suspended sandbox {} of tenant {tenant} in the object store",
+            r.id
+        );
+    }
+    Ok(())
+}
