@@ -12,12 +12,14 @@
 //! - [`store`]: the object store (a local directory or S3) and the object paths;
 //! - [`crypto`]: keys, chunk identities, sealing;
 //! - [`keys`]: the key hierarchy (lineage key, tenant key, master key) and crypto-shredding;
+//! - [`kms`]: the AWS KMS API as a master key provider;
 //! - [`manifest`], [`pack`]: the two kinds of data object;
 //! - [`upload`], [`fetch`]: a snapshot directory into the store and back.
 
 pub mod crypto;
 pub mod fetch;
 pub mod keys;
+pub mod kms;
 pub mod manifest;
 pub mod pack;
 pub mod store;

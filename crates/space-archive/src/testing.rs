@@ -228,3 +228,66 @@ impl Drop for Garage {
         self.stop();
     }
 }
+
+/// moto's server on loopback, for the AWS KMS API. Killed on drop.
+pub struct Moto {
+    child: Child,
+    /// `http://127.0.0.1:<port>`.
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Moto {
+    /// Starts `$SPACE_MOTO` (set by `make test` from `scripts/tools.sh`) and waits for its port.
+    pub fn start() -> Moto {
+        let bin = match std::env::var_os("SPACE_MOTO") {
+            Some(p) => PathBuf::from(p),
+            None => panic!(
+                "SPACE_MOTO is not set: the KMS tests run against moto's server; `make test` \
+                 installs it with scripts/tools.sh and sets SPACE_MOTO in target/space/tools.sh"
+            ),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("moto.log")).unwrap();
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .current_dir(dir.path())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "moto's server did not open its port"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Moto {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+            _dir: dir,
+        }
+    }
+
+    /// A KMS configuration for `key_id` on this server (moto takes any credentials).
+    pub fn kms(&self, key_id: &str) -> crate::kms::KmsConfig {
+        crate::kms::KmsConfig {
+            key_id: key_id.into(),
+            region: "us-east-1".into(),
+            endpoint: Some(self.endpoint.clone()),
+            access_key_id: "AKIDSPACETEST".into(),
+            secret_access_key: "space-test-secret".into(),
+            session_token: None,
+        }
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

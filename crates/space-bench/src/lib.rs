@@ -3,6 +3,7 @@
 //! - [`bench`]: the measurement groups (boot, snapshot, restore, pause, exec, files);
 //! - [`node`]: the node group (`space-bench node`): the lifecycle through `space_node::Node`;
 //! - [`storage`]: the storage group (`space-bench storage`): the node's drivers without VMs;
+//! - [`archive`]: the archive group (`space-bench archive`): sandboxes through the object store;
 //! - [`egress`]: the egress group (`space-bench egress`): what the gateway adds to HTTPS;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
@@ -12,6 +13,7 @@
 //! - [`procmem`]: RSS and PSS of a process from `/proc`.
 
 pub mod api;
+pub mod archive;
 pub mod bare;
 pub mod bench;
 pub mod egress;

@@ -8,6 +8,8 @@
 //! source target/space/env.sh && cargo run --release -p space-bench -- node [--runs N]
 //!     [--only create,pool,pause,snapshot,suspend,fork,memory] [--pool-size N] [--idle N]
 //! cargo run --release -p space-bench -- storage [--runs N] [--mib N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- archive [--runs N]
+//!     [--dirty 0,16,64] [--chunk-kib 256,64,1024] [--store URL]
 //! source target/space/env.sh && cargo run --release -p space-bench -- api [--runs N]
 //!     [--concurrent N] [--pool-size N]
 //! cargo run --release -p space-bench -- egress [--runs N] [--big-runs N] [--big-mib N]
@@ -100,10 +102,27 @@ enum Command {
     /// download straight to a local HTTPS server, through a spliced tunnel, and through an
     /// intercepted tunnel with a credential put in. `--runs` defaults to 200 here.
     Egress(EgressArgs),
+    /// Measures sandboxes through the object store: suspend to committed and the bytes it
+    /// uploads for 0, 16 and 64 MiB written, restore from the store against a local restore,
+    /// an idle second suspend, a fork's dedup, wake on access, and the chunk sizes.
+    Archive(ArchiveArgs),
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
     Storage(StorageArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ArchiveArgs {
+    /// MiB the guest writes before each measured suspend (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [0u64, 16, 64])]
+    dirty: Vec<u64>,
+    /// Chunk sizes in KiB to compare (the first is used for the main measurements).
+    #[arg(long, value_delimiter = ',', default_values_t = [256u32, 64, 1024])]
+    chunk_kib: Vec<u32>,
+    /// The object store (default: a fresh directory under /var/tmp per node).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -257,6 +276,19 @@ async fn run(cli: Cli) -> Result<()> {
             qemu: cli.qemu.clone(),
         };
         return space_bench::api::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Archive(args)) = &cli.command {
+        let plan = space_bench::archive::ArchivePlan {
+            runs: if cli.runs_given { cli.runs } else { 5 },
+            qemu: cli.qemu.clone(),
+            kernel,
+            rootfs,
+            memory_mib: cli.memory_mib,
+            dirty_mib: args.dirty.clone(),
+            chunk_kib: args.chunk_kib.clone(),
+            store: args.store.clone(),
+        };
+        return space_bench::archive::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Node(args)) = &cli.command {
         if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {

@@ -18,6 +18,13 @@ impl Samples {
         Self::default()
     }
 
+    /// Samples holding `values`.
+    pub fn from_values(values: impl IntoIterator<Item = f64>) -> Self {
+        Self {
+            values: values.into_iter().collect(),
+        }
+    }
+
     pub fn push(&mut self, value: f64) {
         self.values.push(value);
     }

@@ -41,7 +41,7 @@ pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion,
 pub use node::{ArchiveReport, Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};
 pub use record::{
-    Origin, RecoveryAction, RecoveryEvent, SandboxOptions, SandboxRecord, SnapshotKind,
+    Origin, RecoveryAction, RecoveryEvent, RemoteCopy, SandboxOptions, SandboxRecord, SnapshotKind,
     SnapshotReason, SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
 };
 pub use recovery::RecoveryReport;

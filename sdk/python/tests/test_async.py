@@ -59,8 +59,12 @@ async def test_async_lifecycle(server: tuple[str, str], run_id: str) -> None:
             # pause / resume
             assert (await sb.pause()).state == "paused"
             with pytest.raises(IllegalState):
-                await sb.exec(["true"])
+                await sb.pause()
             assert (await sb.resume()).state == "running"
+            # Using a paused sandbox resumes it.
+            assert (await sb.pause()).state == "paused"
+            assert (await sb.exec(["true"])).exit_code == 0
+            assert (await sb.info()).state == "running"
 
             # snapshot / rollback
             await sb.files.write("/root/v", b"1")

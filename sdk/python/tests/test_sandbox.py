@@ -185,11 +185,15 @@ def test_suspend_restore(sb: Sandbox) -> None:
     assert pid.isdigit(), started
     assert sb.suspend().state == "suspended"
     with pytest.raises(IllegalState):
-        sb.exec(["true"])
+        sb.suspend()
     assert sb.restore().state == "running"
     assert sb.files.read("/root/kept") == b"kept"
     # Memory came back too: the process started before the suspend still runs.
     assert sb.exec(["kill", "-0", pid]).exit_code == 0
+    # Using a suspended sandbox restores it: no explicit restore needed.
+    assert sb.suspend().state == "suspended"
+    assert sb.exec(["kill", "-0", pid]).exit_code == 0
+    assert sb.info().state == "running"
 
 
 def test_fork(sb: Sandbox, space: Space) -> None:
