@@ -5,12 +5,13 @@ CARGO ?= cargo
 ENV := target/space/env.sh
 TOOLS := target/space/tools.sh
 
-.PHONY: help deps artifacts tools up test lint unit bench clean-cache
+.PHONY: help deps artifacts tools up test soak lint unit bench clean-cache
 
 help:
 	@echo "make up      build everything and run space on its embedded defaults"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
+	@echo "make soak    the long runs (50 suspend/restore cycles through the object store)"
 
 deps:
 	@scripts/deps.sh
@@ -36,6 +37,11 @@ test: artifacts tools lint
 	@scripts/python-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
+
+# Long runs kept out of `make test`, which runs a short version of each.
+soak: artifacts tools
+	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
+	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
 
 bench: artifacts
 	@$(CARGO) build --quiet --release -p space-bench

@@ -88,6 +88,15 @@ pub enum KeyError {
 pub trait MasterKey: Send + Sync {
     /// A stable, non-secret id (`local:<fingerprint>`, `kms:<key arn or id>`).
     fn id(&self) -> String;
+    /// What a tenant key object records about its master (never a secret): the id, and where
+    /// a KMS key is, so any node can find it from the store alone.
+    fn describe(&self) -> MasterDescription {
+        MasterDescription {
+            id: self.id(),
+            region: None,
+            endpoint: None,
+        }
+    }
     /// A fresh tenant key and its wrapped form.
     fn generate<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<(Key, Vec<u8>), KeyError>>;
     /// Wraps an existing tenant key (rotation onto this master).
@@ -104,10 +113,46 @@ pub trait MasterKey: Send + Sync {
     ) -> BoxFuture<'a, Result<Key, KeyError>>;
 }
 
+/// A master key as a tenant key object names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MasterDescription {
+    /// [`MasterKey::id`].
+    pub id: String,
+    /// A KMS key's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A KMS key's endpoint, when not the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+}
+
 /// Which master key a tenant uses (the control plane's configuration).
 pub trait MasterResolver: Send + Sync {
-    /// The tenant's master key.
+    /// The master key new tenant keys of `tenant` are wrapped with.
     fn master(&self, tenant: &str) -> Result<Arc<dyn MasterKey>, KeyError>;
+
+    /// The master key that wrapped an existing tenant key, as its object describes it. By
+    /// default the tenant's current one, if it is that key.
+    fn master_for(
+        &self,
+        tenant: &str,
+        described: &MasterDescription,
+    ) -> Result<Arc<dyn MasterKey>, KeyError> {
+        let m = self.master(tenant)?;
+        if m.id() == described.id {
+            Ok(m)
+        } else {
+            Err(KeyError::Master {
+                key: m.id(),
+                tenant: tenant.to_owned(),
+                detail: format!(
+                    "the tenant key is wrapped by {}, not by this master key; rotate from {} to \
+                     this one first",
+                    described.id, described.id
+                ),
+            })
+        }
+    }
 }
 
 /// One master key for every tenant.
@@ -154,8 +199,35 @@ struct TenantKeyObject {
     format: u32,
     tenant: String,
     master: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    region: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    endpoint: Option<String>,
     wrapped: String,
     updated_unix_ms: u64,
+}
+
+impl TenantKeyObject {
+    fn new(tenant: &str, master: &dyn MasterKey, wrapped: &[u8]) -> TenantKeyObject {
+        let d = master.describe();
+        TenantKeyObject {
+            format: KEY_OBJECT_FORMAT,
+            tenant: tenant.to_owned(),
+            master: d.id,
+            region: d.region,
+            endpoint: d.endpoint,
+            wrapped: b64().encode(wrapped),
+            updated_unix_ms: now_ms(),
+        }
+    }
+
+    fn description(&self) -> MasterDescription {
+        MasterDescription {
+            id: self.master.clone(),
+            region: self.region.clone(),
+            endpoint: self.endpoint.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -254,7 +326,6 @@ impl Keyring {
         create: bool,
     ) -> Result<Key, KeyError> {
         let path = self.archive.tenant_key_path(tenant)?;
-        let master = self.masters.master(tenant)?;
         let what = || format!("the key of tenant {tenant}");
         for _ in 0..3 {
             match self.archive.get_small(&path).await? {
@@ -270,19 +341,14 @@ impl Keyring {
                             detail: format!("names tenant {} (format {})", obj.tenant, obj.format),
                         });
                     }
-                    if obj.master != master.id() {
-                        let e = KeyError::Master {
-                            key: master.id(),
-                            tenant: tenant.to_owned(),
-                            detail: format!(
-                                "the tenant key is wrapped by {}, not by this master key; rotate \
-                                 from {} to this one first",
-                                obj.master, obj.master
-                            ),
-                        };
-                        self.event(tenant, lineage, &master.id(), "unwrap", &Err(e.to_string()));
-                        return Err(e);
-                    }
+                    let master = match self.masters.master_for(tenant, &obj.description()) {
+                        Ok(m) => m,
+                        Err(e) => {
+                            let r = Err(e.to_string());
+                            self.event(tenant, lineage, &obj.master, "unwrap", &r);
+                            return Err(e);
+                        }
+                    };
                     let wrapped = b64()
                         .decode(&obj.wrapped)
                         .map_err(|e| KeyError::Malformed {
@@ -306,6 +372,7 @@ impl Keyring {
                     })
                 }
                 None => {
+                    let master = self.masters.master(tenant)?;
                     let r = master.generate(tenant).await;
                     self.event(
                         tenant,
@@ -315,13 +382,7 @@ impl Keyring {
                         &r.as_ref().map(|_| ()).map_err(|e| e.to_string()),
                     );
                     let (key, wrapped) = r?;
-                    let obj = TenantKeyObject {
-                        format: KEY_OBJECT_FORMAT,
-                        tenant: tenant.to_owned(),
-                        master: master.id(),
-                        wrapped: b64().encode(wrapped),
-                        updated_unix_ms: now_ms(),
-                    };
+                    let obj = TenantKeyObject::new(tenant, master.as_ref(), &wrapped);
                     let bytes = serde_json::to_vec_pretty(&obj).expect("serializes");
                     if self.archive.put_new(&path, bytes.into()).await? {
                         return Ok(key);
@@ -498,13 +559,7 @@ impl Keyring {
             "rotate",
             &r.as_ref().map(|_| ()).map_err(|e| e.to_string()),
         );
-        let new = TenantKeyObject {
-            format: KEY_OBJECT_FORMAT,
-            tenant: tenant.to_owned(),
-            master: to.id(),
-            wrapped: b64().encode(r?),
-            updated_unix_ms: now_ms(),
-        };
+        let new = TenantKeyObject::new(tenant, to, &r?);
         self.archive
             .put(
                 &path,

@@ -14,6 +14,9 @@ use sha2::{Digest, Sha256};
 use crate::crypto::Key;
 use crate::keys::{BoxFuture, KeyError, MasterKey};
 
+/// The id prefix of KMS master keys.
+pub const ID_PREFIX: &str = "kms:";
+
 /// Where and as whom to reach KMS.
 #[derive(Clone, PartialEq, Eq)]
 pub struct KmsConfig {
@@ -275,7 +278,15 @@ impl KmsMaster {
 
 impl MasterKey for KmsMaster {
     fn id(&self) -> String {
-        format!("kms:{}", self.config.key_id)
+        format!("{ID_PREFIX}{}", self.config.key_id)
+    }
+
+    fn describe(&self) -> crate::keys::MasterDescription {
+        crate::keys::MasterDescription {
+            id: self.id(),
+            region: Some(self.config.region.clone()),
+            endpoint: self.config.endpoint.clone(),
+        }
     }
 
     fn generate<'a>(&'a self, tenant: &'a str) -> BoxFuture<'a, Result<(Key, Vec<u8>), KeyError>> {

@@ -30,7 +30,8 @@ pub mod testing;
 
 pub use fetch::{materialize, CloneFile, FetchError, FetchReport};
 pub use keys::{
-    FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterKey, MasterResolver,
+    FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterDescription, MasterKey,
+    MasterResolver,
 };
 pub use manifest::{BaseRef, HostInfo, Manifest, ManifestError};
 pub use store::{Archive, Head, S3Config, StoreConfig, StoreError};

@@ -10,6 +10,7 @@ use anyhow::Context as _;
 use space_archive::{Archive, FileMaster, KeyAudit, KeyEvent, Keyring, MasterKey, StoreConfig};
 use space_node::{ArchiveConfig, Node};
 
+use crate::masters::TenantMasters;
 use crate::store::{NewAuditEvent, Quotas, Store, TenantName};
 
 /// The master key file's name in `<data>/state/` when none is given.
@@ -49,7 +50,7 @@ impl ArchiveSettings {
         &self,
         data_dir: &std::path::Path,
         audit: Arc<KeyAuditSink>,
-    ) -> anyhow::Result<ArchiveConfig> {
+    ) -> anyhow::Result<(ArchiveConfig, Arc<TenantMasters>)> {
         let archive = Archive::new(&self.store).context("the object store")?;
         let key_file = self
             .master_key_file
@@ -64,16 +65,17 @@ impl ArchiveSettings {
                 path.display()
             );
         }));
+        let masters = Arc::new(TenantMasters::new(master));
         let keyring = Arc::new(Keyring::new(
             archive.clone(),
-            Arc::new(master),
+            masters.clone(),
             audit,
             Duration::from_secs(300),
         ));
         let mut cfg = ArchiveConfig::new(archive, keyring);
         cfg.cache_max_bytes = self.cache_max_bytes;
         cfg.upload_interval = self.upload_interval;
-        Ok(cfg)
+        Ok((cfg, masters))
     }
 }
 

@@ -8,6 +8,7 @@
 //! - [`store`], [`keys`]: the SQLite state store and API keys;
 //! - [`vault`]: the credentials vault (secrets sealed with AES-256-GCM);
 //! - [`egress`]: the secret source and audit sink the node's gateway uses;
+//! - [`masters`]: each tenant's master key (the deployment's key file or a KMS key);
 //! - [`archive`]: the object store and master key, the audit of key unwraps, ownership of
 //!   sandboxes found in the store.
 //!
@@ -18,6 +19,7 @@ pub mod archive;
 pub mod egress;
 pub mod error;
 pub mod keys;
+pub mod masters;
 pub mod metrics;
 pub mod quota;
 pub mod server;

@@ -79,6 +79,7 @@ struct Parts {
     vault: Arc<Vault>,
     metrics: Arc<Metrics>,
     bootstrap: Option<KeyCreated>,
+    masters: Option<Arc<crate::masters::TenantMasters>>,
 }
 
 /// A running API server.
@@ -123,19 +124,26 @@ impl Server {
             config.node.gateway.secrets = Some(secrets.clone());
         }
         let key_audit = Arc::new(KeyAuditSink::default());
+        let mut masters = None;
         if let (Some(a), None) = (&config.archive, &config.node.archive) {
-            config.node.archive = Some(a.node_config(&config.node.data_dir, key_audit.clone())?);
+            let (cfg, m) = a.node_config(&config.node.data_dir, key_audit.clone())?;
+            config.node.archive = Some(cfg);
+            masters = Some(m);
         }
         let node = Node::open(config.node.clone())
             .await
             .context("opening the node")?;
         match Self::prepare(&node, &config, &secrets, writer, &key_audit).await {
             Ok((store, vault, bootstrap)) => {
+                if let Some(m) = &masters {
+                    m.connect(store.clone());
+                }
                 let parts = Parts {
                     store,
                     vault,
                     metrics,
                     bootstrap,
+                    masters,
                 };
                 Self::serve(node, parts, config).await
             }
@@ -192,6 +200,7 @@ impl Server {
             vault,
             metrics,
             bootstrap,
+            masters,
         } = parts;
         let listener = match tokio::net::TcpListener::bind(config.listen).await {
             Ok(l) => l,
@@ -217,6 +226,7 @@ impl Server {
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.node.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
+            masters,
         });
         let app = api::router(state, config.max_body_bytes);
         let (stop, stopped) = oneshot::channel::<()>();

@@ -85,6 +85,16 @@ CREATE TABLE meta (
     value BLOB NOT NULL
 ) STRICT;
 "#,
+    r#"
+CREATE TABLE tenant_master_keys (
+    tenant          TEXT PRIMARY KEY NOT NULL REFERENCES tenants(name),
+    provider        TEXT NOT NULL,
+    key_id          TEXT NOT NULL,
+    region          TEXT NOT NULL,
+    endpoint        TEXT,
+    updated_unix_ms INTEGER NOT NULL
+) STRICT;
+"#,
 ];
 
 /// The schema version this build writes.
@@ -707,14 +717,14 @@ impl Store {
         })
     }
 
-    fn conn(&self) -> MutexGuard<'_, Connection> {
+    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
         // A panic while the lock was held cannot leave SQLite inconsistent: an unfinished
         // transaction is rolled back when it is dropped.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Runs `f` in an immediate transaction and commits when it succeeds.
-    fn write<T>(
+    pub(crate) fn write<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
@@ -2019,7 +2029,7 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, i64::from(SCHEMA_VERSION));
-        assert_eq!(SCHEMA_VERSION, 2);
+        assert_eq!(SCHEMA_VERSION, 3);
         let acme = t("acme");
         assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas.max_vcpus, 6);
         assert_eq!(

@@ -91,7 +91,7 @@ impl ArchiveConfig {
     }
 }
 
-fn key_error(e: KeyError) -> NodeError {
+pub(crate) fn key_error(e: KeyError) -> NodeError {
     match e {
         KeyError::Store(s) => NodeError::Archive(s.to_string()),
         other => NodeError::Key(other.to_string()),

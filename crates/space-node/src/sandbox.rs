@@ -1044,10 +1044,18 @@ impl Sandbox {
             .ctx
             .layout
             .snapshot_dir(self.record.id.as_str(), snap.as_str())?;
+        let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
         if crate::archive::full_snapshot_present(&dir) {
+            // A snapshot that is in the store is sealed under the tenant's keys: a local copy
+            // starts only while those keys still open (a revoked master key stops it too).
+            if let (Some(cfg), Some(_)) = (&self.ctx.archive, &remote) {
+                cfg.keyring
+                    .lineage_keys(&self.record.tenant, self.record.lineage(), false, true)
+                    .await
+                    .map_err(crate::archive::key_error)?;
+            }
             return Ok(dir);
         }
-        let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
         let (Some(cfg), Some(remote)) = (self.ctx.archive.clone(), remote) else {
             return Err(NodeError::Archive(format!(
                 "snapshot {snap} of {} is neither on this node nor in an object store it uses",

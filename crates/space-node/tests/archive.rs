@@ -176,16 +176,25 @@ fn trip(store: StoreConfig, cycles: usize) {
     );
 }
 
+/// Suspend/restore cycles of each trip: 3 here, 50 under `make soak`
+/// (`SPACE_ARCHIVE_CYCLES`).
+fn cycles() -> usize {
+    std::env::var("SPACE_ARCHIVE_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
 #[test]
 fn through_a_local_directory_store() {
     let store = tempfile::tempdir().unwrap();
-    trip(StoreConfig::Local(store.path().join("objects")), 3);
+    trip(StoreConfig::Local(store.path().join("objects")), cycles());
 }
 
 #[test]
 fn through_garage() {
     let garage = Garage::start();
-    trip(garage.config("node"), 3);
+    trip(garage.config("node"), cycles());
 }
 
 /// A node whose disk is gone: a fresh data directory, the same store and key, finds every

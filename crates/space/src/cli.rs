@@ -472,6 +472,29 @@ pub enum TenantCmd {
     Ls,
     /// Create a tenant and print its first key.
     Create(TenantCreateArgs),
+    /// Show a tenant's master key, or set it: a KMS key the tenant holds (`--kms-key-id`
+    /// with `--kms-region`), or the deployment's own (`--deployment`). Setting it rewraps the
+    /// tenant's archive key onto the new master; no data is rewritten.
+    MasterKey(MasterKeyArgs),
+}
+
+/// `space tenant master-key`.
+#[derive(Debug, Args)]
+pub struct MasterKeyArgs {
+    /// The tenant.
+    pub name: String,
+    /// A KMS key id, ARN or alias.
+    #[arg(long, requires = "kms_region", conflicts_with = "deployment")]
+    pub kms_key_id: Option<String>,
+    /// The KMS key's region.
+    #[arg(long, requires = "kms_key_id")]
+    pub kms_region: Option<String>,
+    /// Endpoint URL of a KMS-compatible service (default: AWS's).
+    #[arg(long, requires = "kms_key_id")]
+    pub kms_endpoint: Option<String>,
+    /// Back to the deployment's own master key.
+    #[arg(long)]
+    pub deployment: bool,
 }
 
 /// `space tenant create`.

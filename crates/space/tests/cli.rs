@@ -272,6 +272,14 @@ fn tenants_are_isolated_and_revoked_keys_are_refused() {
     let acme_key = acme["key"]["key"].as_str().unwrap().to_owned();
     let beta_key = ok(&s.cli(["tenant", "create", "beta"])).trim().to_owned();
     assert!(beta_key.starts_with("space_"), "{beta_key}");
+    // Every tenant starts on the deployment's master key; a KMS key needs all its parts.
+    let mk = json(&s.cli(["tenant", "master-key", "acme", "--json"]));
+    assert_eq!(mk["provider"], "deployment", "{mk}");
+    assert!(mk["id"].as_str().unwrap().starts_with("local:"), "{mk}");
+    assert!(!s
+        .cli(["tenant", "master-key", "acme", "--kms-key-id", "k"])
+        .status
+        .success());
     let tenants = json(&s.cli(["tenant", "ls", "--json"]));
     let names: Vec<&str> = tenants
         .as_array()

@@ -14,6 +14,7 @@ use space_node::{Template, TemplateRef, TemplateSpec};
 use super::{AdminCaller, ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
 use crate::error::{ApiError, ApiResult};
 use crate::keys;
+use crate::masters::MasterKeyConfig;
 use crate::store::{AuditFilter, Quotas, TenantName, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT};
 
 /// vCPUs of a template build when the request names none.
@@ -280,6 +281,91 @@ pub async fn update_tenant(
         Some(format!("tenant {name}")),
     );
     result.map(Json)
+}
+
+fn master_json(config: &MasterKeyConfig, id: Option<String>) -> Value {
+    let mut v = json!(config);
+    v["id"] = json!(id);
+    v
+}
+
+fn key_error(e: space_archive::KeyError) -> ApiError {
+    match e {
+        space_archive::KeyError::Store(s) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "archive_unavailable",
+            s.to_string(),
+        ),
+        other => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", other.to_string()),
+    }
+}
+
+fn archive_needed() -> ApiError {
+    ApiError::conflict("this deployment has no object store, so no master keys".to_owned())
+}
+
+/// `GET /v1/tenants/{name}/master-key`
+pub async fn get_master_key(
+    State(st): State<Shared>,
+    AdminCaller(_who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    let name = tenant_name(&raw)?;
+    if st.store.tenant(&name)?.is_none() {
+        return Err(tenant_not_found(&name));
+    }
+    let masters = st.masters.as_ref().ok_or_else(archive_needed)?;
+    let config = st.store.master_key_config(&name)?;
+    let id = masters.build(&config).ok().map(|m| m.id());
+    Ok(Json(master_json(&config, id)))
+}
+
+/// `PUT /v1/tenants/{name}/master-key`: the tenant key is rewrapped from the current master
+/// onto the new one (no data is rewritten), then the choice is recorded.
+pub async fn put_master_key(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<MasterKeyConfig>,
+) -> ApiResult<Json<Value>> {
+    let name = tenant_name(&raw)?;
+    let result = async {
+        if st.store.tenant(&name)?.is_none() {
+            return Err(tenant_not_found(&name));
+        }
+        body.validate().map_err(ApiError::invalid)?;
+        let masters = st.masters.as_ref().ok_or_else(archive_needed)?;
+        let keyring = st
+            .node
+            .archive()
+            .map(|a| a.keyring.clone())
+            .ok_or_else(archive_needed)?;
+        let old = masters
+            .build(&st.store.master_key_config(&name)?)
+            .map_err(key_error)?;
+        let new = masters.build(&body).map_err(key_error)?;
+        if old.id() != new.id() {
+            keyring
+                .rotate(name.as_str(), old.as_ref(), new.as_ref())
+                .await
+                .map_err(key_error)?;
+        }
+        st.store.set_master_key_config(&name, &body)?;
+        Ok::<_, ApiError>((master_json(&body, Some(new.id())), old.id(), new.id()))
+    }
+    .await;
+    let detail = match &result {
+        Ok((_, old, new)) => format!("tenant {name}: master key {new} (was {old})"),
+        Err(_) => format!("tenant {name}"),
+    };
+    st.audit(
+        &who,
+        None,
+        "tenant.master_key",
+        result.as_ref().err(),
+        Some(detail),
+    );
+    result.map(|(v, _, _)| Json(v))
 }
 
 /// `GET /v1/tenants/{name}/keys`

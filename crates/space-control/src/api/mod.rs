@@ -94,6 +94,16 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/tenants", "tenant.list"),
     r("POST", "/v1/tenants", "tenant.create"),
     r("PATCH", "/v1/tenants/{name}", "tenant.update"),
+    r(
+        "GET",
+        "/v1/tenants/{name}/master-key",
+        "tenant.master_key.get",
+    ),
+    r(
+        "PUT",
+        "/v1/tenants/{name}/master-key",
+        "tenant.master_key.set",
+    ),
     r("GET", "/v1/tenants/{name}/keys", "key.list"),
     r("POST", "/v1/tenants/{name}/keys", "key.create"),
     r("DELETE", "/v1/keys/{key_id}", "key.revoke"),
@@ -150,6 +160,8 @@ pub struct AppState {
     /// The base of ingress URLs (`https://space.example.com`), when configured; else
     /// `http://` plus the `Host` of the request that exposes a port.
     pub public_url: Option<String>,
+    /// Each tenant's master key (with an object store only).
+    pub masters: Option<Arc<crate::masters::TenantMasters>>,
 }
 
 /// The shared state as handlers see it.
@@ -515,6 +527,10 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
         .route("/v1/tenants", get(a::list_tenants).post(a::create_tenant))
         .route("/v1/tenants/{name}", patch(a::update_tenant))
         .route(
+            "/v1/tenants/{name}/master-key",
+            get(a::get_master_key).put(a::put_master_key),
+        )
+        .route(
             "/v1/tenants/{name}/keys",
             get(a::list_keys).post(a::create_key),
         )
@@ -625,6 +641,7 @@ mod tests {
             max_upload_bytes: 1 << 20,
             ready_timeout: Duration::from_secs(1),
             builds: tokio::sync::Mutex::new(()),
+            masters: None,
         })
     }
 

@@ -198,6 +198,36 @@ pub async fn tenant(c: &Client, cmd: TenantCmd, json: bool) -> Result<()> {
                 show_new_key(&key);
             }
         }
+        TenantCmd::MasterKey(a) => {
+            let path = format!("/v1/tenants/{}/master-key", seg(&a.name)?);
+            let body = match (&a.kms_key_id, a.deployment) {
+                (Some(k), _) => Some(serde_json::json!({
+                    "provider": "kms",
+                    "key_id": k,
+                    "region": a.kms_region,
+                    "endpoint": a.kms_endpoint,
+                })),
+                (None, true) => Some(serde_json::json!({"provider": "deployment"})),
+                (None, false) => None,
+            };
+            let v: Value = match body {
+                Some(b) => c.call(reqwest::Method::PUT, &path, &b).await?,
+                None => c.get(&path, &[]).await?,
+            };
+            if json {
+                output::json(&v);
+            } else {
+                let rows = [
+                    ("provider", field(&v, "provider")),
+                    ("id", field(&v, "id")),
+                    ("region", field(&v, "region")),
+                    ("endpoint", field(&v, "endpoint")),
+                ];
+                for (k, val) in rows {
+                    println!("{k:<10} {val}");
+                }
+            }
+        }
     }
     Ok(())
 }
