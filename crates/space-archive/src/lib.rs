@@ -14,10 +14,12 @@
 //! - [`keys`]: the key hierarchy (lineage key, tenant key, master key) and crypto-shredding;
 //! - [`kms`]: the AWS KMS API as a master key provider;
 //! - [`manifest`], [`pack`]: the two kinds of data object;
-//! - [`upload`], [`fetch`]: a snapshot directory into the store and back.
+//! - [`upload`], [`fetch`]: a snapshot directory into the store and back;
+//! - [`gc`]: garbage collection of unreferenced packs and shredded lineages.
 
 pub mod crypto;
 pub mod fetch;
+pub mod gc;
 pub mod keys;
 pub mod kms;
 pub mod manifest;

@@ -200,6 +200,10 @@ pub struct Head {
     pub manifest_hash: String,
     /// When the head was written, ms since the Unix epoch.
     pub updated_unix_ms: u64,
+    /// The sandbox was killed: a node that finds the head does not bring it back (its
+    /// manifests stay until retention or shredding removes them).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminated: bool,
 }
 
 /// Checks that `s` can be one path component.
@@ -521,6 +525,27 @@ impl Archive {
         while let Some(item) = s.next().await {
             let meta = item.map_err(|e| self.backend("listing", prefix, e))?;
             out.push((meta.location, meta.size));
+        }
+        Ok(out)
+    }
+
+    /// Every object under `prefix`, with its size and how long ago it was written.
+    pub async fn list_with_age(
+        &self,
+        prefix: &ObjPath,
+    ) -> Result<Vec<(ObjPath, u64, Duration)>, StoreError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let mut out = Vec::new();
+        let mut s = self.store.list(Some(prefix));
+        while let Some(item) = s.next().await {
+            let meta = item.map_err(|e| self.backend("listing", prefix, e))?;
+            let age = now
+                .saturating_sub(meta.last_modified.timestamp_millis())
+                .max(0) as u64;
+            out.push((meta.location, meta.size, Duration::from_millis(age)));
         }
         Ok(out)
     }

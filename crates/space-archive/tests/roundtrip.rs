@@ -289,7 +289,46 @@ async fn suite(config: StoreConfig, raw_dir: Option<&Path>, garage: Option<&Gara
     .unwrap_err();
     assert!(matches!(err, FetchError::NoBase { .. }), "{err}");
 
-    // 8. Crypto-shredding: the objects stay, nothing opens.
+    // 8. Garbage collection: a pack nothing references goes (past the grace period); every
+    // referenced one stays and the newest manifest still restores.
+    for (sandbox, snapshot) in [("sbx-1", "s2"), ("sbx-2", "f1")] {
+        let obj = archive
+            .get_bounded(&archive.manifest_path(sandbox, snapshot).unwrap(), 64 << 20)
+            .await
+            .unwrap()
+            .unwrap();
+        archive
+            .put_head(&space_archive::Head {
+                format: 1,
+                sandbox: sandbox.into(),
+                tenant: "alice".into(),
+                lineage: "lin-1".into(),
+                snapshot: snapshot.into(),
+                manifest_hash: Manifest::hash(&obj),
+                updated_unix_ms: 1,
+                terminated: false,
+            })
+            .await
+            .unwrap();
+    }
+    let orphan = archive.pack_path("lin-1", "0123456789abcdef").unwrap();
+    archive
+        .put(&orphan, Bytes::from(vec![1u8; 1000]))
+        .await
+        .unwrap();
+    let kept = space_archive::gc::collect(&archive, &ring, std::time::Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(kept.packs_deleted, 0, "within the grace period: {kept:?}");
+    let gc = space_archive::gc::collect(&archive, &ring, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(gc.packs_deleted, 1, "{gc:?}");
+    assert!(archive.get_small(&orphan).await.unwrap().is_none());
+    restore_and_compare(&archive, keys.clone(), &m2, &snap2, &base, &w.join("out7")).await;
+
+    // 9. Crypto-shredding: the objects stay, nothing opens; garbage collection then removes
+    // the lineage's packs, manifests and heads.
     ring.shred("alice", "lin-1").await.unwrap();
     let err = ring
         .lineage_keys("alice", "lin-1", false, true)
@@ -301,8 +340,18 @@ async fn suite(config: StoreConfig, raw_dir: Option<&Path>, garage: Option<&Gara
         .await
         .unwrap()
         .is_some());
+    let gc = space_archive::gc::collect(&archive, &ring, std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(gc.shredded_removed, ["lin-1"], "{gc:?}");
+    assert!(archive
+        .get_bounded(&pack, 64 << 20)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(archive.head("sbx-1").await.unwrap().is_none());
 
-    // 9. No plaintext anywhere in the store's files; a plain object put as a control is found,
+    // 10. No plaintext anywhere in the store's files; a plain object put as a control is found,
     // so the scan does read what the store keeps.
     if let Some(dir) = raw_dir
         .map(Path::to_owned)
@@ -377,6 +426,7 @@ async fn store_gone_mid_upload_loses_nothing() {
             snapshot: "s1".into(),
             manifest_hash: "h".into(),
             updated_unix_ms: 1,
+            terminated: false,
         })
         .await
         .unwrap();

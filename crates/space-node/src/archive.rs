@@ -522,6 +522,7 @@ pub(crate) async fn upload_snapshot(
         snapshot: snap.to_string(),
         manifest_hash: report.manifest_hash.clone(),
         updated_unix_ms: now_ms(),
+        terminated: false,
     };
     a.put_head(&head)
         .await
@@ -689,11 +690,91 @@ impl crate::sandbox::Sandbox {
     }
 }
 
+/// Marks a killed sandbox's head as terminated, so no node brings it back from the store.
+pub(crate) async fn mark_terminated(ctx: &Ctx, r: &SandboxRecord) {
+    let Some(cfg) = &ctx.archive else { return };
+    if !r.snapshots.iter().any(|s| s.remote.is_some()) {
+        return;
+    }
+    let result = async {
+        let Some(mut head) = cfg.archive.head(r.id.as_str()).await? else {
+            return Ok(());
+        };
+        head.terminated = true;
+        head.updated_unix_ms = now_ms();
+        cfg.archive.put_head(&head).await
+    }
+    .await;
+    if let Err(e) = result {
+        tracing::error!(id = %r.id, error = %e, "marking a killed sandbox's head in the object store");
+    }
+}
+
 /// Removes the local copy of a snapshot that is in the store.
 pub(crate) async fn evict(ctx: &Ctx, id: &SandboxId, snap: &SnapshotId) -> Result<()> {
     let dir = ctx.layout.snapshot_dir(id.as_str(), snap.as_str())?;
     let s = ctx.storage.clone();
     blocking(move || Ok(s.delete_volume(&dir)?)).await
+}
+
+// ---- crypto-shredding and garbage collection ------------------------------------------
+
+/// Destroys the key of every lineage whose sandboxes have all been terminated for at least
+/// `max_age` (the retention's): the lineage's archive can never be opened again. Their local
+/// snapshots (plaintext) are deleted first, and their records say when. A lineage with a
+/// sandbox that is not terminated, or terminated more recently, is left alone. Failures are
+/// logged and retried on the next pass.
+pub(crate) async fn shred_expired(ctx: &Ctx, records: &[SandboxRecord], max_age: Duration) {
+    let Some(cfg) = &ctx.archive else { return };
+    let now = now_ms();
+    let mut by_lineage: std::collections::BTreeMap<&str, Vec<&SandboxRecord>> = Default::default();
+    for r in records.iter().filter(|r| !r.is_pooled()) {
+        by_lineage.entry(r.lineage()).or_default().push(r);
+    }
+    for (lineage, members) in by_lineage {
+        let expired = members.iter().all(|r| {
+            r.state == State::Terminated
+                && now.saturating_sub(r.state_since_unix_ms) >= max_age.as_millis() as u64
+        });
+        if !expired || members.iter().all(|r| r.shredded_unix_ms.is_some()) {
+            continue;
+        }
+        let tenant = members[0].tenant.clone();
+        // Local plaintext first: a shredded lineage must not survive on this disk either.
+        let mut cleared = Vec::new();
+        for r in &members {
+            let mut r = (*r).clone();
+            for s in &r.snapshots {
+                if let Err(e) = evict(ctx, &r.id, &s.id).await {
+                    tracing::error!(id = %r.id, snapshot = %s.id, error = %e, "shredding: deleting a local snapshot");
+                }
+            }
+            r.snapshots.clear();
+            r.restore_point = None;
+            cleared.push(r);
+        }
+        let shredded = match cfg.keyring.shred(&tenant, lineage).await {
+            Ok(()) => {
+                tracing::info!(
+                    %lineage, %tenant,
+                    "lineage key destroyed (every sandbox of it terminated past retention)"
+                );
+                true
+            }
+            Err(e) => {
+                tracing::error!(%lineage, error = %e, "shredding a lineage key (retried next pass)");
+                false
+            }
+        };
+        for mut r in cleared {
+            if shredded {
+                r.shredded_unix_ms = Some(now);
+            }
+            if let Err(e) = ctx.records.write(&r) {
+                tracing::error!(id = %r.id, error = %e, "shredding: writing a record");
+            }
+        }
+    }
 }
 
 // ---- a node without its disk -----------------------------------------------------------
@@ -713,6 +794,9 @@ pub(crate) async fn adopt_archived(ctx: &Ctx, cfg: &ArchiveConfig) -> Result<Vec
         let Ok(id) = h.sandbox.parse::<SandboxId>() else {
             continue;
         };
+        if h.terminated {
+            continue;
+        }
         if ctx.records.read(&id)?.is_some() {
             continue;
         }

@@ -115,6 +115,8 @@ struct Inner {
     shutting_down: std::sync::atomic::AtomicBool,
     /// Sandboxes found in the object store at open, not yet handed to the control plane.
     adopted: Mutex<Vec<SandboxRecord>>,
+    /// When the archive pass last collected garbage in the store, ms since the epoch.
+    last_gc_ms: std::sync::atomic::AtomicU64,
 }
 
 /// One host's node services. Cheap to clone.
@@ -164,6 +166,7 @@ impl Node {
                 sandboxes: Mutex::default(),
                 shutting_down: false.into(),
                 adopted: Mutex::default(),
+                last_gc_ms: now_ms().into(),
             }),
         };
         node.recover_pass(true).await?;
@@ -784,6 +787,18 @@ impl Node {
         archive_pass(&self.inner).await
     }
 
+    /// Deletes what nobody can use in the object store: packs no manifest references (older
+    /// than `grace`, so uploads in progress keep theirs) and the objects of shredded lineages
+    /// (`space_archive::gc`). The archive pass does this every hour with an hour of grace.
+    pub async fn collect_garbage(&self, grace: Duration) -> Result<space_archive::gc::GcReport> {
+        let cfg = self
+            .archive()
+            .ok_or_else(|| NodeError::Invalid("this node has no object store".into()))?;
+        space_archive::gc::collect(&cfg.archive, &cfg.keyring, grace)
+            .await
+            .map_err(|e| NodeError::Archive(format!("garbage collection: {e}")))
+    }
+
     /// Counts as activity for the idle timeout (for callers that use a client they hold).
     pub async fn touch(&self, id: &SandboxId) -> Result<()> {
         self.call(id, Request::Touch).await
@@ -910,6 +925,8 @@ pub struct ArchiveReport {
 
 /// How often the archive pass runs (each sandbox's own interval decides what it uploads).
 const ARCHIVE_TICK: Duration = Duration::from_secs(5);
+/// How often (and with how much grace for uploads in progress) garbage is collected.
+const GC_EVERY: Duration = Duration::from_secs(3600);
 
 async fn archive_pass(inner: &Inner) -> ArchiveReport {
     let mut report = ArchiveReport::default();
@@ -959,6 +976,23 @@ async fn archive_pass(inner: &Inner) -> ArchiveReport {
                 report.failed += 1;
                 tracing::warn!(%id, snapshot = %job.snapshot, error = %e, "archive pass: upload failed (retried next pass)");
             }
+        }
+    }
+    // Garbage in the store, once an hour.
+    let last = inner.last_gc_ms.load(std::sync::atomic::Ordering::Relaxed);
+    if now_ms().saturating_sub(last) >= GC_EVERY.as_millis() as u64 {
+        inner
+            .last_gc_ms
+            .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+        match space_archive::gc::collect(&cfg.archive, &cfg.keyring, GC_EVERY).await {
+            Ok(r) => tracing::info!(
+                packs = r.packs_deleted,
+                bytes = r.bytes_deleted,
+                shredded = r.shredded_removed.len(),
+                skipped = r.skipped.len(),
+                "object store garbage collected"
+            ),
+            Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
         }
     }
     // The cache: archived local copies of suspended sandboxes, oldest suspension first.
@@ -1077,6 +1111,7 @@ pub(crate) fn new_record(
         recoveries: Vec::new(),
         tenant: owner.tenant,
         lineage: owner.lineage,
+        shredded_unix_ms: None,
     }
 }
 

@@ -350,6 +350,11 @@ pub struct SandboxRecord {
     /// parent's lineage. Absent in older records: its own id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lineage: Option<String>,
+    /// When the lineage's key was destroyed, after the sandbox and every other one of its
+    /// lineage had been terminated for the retention's maximum age (crypto-shredding; its
+    /// archive can never be opened again, and its local snapshots are gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shredded_unix_ms: Option<u64>,
 }
 
 /// The tenant of records that name none.
@@ -637,6 +642,7 @@ mod tests {
             recoveries: Vec::new(),
             tenant: DEFAULT_TENANT.into(),
             lineage: None,
+            shredded_unix_ms: None,
         }
     }
 

@@ -1242,7 +1242,9 @@ impl Sandbox {
             self.record.failure = Some(format!("removing the sandbox directory: {e}"));
         }
         self.record.restore_point = None;
-        self.finish(Terminated)
+        self.finish(Terminated)?;
+        crate::archive::mark_terminated(&self.ctx, &self.record).await;
+        Ok(())
     }
 
     fn set_timeouts(&mut self, policy: TimeoutPolicy) -> Result<SandboxRecord> {

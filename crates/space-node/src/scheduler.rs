@@ -213,6 +213,9 @@ pub(crate) async fn reconcile(
         }
     }
     let driven: HashSet<&SandboxId> = handles.iter().map(|(id, _)| id).collect();
+    if let Some(all) = &records {
+        crate::archive::shred_expired(ctx, all, config.retention.max_age).await;
+    }
     for r in records.into_iter().flatten() {
         if r.state != State::Terminated || driven.contains(&r.id) {
             continue;

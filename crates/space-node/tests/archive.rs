@@ -223,6 +223,10 @@ fn a_fresh_node_finds_and_restores_archived_sandboxes() {
                 node.suspend(&id).await.unwrap();
                 ids.push((id, sha, pid));
             }
+            // A killed sandbox's head says so: no node brings it back.
+            let gone = create(&node, SandboxOptions::default()).await;
+            node.suspend(&gone).await.unwrap();
+            node.kill(&gone).await.unwrap();
             tx.send(ids).unwrap();
         },
     );
@@ -317,4 +321,71 @@ fn a_store_that_goes_away_loses_nothing() {
         },
     );
     drop(garage);
+}
+
+/// Crypto-shredding: a lineage's key is destroyed once every sandbox of it has been killed for
+/// the retention's maximum age (a fork still alive keeps it); its local snapshots go with it,
+/// and garbage collection then empties the store of it.
+#[test]
+fn killed_lineages_are_shredded_after_retention() {
+    let store = tempfile::tempdir().unwrap();
+    let objects = store.path().join("objects");
+    let cfg = archive_config(
+        &StoreConfig::Local(objects.clone()),
+        &store.path().join("master.key"),
+        None,
+    );
+    with_node(
+        Disk::Btrfs,
+        |c| {
+            c.archive = Some(cfg);
+            c.rolling.retention.max_age = Duration::from_secs(1);
+        },
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let a = create(&node, SandboxOptions::default()).await;
+            node.suspend(&a).await.unwrap();
+            node.restore(&a).await.unwrap();
+            let b = node.fork(&a).await.unwrap().id;
+            let lineage = node.info(&b).await.unwrap().lineage().to_owned();
+            assert_eq!(lineage, a.as_str(), "a fork joins its parent's lineage");
+            let keyring = node.archive().unwrap().keyring.clone();
+
+            node.kill(&a).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            node.reconcile_snapshots().await;
+            keyring
+                .lineage_keys("default", &lineage, false, true)
+                .await
+                .expect("the fork keeps the lineage's key");
+            assert!(node.info(&a).await.unwrap().shredded_unix_ms.is_none());
+
+            node.kill(&b).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            node.reconcile_snapshots().await;
+            let err = keyring
+                .lineage_keys("default", &lineage, false, true)
+                .await
+                .unwrap_err();
+            assert!(err.to_string().contains("destroyed"), "{err}");
+            for id in [&a, &b] {
+                let r = node.info(id).await.unwrap();
+                assert!(r.shredded_unix_ms.is_some(), "{id}");
+                assert!(r.snapshots.is_empty());
+                let dir = node.layout().snapshots_of(id.as_str()).unwrap();
+                let left = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+                assert_eq!(left, 0, "local snapshots of {id} left");
+            }
+            // The sealed objects are still in the store until garbage collection.
+            let packs = objects.join("lineages").join(&lineage).join("packs");
+            assert!(std::fs::read_dir(&packs).unwrap().count() > 0);
+            let gc = node.collect_garbage(Duration::ZERO).await.unwrap();
+            assert_eq!(
+                gc.shredded_removed,
+                std::slice::from_ref(&lineage),
+                "{gc:?}"
+            );
+            assert_eq!(std::fs::read_dir(&packs).map(|d| d.count()).unwrap_or(0), 0);
+        },
+    );
 }

@@ -1,0 +1,138 @@
+//! Garbage collection: packs that no manifest references go, and everything of a lineage whose
+//! key was destroyed (crypto-shredded) goes after it.
+//!
+//! A pack is garbage when no manifest of its lineage names it and it is older than a grace
+//! period (an upload in progress writes its packs before its manifest). Manifests are sealed,
+//! so finding what they reference needs the lineage's key: a lineage whose manifests do not
+//! all open is left alone (nothing is deleted on a guess). A lineage without a key object was
+//! shredded: its packs, manifests and heads are unreadable by anyone and are deleted.
+//! Template lineages (`tpl.*`) are not collected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use object_store::path::Path as ObjPath;
+
+use crate::keys::Keyring;
+use crate::manifest::{Manifest, MAX_MANIFEST_BYTES};
+use crate::store::{Archive, StoreError};
+
+/// What one collection did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// Lineages looked at.
+    pub lineages: usize,
+    /// Unreferenced packs deleted.
+    pub packs_deleted: usize,
+    /// Their bytes.
+    pub bytes_deleted: u64,
+    /// Lineages left alone because a manifest did not open.
+    pub skipped: Vec<String>,
+    /// Shredded lineages whose objects were removed.
+    pub shredded_removed: Vec<String>,
+}
+
+/// Collects garbage in `archive`.
+pub async fn collect(
+    archive: &Archive,
+    keyring: &Keyring,
+    grace: Duration,
+) -> Result<GcReport, StoreError> {
+    let mut report = GcReport::default();
+    let heads = archive.heads().await?;
+    // Sandboxes of each lineage, with their tenant.
+    let mut members: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    for h in &heads {
+        members
+            .entry(h.lineage.clone())
+            .or_default()
+            .push((h.sandbox.clone(), h.tenant.clone()));
+    }
+    // Packs and key objects per lineage.
+    let mut packs: BTreeMap<String, Vec<(ObjPath, u64, Duration)>> = BTreeMap::new();
+    let mut keyed: BTreeSet<String> = BTreeSet::new();
+    for (p, size, age) in archive.list_with_age(&ObjPath::from("lineages")).await? {
+        let parts: Vec<&str> = p.as_ref().split('/').collect();
+        match parts.as_slice() {
+            ["lineages", l, "key"] => {
+                keyed.insert((*l).to_owned());
+            }
+            ["lineages", l, "packs", _] => {
+                packs
+                    .entry((*l).to_owned())
+                    .or_default()
+                    .push((p.clone(), size, age))
+            }
+            _ => {}
+        }
+    }
+    let lineages: BTreeSet<String> = packs.keys().chain(members.keys()).cloned().collect();
+    for lineage in lineages {
+        if lineage.starts_with("tpl.") {
+            continue;
+        }
+        report.lineages += 1;
+        let sandboxes = members.get(&lineage).cloned().unwrap_or_default();
+        if !keyed.contains(&lineage) {
+            // Shredded: nothing of it can be opened again.
+            for (p, size, _) in packs.get(&lineage).into_iter().flatten() {
+                archive.delete(p).await?;
+                report.packs_deleted += 1;
+                report.bytes_deleted += size;
+            }
+            for (sandbox, _) in &sandboxes {
+                let prefix = ObjPath::from(format!("sandboxes/{sandbox}/manifests"));
+                for (p, _) in archive.list(&prefix).await? {
+                    archive.delete(&p).await?;
+                }
+                archive.delete(&archive.head_path(sandbox)?).await?;
+            }
+            report.shredded_removed.push(lineage);
+            continue;
+        }
+        // Live: the packs every manifest of the lineage names.
+        let mut referenced: BTreeSet<String> = BTreeSet::new();
+        let mut complete = true;
+        'members: for (sandbox, tenant) in &sandboxes {
+            let keys = match keyring.lineage_keys(tenant, &lineage, false, false).await {
+                Ok(k) => k,
+                Err(e) => {
+                    tracing::warn!(%lineage, error = %e, "gc: lineage key does not open; skipped");
+                    complete = false;
+                    break;
+                }
+            };
+            let prefix = ObjPath::from(format!("sandboxes/{sandbox}/manifests"));
+            for (p, _) in archive.list(&prefix).await? {
+                let Some(snapshot) = p.filename() else {
+                    continue;
+                };
+                let Some(object) = archive.get_bounded(&p, MAX_MANIFEST_BYTES as u64).await? else {
+                    continue;
+                };
+                match Manifest::decode(&object, None, &keys, sandbox, snapshot) {
+                    Ok(m) => referenced.extend(m.packs),
+                    Err(e) => {
+                        tracing::warn!(%lineage, manifest = %p, error = %e, "gc: manifest does not open; lineage skipped");
+                        complete = false;
+                        break 'members;
+                    }
+                }
+            }
+        }
+        if !complete {
+            report.skipped.push(lineage);
+            continue;
+        }
+        for (p, size, age) in packs.get(&lineage).into_iter().flatten() {
+            let name = p.filename().unwrap_or_default();
+            if referenced.contains(name) || *age < grace {
+                continue;
+            }
+            archive.delete(p).await?;
+            report.packs_deleted += 1;
+            report.bytes_deleted += size;
+        }
+    }
+    Ok(report)
+}
