@@ -39,6 +39,8 @@ const MIB: f64 = 1_048_576.0;
 const BYTES_TARGET: f64 = 1.2;
 /// Restore from the store over a local restore, with 64 MiB written.
 const RESTORE_TARGET: f64 = 2.0;
+/// The gap between the periodic full snapshots of an idle running guest.
+const PERIODIC_GAP: Duration = Duration::from_secs(10);
 /// An idle second suspend uploads less than this.
 const IDLE_TARGET_BYTES: f64 = MIB;
 
@@ -377,6 +379,39 @@ async fn measure(plan: &ArchivePlan) -> Result<()> {
         Ok(())
     }
     .await;
+    // A running idle guest, a full snapshot every PERIODIC_GAP: how long its vCPUs stop, and
+    // what the incremental upload of each costs (the archive pass uploads snapshots taken on
+    // request at once).
+    let mut periodic_pause = Samples::new();
+    let mut periodic_bytes = Samples::new();
+    let result = match result {
+        Ok(()) => {
+            async {
+                progress("an idle running guest, full snapshots uploaded periodically");
+                let id = s.create().await?;
+                let mut first = true;
+                for _ in 0..plan.runs + 1 {
+                    tokio::time::sleep(PERIODIC_GAP).await;
+                    let snap = s.node.snapshot(&id, space_node::SnapshotKind::Full).await?;
+                    s.node.reconcile_archive().await;
+                    let info = s.node.info(&id).await?;
+                    let up = info
+                        .snapshot(&snap.id)
+                        .and_then(|x| x.remote.clone())
+                        .ok_or_else(|| anyhow!("the periodic snapshot was not uploaded"))?;
+                    if !first {
+                        periodic_pause.push(snap.paused_for_us as f64 / 1000.0);
+                        periodic_bytes.push(up.uploaded_bytes as f64 / MIB);
+                    }
+                    first = false;
+                }
+                s.node.kill(&id).await?;
+                Ok(())
+            }
+            .await
+        }
+        e => e,
+    };
     s.close().await?;
     result?;
 
@@ -448,7 +483,13 @@ async fn measure(plan: &ArchivePlan) -> Result<()> {
         "ms",
         wake_remote.clone(),
     );
-    for t in [&time, &bytes, &fork, &wake] {
+    let mut periodic = Table::new(format!(
+        "An idle running guest: a full snapshot every {} s, uploaded",
+        PERIODIC_GAP.as_secs()
+    ));
+    periodic.add("vCPUs stopped for the snapshot", "ms", periodic_pause);
+    periodic.add("incremental upload", "MiB", periodic_bytes);
+    for t in [&time, &bytes, &fork, &wake, &periodic] {
         println!("{}", t.render());
     }
 

@@ -1248,7 +1248,7 @@ async fn run_checks(api: &Api, admin: &str) {
         "space_api_requests_total{operation=\"sandbox.create\",status=\"429\"} 1",
         uploads_413.as_str(),
         "space_api_request_duration_seconds_bucket{operation=\"sandbox.exec\",le=\"+Inf\"}",
-        "space_sandboxes{state=\"terminated\"} 3",
+        "space_sandboxes{state=\"terminated\"} 4",
         "space_sandboxes{state=\"running\"} 0",
     ] {
         assert!(
