@@ -31,14 +31,14 @@ pub mod storage;
 pub mod template;
 
 pub use admission::AdmissionConfig;
-pub use archive::ArchiveConfig;
+pub use archive::{ArchiveConfig, ArchiveReport};
 pub use error::{NodeError, Result};
 pub use gateway::{
     EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
     SecretBinding, SecretSource, SecretValue,
 };
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
-pub use node::{ArchiveReport, Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
+pub use node::{Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};
 pub use record::{
     Origin, RecoveryAction, RecoveryEvent, RemoteCopy, SandboxOptions, SandboxRecord, SnapshotKind,

@@ -19,7 +19,7 @@ use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
 use tokio::sync::oneshot;
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
-use crate::archive::ArchiveConfig;
+use crate::archive::{ArchiveConfig, ArchiveReport};
 use crate::error::{NodeError, Result};
 use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
@@ -199,9 +199,9 @@ impl Node {
             }
             tokio::spawn(reconcile_every(
                 Arc::downgrade(&node.inner),
-                ARCHIVE_TICK,
+                crate::archive::ARCHIVE_TICK,
                 |inner| async move {
-                    archive_pass(&inner).await;
+                    crate::archive::pass(&inner.ctx, handles_of(&inner), &inner.last_gc_ms).await;
                 },
             ));
         }
@@ -784,7 +784,12 @@ impl Node {
     /// snapshot of each live sandbox), then evicts local copies over the cache limits. Takes
     /// no input and can run at any time.
     pub async fn reconcile_archive(&self) -> ArchiveReport {
-        archive_pass(&self.inner).await
+        crate::archive::pass(
+            &self.inner.ctx,
+            handles_of(&self.inner),
+            &self.inner.last_gc_ms,
+        )
+        .await
     }
 
     /// Deletes what nobody can use in the object store: packs no manifest references (older
@@ -910,138 +915,6 @@ impl Wake {
             Wake::Restored => "restore",
         }
     }
-}
-
-/// What one archive pass did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ArchiveReport {
-    /// Snapshots uploaded.
-    pub uploaded: Vec<(SandboxId, SnapshotId)>,
-    /// Uploads that failed.
-    pub failed: usize,
-    /// Local copies evicted.
-    pub evicted: Vec<(SandboxId, SnapshotId)>,
-}
-
-/// How often the archive pass runs (each sandbox's own interval decides what it uploads).
-const ARCHIVE_TICK: Duration = Duration::from_secs(5);
-/// How often (and with how much grace for uploads in progress) garbage is collected.
-const GC_EVERY: Duration = Duration::from_secs(3600);
-
-async fn archive_pass(inner: &Inner) -> ArchiveReport {
-    let mut report = ArchiveReport::default();
-    let Some(cfg) = inner.ctx.archive.clone() else {
-        return report;
-    };
-    let handles: Vec<(SandboxId, Handle)> = inner
-        .sandboxes
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .iter()
-        .map(|(id, h)| (id.clone(), h.clone()))
-        .collect();
-    for (id, h) in &handles {
-        let (tx, rx) = oneshot::channel();
-        if h.tx
-            .send(Request::UploadJob(cfg.upload_interval, tx))
-            .await
-            .is_err()
-        {
-            continue;
-        }
-        let Ok(Ok(Some(job))) = rx.await else {
-            continue;
-        };
-        match crate::archive::upload_snapshot(
-            &inner.ctx,
-            &cfg,
-            &job.record,
-            &job.snapshot,
-            &job.dir,
-        )
-        .await
-        {
-            Ok(remote) => {
-                let (tx, rx) = oneshot::channel();
-                if h.tx
-                    .send(Request::Uploaded(job.snapshot.clone(), remote, tx))
-                    .await
-                    .is_ok()
-                    && matches!(rx.await, Ok(Ok(())))
-                {
-                    report.uploaded.push((id.clone(), job.snapshot));
-                }
-            }
-            Err(e) => {
-                report.failed += 1;
-                tracing::warn!(%id, snapshot = %job.snapshot, error = %e, "archive pass: upload failed (retried next pass)");
-            }
-        }
-    }
-    // Garbage in the store, once an hour.
-    let last = inner.last_gc_ms.load(std::sync::atomic::Ordering::Relaxed);
-    if now_ms().saturating_sub(last) >= GC_EVERY.as_millis() as u64 {
-        inner
-            .last_gc_ms
-            .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
-        match space_archive::gc::collect(&cfg.archive, &cfg.keyring, GC_EVERY).await {
-            Ok(r) => tracing::info!(
-                packs = r.packs_deleted,
-                bytes = r.bytes_deleted,
-                shredded = r.shredded_removed.len(),
-                skipped = r.skipped.len(),
-                "object store garbage collected"
-            ),
-            Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
-        }
-    }
-    // The cache: archived local copies of suspended sandboxes, oldest suspension first.
-    let mut cached: Vec<(u64, SandboxId, SnapshotId, u64, Handle)> = Vec::new();
-    for (id, h) in &handles {
-        if h.status.state() != State::Suspended {
-            continue;
-        }
-        let (tx, rx) = oneshot::channel();
-        if h.tx.send(Request::Info(tx)).await.is_err() {
-            continue;
-        }
-        let Ok(Ok(r)) = rx.await else { continue };
-        for s in r.snapshots.iter().filter(|s| s.local && s.remote.is_some()) {
-            cached.push((
-                r.state_since_unix_ms,
-                id.clone(),
-                s.id.clone(),
-                s.size_bytes,
-                h.clone(),
-            ));
-        }
-    }
-    cached.sort_by_key(|c| c.0);
-    let mut total: u64 = cached.iter().map(|c| c.3).sum();
-    let root = inner.ctx.layout.root().to_owned();
-    for (_, id, snap, size, h) in cached {
-        let over_size = cfg.cache_max_bytes.is_some_and(|max| total > max);
-        let low_space = free_bytes(&root).is_some_and(|f| f < cfg.min_free_bytes);
-        if !over_size && !low_space {
-            break;
-        }
-        let (tx, rx) = oneshot::channel();
-        if h.tx.send(Request::Evict(snap.clone(), tx)).await.is_err() {
-            continue;
-        }
-        if let Ok(Ok(true)) = rx.await {
-            total = total.saturating_sub(size);
-            tracing::info!(%id, snapshot = %snap, over_size, low_space, "evicted a cached snapshot copy");
-            report.evicted.push((id, snap));
-        }
-    }
-    report
-}
-
-fn free_bytes(p: &std::path::Path) -> Option<u64> {
-    nix::sys::statvfs::statvfs(p)
-        .ok()
-        .map(|s| s.blocks_available() * s.fragment_size())
 }
 
 /// What [`Node::usage`] tells of one sandbox.
@@ -1223,6 +1096,17 @@ async fn reconcile(inner: &Inner) -> usize {
         }
     }
     acted
+}
+
+/// Every sandbox handle, for a pass over them.
+fn handles_of(inner: &Inner) -> Vec<(SandboxId, Handle)> {
+    inner
+        .sandboxes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .map(|(id, h)| (id.clone(), h.clone()))
+        .collect()
 }
 
 async fn rolling_pass(inner: &Inner) -> RollingReport {

@@ -1015,61 +1015,6 @@ impl Sandbox {
         Ok(self.record.snapshot(&snap.id).cloned().unwrap_or(snap))
     }
 
-    /// Drops the local copy of an archived snapshot (the record says where it lives).
-    pub(crate) async fn evict_local(&mut self, snap: &SnapshotId) -> bool {
-        let archived = self
-            .record
-            .snapshot(snap)
-            .is_some_and(|s| s.remote.is_some() && s.local);
-        if !archived {
-            return false;
-        }
-        if let Err(e) = crate::archive::evict(&self.ctx, &self.record.id, snap).await {
-            tracing::error!(id = %self.record.id, snapshot = %snap, error = %e, "evicting a local snapshot copy");
-            return false;
-        }
-        if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
-            s.local = false;
-        }
-        if let Err(e) = self.write() {
-            tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
-        }
-        true
-    }
-
-    /// Makes sure full snapshot `snap`'s files are on this node, fetching them from the
-    /// object store when they are not.
-    async fn ensure_local(&mut self, snap: &SnapshotId) -> Result<PathBuf> {
-        let dir = self
-            .ctx
-            .layout
-            .snapshot_dir(self.record.id.as_str(), snap.as_str())?;
-        let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
-        if crate::archive::full_snapshot_present(&dir) {
-            // A snapshot that is in the store is sealed under the tenant's keys: a local copy
-            // starts only while those keys still open (a revoked master key stops it too).
-            if let (Some(cfg), Some(_)) = (&self.ctx.archive, &remote) {
-                cfg.keyring
-                    .lineage_keys(&self.record.tenant, self.record.lineage(), false, true)
-                    .await
-                    .map_err(crate::archive::key_error)?;
-            }
-            return Ok(dir);
-        }
-        let (Some(cfg), Some(remote)) = (self.ctx.archive.clone(), remote) else {
-            return Err(NodeError::Archive(format!(
-                "snapshot {snap} of {} is neither on this node nor in an object store it uses",
-                self.record.id
-            )));
-        };
-        crate::archive::fetch_snapshot(&self.ctx, &cfg, &self.record, snap, &remote.manifest_hash)
-            .await?;
-        if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
-            s.local = true;
-        }
-        Ok(dir)
-    }
-
     /// Kills the VM and frees its RAM and disk files (the logs stay).
     async fn stop_vm(&mut self) {
         drop(self.client.take());
