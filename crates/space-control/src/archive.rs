@@ -40,7 +40,7 @@ impl ArchiveSettings {
             store,
             master_key_file: None,
             cache_max_bytes: None,
-            upload_interval: Some(Duration::from_secs(600)),
+            upload_interval: Some(Duration::from_secs(60)),
         }
     }
 

@@ -679,7 +679,8 @@ impl Sandbox {
                 let _ = r.send(res);
             }
             Request::UploadJob(interval, r) => {
-                let _ = r.send(Ok(self.upload_job(interval)));
+                let job = self.upload_job(interval).await;
+                let _ = r.send(Ok(job));
             }
             Request::Uploaded(snap, remote, r) => {
                 let _ = r.send(self.uploaded(&snap, remote));

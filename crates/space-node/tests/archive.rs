@@ -389,3 +389,55 @@ fn killed_lineages_are_shredded_after_retention() {
         },
     );
 }
+
+/// The archive pass keeps a running sandbox's newest state in the store: every upload interval
+/// it takes a full snapshot and uploads it incrementally (a lost disk loses at most that much);
+/// within the interval it does nothing.
+#[test]
+fn running_sandboxes_go_up_every_interval() {
+    let store = tempfile::tempdir().unwrap();
+    let mut cfg = archive_config(
+        &StoreConfig::Local(store.path().join("objects")),
+        &store.path().join("master.key"),
+        None,
+    );
+    cfg.upload_interval = Some(Duration::from_secs(2));
+    with_node(
+        Disk::Btrfs,
+        |c| c.archive = Some(cfg),
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let id = create(&node, SandboxOptions::default()).await;
+            let first = node.reconcile_archive().await;
+            assert_eq!(first.uploaded.len(), 1, "{first:?}");
+            let again = node.reconcile_archive().await;
+            assert!(again.uploaded.is_empty(), "within the interval: {again:?}");
+            tokio::time::sleep(Duration::from_millis(2100)).await;
+            let later = node.reconcile_archive().await;
+            assert_eq!(later.uploaded.len(), 1, "{later:?}");
+            let info = node.info(&id).await.unwrap();
+            assert_eq!(info.state, State::Running);
+            let up: Vec<_> = info
+                .snapshots
+                .iter()
+                .filter_map(|s| s.remote.clone())
+                .collect();
+            assert_eq!(up.len(), 2);
+            eprintln!(
+                "periodic uploads: {} then {} bytes",
+                up[0].uploaded_bytes, up[1].uploaded_bytes
+            );
+            assert!(up[1].uploaded_bytes < 8 << 20, "incremental: {up:?}");
+            // The store's head names the newest.
+            let head = node
+                .archive()
+                .unwrap()
+                .archive
+                .head(id.as_str())
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(head.manifest_hash, up[1].manifest_hash);
+        },
+    );
+}

@@ -131,8 +131,8 @@ pub struct UpArgs {
     /// bytes (default: only when the disk runs low; 0: right after each upload).
     #[arg(long, value_name = "BYTES")]
     pub cache_max: Option<u64>,
-    /// Seconds between uploads of each running sandbox's newest full snapshot (default 600;
-    /// 0: only on suspend and request).
+    /// Seconds between uploads of a full snapshot of each running sandbox (default 60; 0:
+    /// only on suspend and request).
     #[arg(long, value_name = "SECONDS")]
     pub upload_interval: Option<u64>,
 }

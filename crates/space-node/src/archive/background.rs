@@ -14,52 +14,78 @@ pub(crate) struct UploadJob {
 impl crate::sandbox::Sandbox {
     /// The next snapshot this sandbox should have in the store, if any: a suspended
     /// sandbox's restore point, a snapshot taken on request, or (every `interval`) the newest
-    /// full snapshot of a live one. Only snapshots whose files are here.
-    pub(crate) fn upload_job(&self, interval: Option<Duration>) -> Option<UploadJob> {
-        let r = &self.record;
+    /// full snapshot of a live one, taken now for a running one when none is newer than the
+    /// last upload. Only snapshots whose files are here.
+    pub(crate) async fn upload_job(&mut self, interval: Option<Duration>) -> Option<UploadJob> {
         let local_full = |s: &&crate::record::SnapshotRecord| {
             s.kind == SnapshotKind::Full && s.local && s.remote.is_none()
         };
-        let pick = match r.state {
+        let r = &self.record;
+        let mut pick = match r.state {
             State::Suspended => r
                 .restore_point
                 .as_ref()
                 .and_then(|p| r.snapshot(p))
-                .filter(local_full),
-            State::Running | State::Paused => {
-                let requested = r
+                .filter(local_full)
+                .map(|s| s.id.clone()),
+            State::Running | State::Paused => r
+                .snapshots
+                .iter()
+                .filter(local_full)
+                .find(|s| s.reason == crate::record::SnapshotReason::Request)
+                .map(|s| s.id.clone()),
+            _ => None,
+        };
+        if pick.is_none() && matches!(r.state, State::Running | State::Paused) {
+            if let Some(interval) = interval {
+                let last = r
                     .snapshots
                     .iter()
-                    .filter(local_full)
-                    .find(|s| s.reason == crate::record::SnapshotReason::Request);
-                requested.or_else(|| {
-                    let interval = interval?;
-                    let last = r
+                    .filter_map(|s| s.remote.as_ref().map(|rc| rc.uploaded_unix_ms))
+                    .max()
+                    .unwrap_or(0);
+                if now_ms().saturating_sub(last) >= interval.as_millis() as u64 {
+                    let newest = r
                         .snapshots
-                        .iter()
-                        .filter_map(|s| s.remote.as_ref().map(|rc| rc.uploaded_unix_ms))
-                        .max()
-                        .unwrap_or(0);
-                    if now_ms().saturating_sub(last) < interval.as_millis() as u64 {
-                        return None;
-                    }
-                    r.snapshots
                         .iter()
                         .rev()
                         .find(|s| s.kind == SnapshotKind::Full)
                         .filter(local_full)
-                })
+                        .filter(|s| s.created_unix_ms > last)
+                        .map(|s| s.id.clone());
+                    pick = match newest {
+                        Some(id) => Some(id),
+                        // Nothing newer to send: a running guest gets a fresh full snapshot (a
+                        // rolling one, thinned by retention); a paused one has not changed.
+                        None if r.state == State::Running => {
+                            match self
+                                .snapshot(
+                                    SnapshotKind::Full,
+                                    crate::record::SnapshotReason::Rolling,
+                                )
+                                .await
+                            {
+                                Ok(s) => Some(s.id),
+                                Err(e) => {
+                                    tracing::warn!(id = %self.record.id, error = %e, "archive pass: periodic full snapshot");
+                                    None
+                                }
+                            }
+                        }
+                        None => None,
+                    };
+                }
             }
-            _ => None,
-        }?;
+        }
+        let pick = pick?;
         let dir = self
             .ctx
             .layout
-            .snapshot_dir(r.id.as_str(), pick.id.as_str())
+            .snapshot_dir(self.record.id.as_str(), pick.as_str())
             .ok()?;
         full_snapshot_present(&dir).then(|| UploadJob {
-            record: r.clone(),
-            snapshot: pick.id.clone(),
+            record: self.record.clone(),
+            snapshot: pick,
             dir,
         })
     }

@@ -75,8 +75,9 @@ impl std::fmt::Debug for ArchiveConfig {
 }
 
 impl ArchiveConfig {
-    /// Defaults over `archive` and `keyring`: 256 KiB chunks, 32 MiB packs, an upload of each
-    /// running sandbox's newest full snapshot every 10 minutes, a cache limited by free space
+    /// Defaults over `archive` and `keyring`: 256 KiB chunks, 32 MiB packs, a full snapshot
+    /// of each running sandbox uploaded every minute (an idle guest's costs its vCPUs about
+    /// 6 ms and the store under half a MiB: `docs/archive.md`), a cache limited by free space
     /// (2 GiB kept free).
     pub fn new(archive: Archive, keyring: Arc<Keyring>) -> ArchiveConfig {
         ArchiveConfig {
@@ -84,7 +85,7 @@ impl ArchiveConfig {
             keyring,
             chunk_size: DEFAULT_CHUNK_SIZE,
             pack_target: DEFAULT_PACK_TARGET,
-            upload_interval: Some(Duration::from_secs(600)),
+            upload_interval: Some(Duration::from_secs(60)),
             cache_max_bytes: None,
             min_free_bytes: 2 << 30,
         }
