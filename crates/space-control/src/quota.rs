@@ -145,6 +145,7 @@ mod tests {
             max_sandboxes: 2,
             max_vcpus: 4,
             max_memory_mib: 1024,
+            max_suspended_ms: None,
         }
     }
 

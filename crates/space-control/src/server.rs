@@ -247,6 +247,19 @@ impl Server {
                 tracing::error!(error = %e, "the API server stopped");
             }
         });
+        {
+            // Sandboxes suspended past their tenant's limit are killed, once a minute.
+            let (node, store) = (node.clone(), Arc::downgrade(&store));
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(EXPIRY_TICK);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(store) = store.upgrade() else { return };
+                    expire_suspended(&node, &store).await;
+                }
+            });
+        }
         tracing::info!(%addr, "serving the API");
         Ok(Server {
             node,
@@ -257,6 +270,12 @@ impl Server {
             stop: Some(stop),
             task,
         })
+    }
+
+    /// Kills the sandboxes suspended past their tenant's `max_suspended_ms` now (the server
+    /// does this once a minute on its own). Returns how many.
+    pub async fn expire_suspended(&self) -> usize {
+        expire_suspended(&self.node, &self.store).await
     }
 
     /// `http://<address>`.
@@ -327,6 +346,66 @@ async fn kill_unowned(node: &Node, store: &Store) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// How often suspended sandboxes are checked against their tenant's limit.
+const EXPIRY_TICK: Duration = Duration::from_secs(60);
+
+/// Kills every sandbox that has been suspended for longer than its tenant's
+/// `max_suspended_ms`, audited as `sandbox.expire`. Returns how many it killed.
+async fn expire_suspended(node: &Node, store: &Store) -> usize {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let tenants = match store.tenants() {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(error = %e, "listing tenants for the suspended limit");
+            return 0;
+        }
+    };
+    let mut killed = 0;
+    for t in tenants {
+        let Some(limit) = t.quotas.max_suspended_ms else {
+            continue;
+        };
+        for id in store.sandboxes_of(&t.name).unwrap_or_default() {
+            let Ok(id) = id.parse::<space_node::SandboxId>() else {
+                continue;
+            };
+            let Ok(info) = node.info(&id).await else {
+                continue;
+            };
+            let held = now.saturating_sub(info.state_since_unix_ms);
+            if info.state != State::Suspended || held < limit {
+                continue;
+            }
+            let result = node.kill(&id).await;
+            let event = crate::store::NewAuditEvent {
+                tenant: Some(t.name.clone()),
+                key_id: None,
+                sandbox: Some(id.to_string()),
+                operation: "sandbox.expire".into(),
+                result: if result.is_ok() { "ok" } else { "internal" }.into(),
+                detail: Some(match &result {
+                    Ok(()) => format!(
+                        "suspended for {held} ms; tenant {} allows {limit} ms",
+                        t.name
+                    ),
+                    Err(e) => e.to_string(),
+                }),
+            };
+            if let Err(e) = store.record(event) {
+                tracing::error!(error = %e, "recording an audit event");
+            }
+            if result.is_ok() {
+                killed += 1;
+                tracing::info!(%id, tenant = %t.name, held_ms = held, "suspended past the tenant's limit: killed");
+            }
+        }
+    }
+    killed
 }
 
 /// Builds image `name` as template `name` version 1 when no build of it exists.

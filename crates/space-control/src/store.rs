@@ -95,6 +95,9 @@ CREATE TABLE tenant_master_keys (
     updated_unix_ms INTEGER NOT NULL
 ) STRICT;
 "#,
+    r#"
+ALTER TABLE tenants ADD COLUMN max_suspended_ms INTEGER;
+"#,
 ];
 
 /// The schema version this build writes.
@@ -225,6 +228,9 @@ pub struct Quotas {
     pub max_vcpus: u32,
     /// Memory of the sandboxes that have a VM, in MiB.
     pub max_memory_mib: u64,
+    /// How long a sandbox may stay suspended before it is killed, in ms; `None`: forever.
+    #[serde(default)]
+    pub max_suspended_ms: Option<u64>,
 }
 
 impl Default for Quotas {
@@ -233,6 +239,7 @@ impl Default for Quotas {
             max_sandboxes: 100,
             max_vcpus: 64,
             max_memory_mib: 65536,
+            max_suspended_ms: None,
         }
     }
 }
@@ -515,11 +522,13 @@ fn tenant_row(row: &Row<'_>) -> rusqlite::Result<Tenant> {
             max_sandboxes: u32::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
             max_vcpus: u32::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
             max_memory_mib: from_db(row.get(4)?),
+            max_suspended_ms: row.get::<_, Option<i64>>(5)?.map(from_db),
         },
     })
 }
 
-const TENANT_COLUMNS: &str = "name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib";
+const TENANT_COLUMNS: &str =
+    "name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib, max_suspended_ms";
 
 fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyInfo> {
     Ok(KeyInfo {
@@ -587,14 +596,16 @@ fn insert_tenant(
         quotas,
     };
     conn.execute(
-        "INSERT INTO tenants (name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
+        "INSERT INTO tenants (name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib,
+                              max_suspended_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             name.as_str(),
             to_db(tenant.created_unix_ms),
             quotas.max_sandboxes,
             quotas.max_vcpus,
             to_db(quotas.max_memory_mib),
+            quotas.max_suspended_ms.map(to_db),
         ],
     )?;
     Ok(tenant)
@@ -778,13 +789,15 @@ impl Store {
         quotas.validate()?;
         self.write(|c| {
             let n = c.execute(
-                "UPDATE tenants SET max_sandboxes = ?2, max_vcpus = ?3, max_memory_mib = ?4
+                "UPDATE tenants SET max_sandboxes = ?2, max_vcpus = ?3, max_memory_mib = ?4,
+                   max_suspended_ms = ?5
                  WHERE name = ?1",
                 params![
                     name.as_str(),
                     quotas.max_sandboxes,
                     quotas.max_vcpus,
-                    to_db(quotas.max_memory_mib)
+                    to_db(quotas.max_memory_mib),
+                    quotas.max_suspended_ms.map(to_db)
                 ],
             )?;
             if n == 0 {
@@ -1404,6 +1417,7 @@ mod tests {
             max_sandboxes: 3,
             max_vcpus: 4,
             max_memory_mib: 2048,
+            max_suspended_ms: None,
         };
         store.create_tenant(&acme, quotas).unwrap();
         let key = store.create_key(&acme, true, Some("ops")).unwrap();
@@ -1564,6 +1578,7 @@ mod tests {
             max_sandboxes: 1,
             max_vcpus: 2,
             max_memory_mib: 512,
+            max_suspended_ms: None,
         };
         let updated = store.set_quotas(&t("acme"), q).unwrap();
         assert_eq!(updated.quotas, q);
@@ -2029,7 +2044,7 @@ mod tests {
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .unwrap();
         assert_eq!(version, i64::from(SCHEMA_VERSION));
-        assert_eq!(SCHEMA_VERSION, 3);
+        assert_eq!(SCHEMA_VERSION, 4);
         let acme = t("acme");
         assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas.max_vcpus, 6);
         assert_eq!(

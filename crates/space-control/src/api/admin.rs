@@ -193,6 +193,13 @@ pub struct QuotasBody {
     max_vcpus: Option<u32>,
     #[serde(default)]
     max_memory_mib: Option<u64>,
+    /// Present with a number: the new limit; present as null: no limit; absent: unchanged.
+    #[serde(default, deserialize_with = "present")]
+    max_suspended_ms: Option<Option<u64>>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
+    Ok(Some(Option::<u64>::deserialize(d)?))
 }
 
 impl QuotasBody {
@@ -205,6 +212,9 @@ impl QuotasBody {
         }
         if let Some(v) = self.max_memory_mib {
             q.max_memory_mib = v;
+        }
+        if let Some(v) = self.max_suspended_ms {
+            q.max_suspended_ms = v;
         }
         q
     }

@@ -1,7 +1,8 @@
-//! Customer-held keys through the API, on a real server and real guests, with moto's server as
+//! A tenant's archive through the API, on a real server and real guests, with moto's server as
 //! the KMS: a tenant's master key set to a KMS key, a suspend sealed under it, the key disabled
 //! (the restore refused with the key named, the sandbox still suspended), enabled again (the
-//! restore works), rotated onto a second KMS key (the first can go), every unwrap audited.
+//! restore works), rotated onto a second KMS key (the first can go), every unwrap audited; and
+//! the tenant's limit on how long a sandbox may stay suspended.
 
 mod common;
 
@@ -188,7 +189,40 @@ fn a_tenant_key_held_in_kms() {
         assert!(of("key.unwrap", "key_unavailable") >= 1, "{audit}");
         assert!(of("key.rotate", "ok") >= 1, "{audit}");
         assert_eq!(of("tenant.master_key", "ok"), 2, "{audit}");
-        api.ok("DELETE", &format!("/v1/sandboxes/{id}"), None).await;
+
+        // The tenant's limit on staying suspended: past it, the sandbox is killed and audited.
+        let t = api
+            .ok(
+                "PATCH",
+                "/v1/tenants/default",
+                Some(json!({"quotas": {"max_suspended_ms": 1000}})),
+            )
+            .await;
+        assert_eq!(t["quotas"]["max_suspended_ms"], 1000);
+        api.ok("POST", &format!("/v1/sandboxes/{id}/suspend"), None)
+            .await;
+        assert_eq!(server.expire_suspended().await, 0, "not yet");
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        assert_eq!(server.expire_suspended().await, 1);
+        let info = api.ok("GET", &format!("/v1/sandboxes/{id}"), None).await;
+        assert_eq!(info["state"], "terminated");
+        let expired = api
+            .ok(
+                "GET",
+                &format!("/v1/audit?sandbox={id}&operation=sandbox.expire"),
+                None,
+            )
+            .await;
+        assert_eq!(expired["events"].as_array().unwrap().len(), 1, "{expired}");
+        // null lifts the limit again.
+        let t = api
+            .ok(
+                "PATCH",
+                "/v1/tenants/default",
+                Some(json!({"quotas": {"max_suspended_ms": null}})),
+            )
+            .await;
+        assert!(t["quotas"]["max_suspended_ms"].is_null());
         server.shutdown().await;
     });
     drop(moto);
