@@ -19,6 +19,9 @@ use hyper::body::Incoming;
 use nix::errno::Errno;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent, WatchDescriptor};
 use space_proto::limits::MAX_WATCH_DIRS;
+
+/// Most `Created` events made up for the contents of one new directory tree.
+const MAX_SYNTHETIC: usize = 10_000;
 use space_proto::query::{parse_query, validate_path};
 use space_proto::{ErrorKind, Frame, FrameKind, ProtoError, WatchEvent, WatchEventKind};
 use tokio::io::unix::AsyncFd;
@@ -66,8 +69,15 @@ fn mask() -> AddWatchFlags {
 }
 
 impl Watcher {
-    /// Watches `dir` and, when recursive, every directory below it.
-    fn add_tree(&mut self, dir: &Path) -> Result<(), WatchError> {
+    /// Watches `dir` and, when recursive, every directory below it. With `found`, every entry
+    /// below `dir` that exists once its directory is watched is listed there (at most
+    /// [`MAX_SYNTHETIC`]): entries made in a new directory before its watch was added raise no
+    /// event of their own.
+    fn add_tree(
+        &mut self,
+        dir: &Path,
+        mut found: Option<&mut Vec<(PathBuf, bool)>>,
+    ) -> Result<(), WatchError> {
         let mut stack = vec![dir.to_path_buf()];
         while let Some(d) = stack.pop() {
             if self.dirs.len() >= MAX_WATCH_DIRS {
@@ -85,7 +95,13 @@ impl Watcher {
             if self.recursive {
                 if let Ok(rd) = std::fs::read_dir(&d) {
                     for entry in rd.flatten() {
-                        if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        let is_dir = entry.file_type().map(|t| t.is_dir()).unwrap_or(false);
+                        if let Some(f) = found.as_deref_mut() {
+                            if f.len() < MAX_SYNTHETIC {
+                                f.push((entry.path(), is_dir));
+                            }
+                        }
+                        if is_dir {
                             stack.push(entry.path());
                         }
                     }
@@ -99,8 +115,28 @@ impl Watcher {
         self.root.to_string_lossy().into_owned()
     }
 
-    /// Converts one inotify event, updating the watch set as directories come and go.
-    fn translate(&mut self, ev: InotifyEvent) -> Option<WatchEvent> {
+    /// Converts one inotify event, updating the watch set as directories come and go. A new
+    /// directory brings `Created` events for what is already in it (a duplicate is possible
+    /// for an entry made while the directory was being listed; a miss is not).
+    fn translate(&mut self, ev: InotifyEvent) -> Vec<WatchEvent> {
+        let mut found = Vec::new();
+        let Some(first) = self.translate_one(ev, &mut found) else {
+            return Vec::new();
+        };
+        let mut out = vec![first];
+        out.extend(found.into_iter().map(|(p, is_dir)| WatchEvent {
+            path: p.to_string_lossy().into_owned(),
+            kind: WatchEventKind::Created,
+            is_dir,
+        }));
+        out
+    }
+
+    fn translate_one(
+        &mut self,
+        ev: InotifyEvent,
+        found: &mut Vec<(PathBuf, bool)>,
+    ) -> Option<WatchEvent> {
         let m = ev.mask;
         if m.contains(AddWatchFlags::IN_Q_OVERFLOW) {
             return Some(WatchEvent {
@@ -149,7 +185,7 @@ impl Watcher {
         {
             // Directories that appear are watched too; past the limit they are silently
             // left out rather than ending the stream.
-            let _ = self.add_tree(&path);
+            let _ = self.add_tree(&path, Some(found));
         }
         Some(WatchEvent {
             path: path.to_string_lossy().into_owned(),
@@ -202,7 +238,7 @@ pub async fn watch(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         root: root.clone(),
         recursive,
     };
-    watcher.add_tree(&root).map_err(|e| match e {
+    watcher.add_tree(&root, None).map_err(|e| match e {
         WatchError::TooManyDirs => ProtoError::new(ErrorKind::TooLarge, format!("{path}: {e}")),
         WatchError::Inotify(errno) => ProtoError::new(
             ErrorKind::from_errno(errno as i32),
@@ -227,10 +263,9 @@ async fn run(mut w: Watcher, tx: mpsc::Sender<io::Result<Bytes>>, _slot: WatchSl
                 }
             }
         };
-        for ev in events {
-            let Some(event) = w.translate(ev) else {
-                continue;
-            };
+        let translated: Vec<WatchEvent> =
+            events.into_iter().flat_map(|ev| w.translate(ev)).collect();
+        for event in translated {
             let root_gone = event.kind == WatchEventKind::Removed && event.path == w.root_str();
             if tx
                 .send(Ok(Frame::json(FrameKind::Event, &event).encode()))
