@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::store::{S3Config, StoreConfig};
 
-fn noise(seed: u64, len: usize) -> Vec<u8> {
+/// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {

@@ -9,24 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_archive::keys::NoAudit;
-pub use space_archive::testing::Garage;
+pub use space_archive::testing::{noise, Garage};
 use space_archive::{Archive, Keyring, LocalMaster, MasterKey};
 
 pub const MIB: u64 = 1 << 20;
-
-/// Deterministic pseudo-random bytes (xorshift), so tests need no RNG crate.
-pub fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// A sparse file of `size` with `(offset, bytes)` written into it.
 pub fn write_file(path: &Path, size: u64, parts: &[(u64, &[u8])]) {
