@@ -106,15 +106,19 @@ admin_token = "{secret}"
         g.spawn();
         // Layout: this node, one zone, then a bucket and a key that may use it.
         let deadline = Instant::now() + Duration::from_secs(60);
+        // `node id` reads the key on disk and answers before the server listens; `status`
+        // goes through the server's RPC port, so it answering means the server is up.
         let node_id = loop {
+            let status = g.cli(&["status"]);
             let out = g.cli(&["node", "id", "-q"]);
-            if out.status.success() {
+            if status.status.success() && out.status.success() {
                 let s = String::from_utf8_lossy(&out.stdout).trim().to_owned();
                 break s.split('@').next().unwrap().to_owned();
             }
             assert!(
                 Instant::now() < deadline,
-                "garage did not come up: {}",
+                "garage did not come up: {}{}",
+                String::from_utf8_lossy(&status.stderr),
                 String::from_utf8_lossy(&out.stderr)
             );
             std::thread::sleep(Duration::from_millis(200));
