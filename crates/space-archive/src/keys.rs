@@ -221,6 +221,33 @@ impl TenantKeyObject {
         }
     }
 
+    /// Parses the object of `tenant`'s key, refusing another format or another tenant's.
+    fn parse(bytes: &[u8], tenant: &str) -> Result<TenantKeyObject, KeyError> {
+        let what = || format!("the key of tenant {tenant}");
+        let obj: TenantKeyObject =
+            serde_json::from_slice(bytes).map_err(|e| KeyError::Malformed {
+                what: what(),
+                detail: e.to_string(),
+            })?;
+        if obj.tenant != tenant || obj.format != KEY_OBJECT_FORMAT {
+            return Err(KeyError::Malformed {
+                what: what(),
+                detail: format!("names tenant {} (format {})", obj.tenant, obj.format),
+            });
+        }
+        Ok(obj)
+    }
+
+    /// The wrapped tenant key's bytes.
+    fn wrapped(&self) -> Result<Vec<u8>, KeyError> {
+        b64()
+            .decode(&self.wrapped)
+            .map_err(|e| KeyError::Malformed {
+                what: format!("the key of tenant {}", self.tenant),
+                detail: e.to_string(),
+            })
+    }
+
     fn description(&self) -> MasterDescription {
         MasterDescription {
             id: self.master.clone(),
@@ -330,17 +357,7 @@ impl Keyring {
         for _ in 0..3 {
             match self.archive.get_small(&path).await? {
                 Some(bytes) => {
-                    let obj: TenantKeyObject =
-                        serde_json::from_slice(&bytes).map_err(|e| KeyError::Malformed {
-                            what: what(),
-                            detail: e.to_string(),
-                        })?;
-                    if obj.tenant != tenant || obj.format != KEY_OBJECT_FORMAT {
-                        return Err(KeyError::Malformed {
-                            what: what(),
-                            detail: format!("names tenant {} (format {})", obj.tenant, obj.format),
-                        });
-                    }
+                    let obj = TenantKeyObject::parse(&bytes, tenant)?;
                     let master = match self.masters.master_for(tenant, &obj.description()) {
                         Ok(m) => m,
                         Err(e) => {
@@ -349,12 +366,7 @@ impl Keyring {
                             return Err(e);
                         }
                     };
-                    let wrapped = b64()
-                        .decode(&obj.wrapped)
-                        .map_err(|e| KeyError::Malformed {
-                            what: what(),
-                            detail: e.to_string(),
-                        })?;
+                    let wrapped = obj.wrapped()?;
                     let r = master.unwrap(tenant, &wrapped).await;
                     self.event(
                         tenant,
@@ -521,16 +533,11 @@ impl Keyring {
         to: &dyn MasterKey,
     ) -> Result<(), KeyError> {
         let path = self.archive.tenant_key_path(tenant)?;
-        let what = || format!("the key of tenant {tenant}");
         let Some(bytes) = self.archive.get_small(&path).await? else {
             // Nothing archived yet: the next upload wraps under the new master.
             return Ok(());
         };
-        let obj: TenantKeyObject =
-            serde_json::from_slice(&bytes).map_err(|e| KeyError::Malformed {
-                what: what(),
-                detail: e.to_string(),
-            })?;
+        let obj = TenantKeyObject::parse(&bytes, tenant)?;
         if obj.master != from.id() {
             return Err(KeyError::Master {
                 key: from.id(),
@@ -541,12 +548,7 @@ impl Keyring {
                 ),
             });
         }
-        let wrapped = b64()
-            .decode(&obj.wrapped)
-            .map_err(|e| KeyError::Malformed {
-                what: what(),
-                detail: e.to_string(),
-            })?;
+        let wrapped = obj.wrapped()?;
         let r = async {
             let key = from.unwrap(tenant, &wrapped).await?;
             to.wrap(tenant, &key).await
