@@ -6,69 +6,11 @@
 
 mod common;
 
-use common::{server_config, with_data_dir};
-use serde_json::{json, Value};
+use common::{server_config, with_data_dir, Api};
+use serde_json::json;
 use space_archive::kms::KmsMaster;
 use space_archive::testing::Moto;
 use space_control::Server;
-
-struct Api {
-    url: String,
-    key: String,
-    http: reqwest::Client,
-}
-
-impl Api {
-    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut req = self
-            .http
-            .request(method.parse().unwrap(), format!("{}{path}", self.url))
-            .bearer_auth(&self.key);
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    async fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        let (s, v) = self.call(method, path, body).await;
-        assert!((200..300).contains(&s), "{method} {path}: {s} {v}");
-        v
-    }
-
-    async fn sh(&self, id: &str, line: &str) -> String {
-        let resp = self
-            .http
-            .post(format!("{}/v1/sandboxes/{id}/exec", self.url))
-            .bearer_auth(&self.key)
-            .json(&json!({"shell": line}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let mut out = String::new();
-        for l in resp.text().await.unwrap().lines() {
-            let v: Value = serde_json::from_str(l).unwrap();
-            if v["type"] == "stdout" {
-                use base64::Engine as _;
-                let data = base64::engine::general_purpose::STANDARD
-                    .decode(v["data"].as_str().unwrap())
-                    .unwrap();
-                out.push_str(&String::from_utf8_lossy(&data));
-            }
-            if v["type"] == "exit" {
-                assert_eq!(v["exit_code"], 0, "`{line}`");
-            }
-        }
-        out
-    }
-}
 
 async fn kms_key(admin: &KmsMaster) -> String {
     admin
@@ -90,25 +32,32 @@ fn a_tenant_key_held_in_kms() {
     let kms = KmsMaster::new(moto.kms("admin")).unwrap();
     with_data_dir(|data| async move {
         let server = Server::start(server_config(&data)).await.expect("starting");
-        let api = Api {
-            url: server.url(),
-            key: server.bootstrap_key().unwrap().to_owned(),
-            http: reqwest::Client::new(),
-        };
+        let api = Api::new(server.url());
+        let key = server.bootstrap_key().unwrap().to_owned();
+        let key = key.as_str();
         let k1 = kms_key(&kms).await;
         let k2 = kms_key(&kms).await;
         let set = |k: &str| json!({"provider": "kms", "key_id": k, "region": "us-east-1", "endpoint": endpoint});
 
-        let before = api.ok("GET", "/v1/tenants/default/master-key", None).await;
+        let before = api
+            .ok("GET", "/v1/tenants/default/master-key", key, None, 200)
+            .await;
         assert_eq!(before["provider"], "deployment");
         let now = api
-            .ok("PUT", "/v1/tenants/default/master-key", Some(set(&k1)))
+            .ok(
+                "PUT",
+                "/v1/tenants/default/master-key",
+                key,
+                Some(set(&k1)),
+                200,
+            )
             .await;
         assert_eq!(now["id"], format!("kms:{k1}"));
         let (s, bad) = api
             .call(
                 "PUT",
                 "/v1/tenants/default/master-key",
+                Some(key),
                 Some(json!({"provider": "kms", "key_id": ""})),
             )
             .await;
@@ -118,22 +67,35 @@ fn a_tenant_key_held_in_kms() {
             .ok(
                 "POST",
                 "/v1/sandboxes",
+                key,
                 Some(json!({"template": "minimal"})),
+                201,
             )
             .await["id"]
             .as_str()
             .unwrap()
             .to_owned();
-        api.sh(&id, "echo sealed > /root/kept && sync").await;
-        api.ok("POST", &format!("/v1/sandboxes/{id}/suspend"), None)
-            .await;
+        api.sh(key, &id, "echo sealed > /root/kept && sync").await;
+        api.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/suspend"),
+            key,
+            None,
+            200,
+        )
+        .await;
 
         // Disabled: the restore is refused naming the key; the sandbox stays suspended.
         kms.call("-", "DisableKey", json!({"KeyId": k1}))
             .await
             .unwrap();
         let (s, err) = api
-            .call("POST", &format!("/v1/sandboxes/{id}/restore"), None)
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/restore"),
+                Some(key),
+                None,
+            )
             .await;
         assert_eq!(s, 403, "{err}");
         assert_eq!(err["error"]["code"], "key_unavailable");
@@ -142,13 +104,16 @@ fn a_tenant_key_held_in_kms() {
             msg.contains(&format!("kms:{k1}")) && msg.contains("Disabled"),
             "{msg}"
         );
-        let info = api.ok("GET", &format!("/v1/sandboxes/{id}"), None).await;
+        let info = api
+            .ok("GET", &format!("/v1/sandboxes/{id}"), key, None, 200)
+            .await;
         assert_eq!(info["state"], "suspended");
         // Wake on access is refused the same way.
         let (s, _) = api
             .call(
                 "GET",
                 &format!("/v1/sandboxes/{id}/files?path=/root/kept"),
+                Some(key),
                 None,
             )
             .await;
@@ -158,26 +123,50 @@ fn a_tenant_key_held_in_kms() {
         kms.call("-", "EnableKey", json!({"KeyId": k1}))
             .await
             .unwrap();
-        api.ok("POST", &format!("/v1/sandboxes/{id}/restore"), None)
-            .await;
-        assert_eq!(api.sh(&id, "cat /root/kept").await, "sealed\n");
+        api.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/restore"),
+            key,
+            None,
+            200,
+        )
+        .await;
+        assert_eq!(api.sh(key, &id, "cat /root/kept").await, "sealed\n");
 
         // Rotated onto the second key: the first may go.
         let now = api
-            .ok("PUT", "/v1/tenants/default/master-key", Some(set(&k2)))
+            .ok(
+                "PUT",
+                "/v1/tenants/default/master-key",
+                key,
+                Some(set(&k2)),
+                200,
+            )
             .await;
         assert_eq!(now["id"], format!("kms:{k2}"));
         kms.call("-", "DisableKey", json!({"KeyId": k1}))
             .await
             .unwrap();
-        api.ok("POST", &format!("/v1/sandboxes/{id}/suspend"), None)
-            .await;
-        api.ok("POST", &format!("/v1/sandboxes/{id}/restore"), None)
-            .await;
-        assert_eq!(api.sh(&id, "cat /root/kept").await, "sealed\n");
+        api.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/suspend"),
+            key,
+            None,
+            200,
+        )
+        .await;
+        api.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/restore"),
+            key,
+            None,
+            200,
+        )
+        .await;
+        assert_eq!(api.sh(key, &id, "cat /root/kept").await, "sealed\n");
 
         // Every use of the keys is in the audit log, failures included; no key bytes.
-        let audit = api.ok("GET", "/v1/audit?limit=1000", None).await;
+        let audit = api.ok("GET", "/v1/audit?limit=1000", key, None, 200).await;
         let events = audit["events"].as_array().unwrap();
         let of = |op: &str, result: &str| {
             events
@@ -195,22 +184,34 @@ fn a_tenant_key_held_in_kms() {
             .ok(
                 "PATCH",
                 "/v1/tenants/default",
+                key,
                 Some(json!({"quotas": {"max_suspended_ms": 1000}})),
+                200,
             )
             .await;
         assert_eq!(t["quotas"]["max_suspended_ms"], 1000);
-        api.ok("POST", &format!("/v1/sandboxes/{id}/suspend"), None)
-            .await;
+        api.ok(
+            "POST",
+            &format!("/v1/sandboxes/{id}/suspend"),
+            key,
+            None,
+            200,
+        )
+        .await;
         assert_eq!(server.expire_suspended().await, 0, "not yet");
         tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
         assert_eq!(server.expire_suspended().await, 1);
-        let info = api.ok("GET", &format!("/v1/sandboxes/{id}"), None).await;
+        let info = api
+            .ok("GET", &format!("/v1/sandboxes/{id}"), key, None, 200)
+            .await;
         assert_eq!(info["state"], "terminated");
         let expired = api
             .ok(
                 "GET",
                 &format!("/v1/audit?sandbox={id}&operation=sandbox.expire"),
+                key,
                 None,
+                200,
             )
             .await;
         assert_eq!(expired["events"].as_array().unwrap().len(), 1, "{expired}");
@@ -219,7 +220,9 @@ fn a_tenant_key_held_in_kms() {
             .ok(
                 "PATCH",
                 "/v1/tenants/default",
+                key,
                 Some(json!({"quotas": {"max_suspended_ms": null}})),
+                200,
             )
             .await;
         assert!(t["quotas"]["max_suspended_ms"].is_null());

@@ -7,9 +7,13 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde_json::{json, Value};
 use space_control::ServerConfig;
 use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{Node, NodeConfig};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 /// Uploads above this are refused by the test server.
 pub const MAX_UPLOAD: u64 = 2 << 20;
@@ -114,5 +118,143 @@ pub fn unmount(data: &Path) {
     }
     if nix::mount::umount2(data, nix::mount::MntFlags::empty()).is_err() {
         nix::mount::umount2(data, nix::mount::MntFlags::MNT_DETACH).expect("unmounting");
+    }
+}
+
+/// A client of one server.
+pub struct Api {
+    pub url: String,
+    http: reqwest::Client,
+}
+
+impl Api {
+    pub fn new(url: String) -> Api {
+        Api {
+            url,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn request(&self, method: &str, path: &str, key: Option<&str>) -> reqwest::RequestBuilder {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut rb = self.http.request(m, format!("{}{path}", self.url));
+        if let Some(k) = key {
+            rb = rb.bearer_auth(k);
+        }
+        rb
+    }
+
+    /// Sends a request (JSON body if given); returns the status and the JSON answer (or
+    /// `Null` for an empty or non-JSON one).
+    pub async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut rb = self.request(method, path, key);
+        if let Some(b) = body {
+            rb = rb.json(&b);
+        }
+        let resp = rb.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Like `call`, insisting on `want`.
+    pub async fn ok(
+        &self,
+        method: &str,
+        path: &str,
+        key: &str,
+        body: Option<Value>,
+        want: u16,
+    ) -> Value {
+        let (status, v) = self.call(method, path, Some(key), body).await;
+        assert_eq!(status, want, "{method} {path}: {v}");
+        v
+    }
+
+    /// Like `call`, insisting on an error with `status` and `code`; returns the message.
+    pub async fn err(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: Option<Value>,
+        status: u16,
+        code: &str,
+    ) -> String {
+        let (s, v) = self.call(method, path, key, body).await;
+        assert_eq!(
+            (s, v["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {v}"
+        );
+        v["error"]["message"].as_str().unwrap().to_owned()
+    }
+
+    /// Runs an exec through the NDJSON route; returns (stdout, stderr, exit line).
+    pub async fn exec(&self, key: &str, id: &str, req: Value) -> (String, String, Value) {
+        let resp = self
+            .request("POST", &format!("/v1/sandboxes/{id}/exec"), Some(key))
+            .json(&req)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "exec {req}");
+        assert_eq!(
+            resp.headers()["content-type"].to_str().unwrap(),
+            "application/x-ndjson"
+        );
+        let text = resp.text().await.unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["type"], "started", "{text}");
+        assert!(lines[0]["pid"].as_u64().unwrap() > 0);
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        for l in &lines[1..lines.len() - 1] {
+            let data = B64.decode(l["data"].as_str().unwrap()).unwrap();
+            match l["type"].as_str().unwrap() {
+                "stdout" => out.extend(data),
+                "stderr" => err.extend(data),
+                other => panic!("unexpected line type {other}: {text}"),
+            }
+        }
+        let last = lines.last().unwrap().clone();
+        assert_eq!(last["type"], "exit", "{text}");
+        (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+            last,
+        )
+    }
+
+    /// Shell line that must succeed; returns stdout.
+    pub async fn sh(&self, key: &str, id: &str, line: &str) -> String {
+        let (out, err, exit) = self.exec(key, id, json!({ "shell": line })).await;
+        assert_eq!(exit["exit_code"], 0, "`{line}`: {err}");
+        out
+    }
+
+    pub async fn ws(
+        &self,
+        key: &str,
+        path: &str,
+    ) -> tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>
+    {
+        let url = format!("{}{path}", self.url.replacen("http://", "ws://", 1));
+        let mut req = url.into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws
     }
 }
