@@ -180,7 +180,8 @@ pub(crate) enum Request {
     /// to adopt (`true`); the record stays as it is (recovery picks it up).
     Shutdown(bool, Reply<()>),
     /// From the archive pass: the snapshot that should go to the object store next, if any
-    /// (uploads of newest full snapshots at most every interval).
+    /// (a running sandbox's newest state at most every interval, snapshotted for it when
+    /// nothing newer than the last upload exists).
     UploadJob(Option<Duration>, Reply<Option<crate::archive::UploadJob>>),
     /// From the archive pass: a snapshot is in the store now.
     Uploaded(SnapshotId, crate::record::RemoteCopy, Reply<()>),
