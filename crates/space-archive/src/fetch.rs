@@ -3,8 +3,13 @@
 //! are fetched with parallel ranged reads, opened, decompressed, checked against their names
 //! and written at every offset that uses them. Any chunk that fails stops the whole fetch with
 //! an error naming it; the caller removes the half-made directory.
+//!
+//! Chunks stored whole come first; page deltas second, each put into a copy of the chunk it
+//! applies to and then checked against its name. A whole chunk that deltas apply to is also
+//! written where those deltas go, so each delta is patched in place; a delta on the base
+//! template reads the template's chunk from the local template.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -15,8 +20,8 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 
 use crate::crypto::LineageKeys;
-use crate::manifest::{ChunkLoc, Manifest, Run};
-use crate::pack::{decode_chunk, ChunkError};
+use crate::manifest::{ChunkLoc, DeltaOn, Manifest, Run};
+use crate::pack::{decode_chunk, decode_stored, verify, ChunkError};
 use crate::store::{Archive, StoreError};
 
 /// Ranged reads in flight at once.
@@ -71,10 +76,14 @@ pub enum FetchError {
 pub struct FetchReport {
     /// Stored chunks fetched and verified.
     pub chunks: u64,
+    /// Of those, page deltas.
+    pub deltas: u64,
     /// Bytes read from the store.
     pub fetched_bytes: u64,
     /// Ranged reads made.
     pub reads: u64,
+    /// Of the wall time, making the files durable.
+    pub syncing: Duration,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -165,12 +174,170 @@ pub async fn materialize(
         }
     }
 
-    // 3. Reads: per pack, chunks by offset, merged into ranges of at most MAX_READ.
-    let mut by_pack: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    // 3. Chunks stored whole, then the deltas that apply to them.
+    let mut under: Vec<Vec<(usize, u64)>> = vec![Vec::new(); m.chunks.len()];
+    let mut base_files: HashMap<String, Option<File>> = HashMap::new();
     for (i, c) in m.chunks.iter().enumerate() {
-        if !targets[i].is_empty() {
-            by_pack.entry(c.pack).or_default().push(i as u32);
+        if let (Some(d), false) = (&c.delta, targets[i].is_empty()) {
+            match &d.on {
+                DeltaOn::Chunk(r) => {
+                    let at = targets[i].clone();
+                    under[*r as usize].extend(at);
+                }
+                DeltaOn::Base { file, .. } => {
+                    base_files.insert(file.clone(), None);
+                }
+            }
         }
+    }
+    for (name, slot) in base_files.iter_mut() {
+        let path = base_dir.map(|d| d.join(name));
+        match path.as_deref().map(File::open) {
+            Some(Ok(f)) => *slot = Some(f),
+            _ => {
+                return Err(FetchError::NoBase {
+                    file: "a page delta".into(),
+                    base: name.clone(),
+                })
+            }
+        }
+    }
+    let ctx = Arc::new(Work {
+        keys,
+        chunks: m.chunks.clone(),
+        chunk_size: m.chunk_size,
+        targets,
+        under,
+        handles,
+        names: m.files.iter().map(|f| dest.join(&f.name)).collect(),
+        base_files: base_files
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|f| (k, f)))
+            .collect(),
+    });
+    let whole: Vec<u32> = (0..m.chunks.len() as u32)
+        .filter(|&i| {
+            let i = i as usize;
+            m.chunks[i].delta.is_none() && !(ctx.targets[i].is_empty() && ctx.under[i].is_empty())
+        })
+        .collect();
+    let deltas: Vec<u32> = (0..m.chunks.len() as u32)
+        .filter(|&i| {
+            let i = i as usize;
+            m.chunks[i].delta.is_some() && !ctx.targets[i].is_empty()
+        })
+        .collect();
+    let mut report = FetchReport::default();
+    fetch_all(archive, m, &ctx, whole, parallel, &mut report).await?;
+    report.deltas = deltas.len() as u64;
+    fetch_all(archive, m, &ctx, deltas, parallel, &mut report).await?;
+    let t_sync = Instant::now();
+    for (f, p) in ctx.handles.iter().zip(ctx.names.iter()) {
+        f.sync_all().map_err(io("syncing", p))?;
+    }
+    report.syncing = t_sync.elapsed();
+    report.elapsed = t0.elapsed();
+    Ok(report)
+}
+
+/// What the reads of one materialize share.
+struct Work {
+    keys: Arc<LineageKeys>,
+    chunks: Vec<ChunkLoc>,
+    chunk_size: u32,
+    /// Chunk index -> (file, offset) list.
+    targets: Vec<Vec<(usize, u64)>>,
+    /// Chunk index -> where the deltas that apply to it go.
+    under: Vec<Vec<(usize, u64)>>,
+    handles: Vec<Arc<File>>,
+    names: Vec<PathBuf>,
+    base_files: HashMap<String, File>,
+}
+
+impl Work {
+    fn write(&self, i: u32, plain: &[u8]) -> Result<(), FetchError> {
+        let i = i as usize;
+        for &(fi, off) in self.targets[i].iter().chain(&self.under[i]) {
+            self.handles[fi]
+                .write_all_at(plain, off)
+                .map_err(|source| FetchError::Io {
+                    op: "writing",
+                    path: self.names[fi].clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Opens chunk `i` from its sealed bytes (from pack `pack`) and writes it where it goes.
+    fn place(&self, pack: &str, i: u32, sealed: &[u8]) -> Result<(), FetchError> {
+        let c = &self.chunks[i as usize];
+        let bad = |source| FetchError::Chunk {
+            pack: pack.to_owned(),
+            source,
+        };
+        let Some(d) = &c.delta else {
+            let plain =
+                decode_chunk(&self.keys, &c.id, c.plain_len as usize, sealed).map_err(bad)?;
+            return self.write(i, &plain);
+        };
+        let pages =
+            decode_stored(&self.keys, &c.id, d.stored_len(c.plain_len), sealed).map_err(bad)?;
+        let len = c.plain_len as usize;
+        let mut plain = vec![0u8; len];
+        let short = |what: &str| FetchError::Chunk {
+            pack: pack.to_owned(),
+            source: ChunkError::Malformed {
+                id: c.id,
+                why: format!("the chunk it applies to ({what}) is shorter than it"),
+            },
+        };
+        match &d.on {
+            DeltaOn::Base { file, index } => {
+                let f = &self.base_files[file];
+                let off = index * self.chunk_size as u64;
+                f.read_exact_at(&mut plain, off)
+                    .map_err(|_| short(&format!("base file {file}, chunk {index}")))?;
+            }
+            DeltaOn::Chunk(_) => {
+                // The first round wrote the chunk it applies to here.
+                let (fi, off) = self.targets[i as usize][0];
+                self.handles[fi]
+                    .read_exact_at(&mut plain, off)
+                    .map_err(|source| FetchError::Io {
+                        op: "reading back",
+                        path: self.names[fi].clone(),
+                        source,
+                    })?;
+            }
+        }
+        let mut at = 0;
+        for r in d.ranges(c.plain_len) {
+            let n = r.len();
+            plain[r].copy_from_slice(&pages[at..at + n]);
+            at += n;
+        }
+        verify(&self.keys, &c.id, &plain).map_err(bad)?;
+        self.write(i, &plain)
+    }
+}
+
+/// Fetches chunks `wanted` of `m` with ranged reads (per pack, by offset, merged into ranges
+/// of at most [`MAX_READ`]), `parallel` at a time, and places each.
+async fn fetch_all(
+    archive: &Archive,
+    m: &Manifest,
+    work: &Arc<Work>,
+    wanted: Vec<u32>,
+    parallel: usize,
+    report: &mut FetchReport,
+) -> Result<(), FetchError> {
+    let mut by_pack: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for i in wanted {
+        by_pack
+            .entry(m.chunks[i as usize].pack)
+            .or_default()
+            .push(i);
     }
     let mut reads: Vec<(u32, Vec<u32>)> = Vec::new();
     for (pack, mut list) in by_pack {
@@ -194,12 +361,6 @@ pub async fn materialize(
             reads.push((pack, cur));
         }
     }
-
-    let chunks: Arc<Vec<ChunkLoc>> = Arc::new(m.chunks.clone());
-    let targets = Arc::new(targets);
-    let handles = Arc::new(handles);
-    let names: Arc<Vec<PathBuf>> = Arc::new(m.files.iter().map(|f| dest.join(&f.name)).collect());
-    let mut report = FetchReport::default();
     let mut set: JoinSet<Result<(u64, u64), FetchError>> = JoinSet::new();
     let mut queue = reads.into_iter();
     let parallel = parallel.max(1);
@@ -210,17 +371,10 @@ pub async fn materialize(
             };
             let pack_name = m.packs[pack as usize].clone();
             let path = archive.pack_path(&m.lineage, &pack_name)?;
-            let (a, keys, chunks, targets, handles, names) = (
-                archive.clone(),
-                keys.clone(),
-                chunks.clone(),
-                targets.clone(),
-                handles.clone(),
-                names.clone(),
-            );
+            let (a, work) = (archive.clone(), work.clone());
             set.spawn(async move {
-                let first = &chunks[list[0] as usize];
-                let start = first.offset;
+                let chunks = &work.chunks;
+                let start = chunks[list[0] as usize].offset;
                 let end = list
                     .iter()
                     .map(|&i| chunks[i as usize].offset + chunks[i as usize].len as u64)
@@ -234,23 +388,9 @@ pub async fn materialize(
                 let n = list.len() as u64;
                 tokio::task::spawn_blocking(move || {
                     for &i in &list {
-                        let c = &chunks[i as usize];
+                        let c = &work.chunks[i as usize];
                         let lo = (c.offset - start) as usize;
-                        let sealed = &bytes[lo..lo + c.len as usize];
-                        let plain = decode_chunk(&keys, &c.id, c.plain_len as usize, sealed)
-                            .map_err(|source| FetchError::Chunk {
-                                pack: pack_name.clone(),
-                                source,
-                            })?;
-                        for &(fi, off) in &targets[i as usize] {
-                            handles[fi].write_all_at(&plain, off).map_err(|source| {
-                                FetchError::Io {
-                                    op: "writing",
-                                    path: names[fi].clone(),
-                                    source,
-                                }
-                            })?;
-                        }
+                        work.place(&pack_name, i, &bytes[lo..lo + c.len as usize])?;
                     }
                     Ok((n, fetched))
                 })
@@ -264,7 +404,7 @@ pub async fn materialize(
             report.reads += 1;
         }
         match set.join_next().await {
-            None => break,
+            None => return Ok(()),
             Some(Ok(Ok((n, bytes)))) => {
                 report.chunks += n;
                 report.fetched_bytes += bytes;
@@ -279,11 +419,6 @@ pub async fn materialize(
             }
         }
     }
-    for (f, p) in handles.iter().zip(names.iter()) {
-        f.sync_all().map_err(io("syncing", p))?;
-    }
-    report.elapsed = t0.elapsed();
-    Ok(report)
 }
 
 fn punch_hole(f: &File, start: u64, len: u64) -> std::io::Result<()> {

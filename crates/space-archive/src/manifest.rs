@@ -12,8 +12,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::crypto::{ChunkId, LineageKeys};
 
-/// The manifest format this code writes and reads.
-pub const FORMAT: u32 = 1;
+/// The manifest format this code writes. Format 1 (no page deltas) is read too.
+pub const FORMAT: u32 = 2;
+/// The oldest format this code reads.
+pub const OLDEST_FORMAT: u32 = 1;
+/// The unit of a page delta: a delta chunk stores the pages, of this many bytes, in which it
+/// differs from the chunk it applies to.
+pub const DELTA_PAGE: u32 = 4096;
 const MAGIC: &[u8; 8] = b"SPACEMF1";
 /// Largest manifest object accepted, sealed, and largest JSON after decompression. A manifest
 /// costs about 100 bytes per stored chunk: 64 MiB of JSON is over 600,000 chunks (150 GiB at
@@ -130,6 +135,57 @@ pub struct ChunkLoc {
     pub len: u32,
     /// Length of the plaintext (the chunk size, or less for a file's last chunk).
     pub plain_len: u32,
+    /// Set when the stored bytes are only the pages in which this chunk differs from another
+    /// one; the chunk is that one with these pages put in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<Delta>,
+}
+
+/// A chunk stored as the pages in which it differs from another chunk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Delta {
+    /// The chunk the pages go into.
+    pub on: DeltaOn,
+    /// Which pages ([`DELTA_PAGE`] bytes each) are stored, one bit per page, least
+    /// significant bit first; the stored bytes are those pages in order.
+    pub pages: Vec<u64>,
+}
+
+/// What a delta applies to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaOn {
+    /// Chunk `index` of the base template's file `file` (one of the manifest's base files).
+    Base {
+        /// The base file's name.
+        file: String,
+        /// The chunk index in it.
+        index: u64,
+    },
+    /// A chunk of this manifest's table that is stored whole.
+    Chunk(u32),
+}
+
+impl Delta {
+    /// The byte ranges within a chunk of `plain_len` bytes that the stored pages cover.
+    pub fn ranges(&self, plain_len: u32) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+        let pages = plain_len.div_ceil(DELTA_PAGE) as usize;
+        (0..pages)
+            .filter(|&q| {
+                self.pages
+                    .get(q / 64)
+                    .is_some_and(|w| w >> (q % 64) & 1 == 1)
+            })
+            .map(move |q| {
+                let start = q * DELTA_PAGE as usize;
+                start..(start + DELTA_PAGE as usize).min(plain_len as usize)
+            })
+    }
+
+    /// The length of the stored bytes (before sealing) for a chunk of `plain_len` bytes.
+    pub fn stored_len(&self, plain_len: u32) -> usize {
+        self.ranges(plain_len).map(|r| r.len()).sum()
+    }
 }
 
 /// One archived snapshot.
@@ -228,7 +284,7 @@ impl Manifest {
             .map_err(|e| ManifestError::Malformed(format!("zstd: {e}")))?;
         let format: FormatOnly =
             serde_json::from_slice(&json).map_err(|e| ManifestError::Malformed(e.to_string()))?;
-        if format.format != FORMAT {
+        if !(OLDEST_FORMAT..=FORMAT).contains(&format.format) {
             return Err(ManifestError::Format(format.format));
         }
         let m: Manifest =
@@ -276,6 +332,45 @@ impl Manifest {
             }
             if !ids.insert(c.id) {
                 return Err(format!("chunk {} listed twice", c.id));
+            }
+        }
+        let base_files: HashSet<&str> = self
+            .files
+            .iter()
+            .filter_map(|f| f.base.as_deref())
+            .collect();
+        for c in &self.chunks {
+            let Some(d) = &c.delta else { continue };
+            let pages = self.chunk_size.div_ceil(DELTA_PAGE).div_ceil(64) as usize;
+            let used = c.plain_len.div_ceil(DELTA_PAGE) as usize;
+            let beyond = d
+                .pages
+                .iter()
+                .enumerate()
+                .any(|(w, bits)| (0..64).any(|b| bits >> b & 1 == 1 && w * 64 + b >= used));
+            if d.pages.len() != pages || beyond || d.stored_len(c.plain_len) == 0 {
+                return Err(format!("chunk {} has a malformed page map", c.id));
+            }
+            match &d.on {
+                DeltaOn::Base { file, .. } => {
+                    if self.base.is_none() || !base_files.contains(file.as_str()) {
+                        return Err(format!(
+                            "chunk {} applies to base file {file:?}, which no file of the \
+                             snapshot is based on",
+                            c.id
+                        ));
+                    }
+                }
+                DeltaOn::Chunk(i) => match self.chunks.get(*i as usize) {
+                    Some(on) if on.delta.is_none() && on.plain_len == c.plain_len => {}
+                    _ => {
+                        return Err(format!(
+                            "chunk {} applies to chunk {i}, which is missing, a delta itself \
+                             or of another length",
+                            c.id
+                        ))
+                    }
+                },
             }
         }
         let mut names = HashSet::new();
@@ -397,6 +492,7 @@ mod tests {
                     offset: 0,
                     len: 100,
                     plain_len: 4096,
+                    delta: None,
                 },
                 ChunkLoc {
                     id: b,
@@ -404,6 +500,7 @@ mod tests {
                     offset: 100,
                     len: 39,
                     plain_len: 10,
+                    delta: None,
                 },
             ],
         }
@@ -462,6 +559,49 @@ mod tests {
         bad(&|m| m.chunks[0].len = 1 << 20);
         bad(&|m| m.packs[0] = "a/b".into());
         bad(&|m| m.files[0].size = MAX_FILE_BYTES + 1);
+        // Page deltas: on a whole chunk of the same length or on a base file, with a page map
+        // inside the chunk.
+        let delta = |on: DeltaOn, pages: u64| Delta {
+            on,
+            pages: vec![pages],
+        };
+        let mut ok = sample(&keys);
+        ok.chunks[1].plain_len = 4096;
+        ok.files[0].size = 4096 * 4;
+        ok.chunks[1].delta = Some(delta(DeltaOn::Chunk(0), 1));
+        ok.validate().unwrap();
+        ok.chunks[1].delta = Some(delta(
+            DeltaOn::Base {
+                file: "snapshot/mem".into(),
+                index: 0,
+            },
+            1,
+        ));
+        ok.validate().unwrap();
+        let bad_delta = |d: Delta| {
+            let mut m = ok.clone();
+            m.chunks[1].delta = Some(d);
+            m.validate().unwrap_err()
+        };
+        bad_delta(delta(DeltaOn::Chunk(1), 1));
+        bad_delta(delta(DeltaOn::Chunk(9), 1));
+        bad_delta(delta(DeltaOn::Chunk(0), 0));
+        bad_delta(delta(DeltaOn::Chunk(0), 2));
+        bad_delta(Delta {
+            on: DeltaOn::Chunk(0),
+            pages: vec![1, 0],
+        });
+        bad_delta(delta(
+            DeltaOn::Base {
+                file: "other".into(),
+                index: 0,
+            },
+            1,
+        ));
+        let mut chained = ok.clone();
+        chained.chunks[0].delta = Some(delta(DeltaOn::Chunk(1), 1));
+        chained.chunks[1].delta = Some(delta(DeltaOn::Chunk(0), 1));
+        chained.validate().unwrap_err();
     }
 
     #[test]

@@ -64,6 +64,20 @@ pub fn decode_chunk(
     len: usize,
     sealed: &[u8],
 ) -> Result<Vec<u8>, ChunkError> {
+    let plain = decode_stored(keys, id, len, sealed)?;
+    verify(keys, id, &plain)?;
+    Ok(plain)
+}
+
+/// Opens and decodes the stored bytes of chunk `id`, which must be `len` bytes long, without
+/// checking them against the name: for a delta, whose name is that of the whole chunk it
+/// makes. Check the result with [`verify`].
+pub fn decode_stored(
+    keys: &LineageKeys,
+    id: &ChunkId,
+    len: usize,
+    sealed: &[u8],
+) -> Result<Vec<u8>, ChunkError> {
     let stored = keys
         .open_chunk(id, sealed)
         .map_err(|source| ChunkError::Crypto { id: *id, source })?;
@@ -83,10 +97,15 @@ pub fn decode_chunk(
             plain.len()
         )));
     }
-    if keys.chunk_id(&plain) != *id {
+    Ok(plain)
+}
+
+/// Checks that `plain` is chunk `id`.
+pub fn verify(keys: &LineageKeys, id: &ChunkId, plain: &[u8]) -> Result<(), ChunkError> {
+    if keys.chunk_id(plain) != *id {
         return Err(ChunkError::Mismatch { id: *id });
     }
-    Ok(plain)
+    Ok(())
 }
 
 /// A pack being filled.

@@ -3,6 +3,12 @@
 //! each chunk the lineage does not have yet (compressed, sealed, packed), then write the flat
 //! manifest. Only new chunks travel, so a snapshot after small writes costs a few chunks.
 //!
+//! A new chunk that differs from the base template's chunk at the same offset, or from the
+//! previous snapshot's chunk there, in at most half its pages is stored as a page delta: only
+//! those pages (see [`crate::manifest::Delta`]). The previous snapshot's chunk is used only
+//! when its local file still holds exactly that chunk (its hash is checked), and a delta
+//! always applies to a chunk stored whole or to the template, never to another delta.
+//!
 //! Order of writes: packs, then the manifest. A manifest is written only after every pack it
 //! names is in the store, so a reader never sees a manifest whose chunks are missing; packs
 //! left by an upload that failed before its manifest are referenced by nothing and garbage
@@ -22,7 +28,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::crypto::{ChunkId, LineageKeys};
-use crate::manifest::{self, BaseRef, ChunkLoc, FileMap, HostInfo, Manifest, Run, FORMAT};
+use crate::manifest::{
+    self, BaseRef, ChunkLoc, Delta, DeltaOn, FileMap, HostInfo, Manifest, Run, DELTA_PAGE, FORMAT,
+};
 use crate::pack::{encode_chunk, PackBuilder};
 use crate::store::{Archive, StoreError};
 
@@ -89,23 +97,74 @@ pub struct UploadSpec {
     pub record: serde_json::Value,
     /// The files.
     pub files: Vec<SourceFile>,
+    /// The lineage's previous snapshot, when this host still has its files: chunks that
+    /// changed in a few pages since then are stored as deltas.
+    pub previous: Option<Previous>,
+}
+
+/// An earlier snapshot of the lineage whose files are on this host.
+#[derive(Debug, Clone)]
+pub struct Previous {
+    /// Its manifest (every chunk it uses must be in the [`Known`] given with it).
+    pub manifest: Arc<Manifest>,
+    /// The directory holding its files under their manifest names.
+    pub dir: PathBuf,
 }
 
 /// Chunks the lineage already has in the store, with where they are.
 #[derive(Debug, Default, Clone)]
 pub struct Known {
-    chunks: HashMap<ChunkId, (String, u64, u32, u32)>,
+    chunks: HashMap<ChunkId, KnownChunk>,
+}
+
+#[derive(Debug, Clone)]
+struct KnownChunk {
+    pack: String,
+    offset: u64,
+    len: u32,
+    plain_len: u32,
+    delta: Option<(KnownOn, Vec<u64>)>,
+}
+
+#[derive(Debug, Clone)]
+enum KnownOn {
+    Base { file: String, index: u64 },
+    Chunk(ChunkId),
+}
+
+impl KnownOn {
+    fn of(m: &Manifest, on: &DeltaOn) -> Option<KnownOn> {
+        Some(match on {
+            DeltaOn::Base { file, index } => KnownOn::Base {
+                file: file.clone(),
+                index: *index,
+            },
+            DeltaOn::Chunk(i) => KnownOn::Chunk(m.chunks.get(*i as usize)?.id),
+        })
+    }
 }
 
 impl Known {
     /// Adds every chunk `m` references.
     pub fn add_manifest(&mut self, m: &Manifest) {
         for c in &m.chunks {
-            if let Some(pack) = m.packs.get(c.pack as usize) {
-                self.chunks
-                    .entry(c.id)
-                    .or_insert_with(|| (pack.clone(), c.offset, c.len, c.plain_len));
-            }
+            let Some(pack) = m.packs.get(c.pack as usize) else {
+                continue;
+            };
+            let delta = match &c.delta {
+                None => None,
+                Some(d) => match KnownOn::of(m, &d.on) {
+                    Some(on) => Some((on, d.pages.clone())),
+                    None => continue,
+                },
+            };
+            self.chunks.entry(c.id).or_insert_with(|| KnownChunk {
+                pack: pack.clone(),
+                offset: c.offset,
+                len: c.len,
+                plain_len: c.plain_len,
+                delta,
+            });
         }
     }
 
@@ -133,6 +192,8 @@ pub struct UploadReport {
     pub reused: u64,
     /// Chunks stored by this upload.
     pub new_chunks: u64,
+    /// Of those, how many as page deltas.
+    pub delta_chunks: u64,
     /// Their plaintext bytes.
     pub new_plain_bytes: u64,
     /// Bytes written to the store (packs and manifest).
@@ -192,8 +253,11 @@ pub async fn upload(
     let (tx, mut rx) = mpsc::channel::<PackOut>(2);
     let worker = {
         let (keys, files, known) = (keys.clone(), spec.files.clone(), known.clone());
+        let previous = spec.previous.clone();
         let (cs, target) = (spec.chunk_size, spec.pack_target.max(1));
-        tokio::task::spawn_blocking(move || cut(&keys, &files, &known, cs, target, tx))
+        tokio::task::spawn_blocking(move || {
+            cut(&keys, &files, previous.as_ref(), &known, cs, target, tx)
+        })
     };
     let mut puts: JoinSet<Result<u64, StoreError>> = JoinSet::new();
     let mut uploaded = 0u64;
@@ -317,19 +381,147 @@ fn overlaps(ranges: &[(u64, u64)], start: u64, end: u64) -> bool {
     ranges.get(i).is_some_and(|&(s, _)| s < end)
 }
 
+/// The chunk table of the manifest being made.
+#[derive(Default)]
+struct Table {
+    packs: Vec<String>,
+    pack_index: HashMap<String, u32>,
+    chunks: Vec<ChunkLoc>,
+    by_id: HashMap<ChunkId, u32>,
+}
+
+impl Table {
+    fn pack(&mut self, name: &str) -> u32 {
+        if let Some(&i) = self.pack_index.get(name) {
+            return i;
+        }
+        self.packs.push(name.to_owned());
+        let i = (self.packs.len() - 1) as u32;
+        self.pack_index.insert(name.to_owned(), i);
+        i
+    }
+
+    fn push(&mut self, loc: ChunkLoc) -> u32 {
+        let i = self.chunks.len() as u32;
+        self.by_id.insert(loc.id, i);
+        self.chunks.push(loc);
+        i
+    }
+
+    /// The index of chunk `id` in this table, bringing it (and the chunk a delta applies to)
+    /// over from `known`; `None` when it is not known or its delta cannot be used here
+    /// (`whole`: only a chunk stored whole will do).
+    fn reuse(
+        &mut self,
+        known: &Known,
+        id: &ChunkId,
+        base_files: &[String],
+        whole: bool,
+    ) -> Option<u32> {
+        if let Some(&i) = self.by_id.get(id) {
+            return (!whole || self.chunks[i as usize].delta.is_none()).then_some(i);
+        }
+        let k = known.chunks.get(id)?;
+        let delta = match &k.delta {
+            None => None,
+            Some(_) if whole => return None,
+            Some((on, pages)) => {
+                let on = self.delta_on(known, on, base_files)?;
+                Some(Delta {
+                    on,
+                    pages: pages.clone(),
+                })
+            }
+        };
+        let pack = self.pack(&k.pack);
+        Some(self.push(ChunkLoc {
+            id: *id,
+            pack,
+            offset: k.offset,
+            len: k.len,
+            plain_len: k.plain_len,
+            delta,
+        }))
+    }
+
+    fn delta_on(&mut self, known: &Known, on: &KnownOn, base_files: &[String]) -> Option<DeltaOn> {
+        match on {
+            KnownOn::Base { file, index } => base_files.contains(file).then(|| DeltaOn::Base {
+                file: file.clone(),
+                index: *index,
+            }),
+            KnownOn::Chunk(r) => self.reuse(known, r, base_files, true).map(DeltaOn::Chunk),
+        }
+    }
+}
+
+/// Pages of `a` that differ from `b` (same length), as a page map; and how many.
+fn page_diff(a: &[u8], b: &[u8], words: usize) -> (Vec<u64>, u32) {
+    let mut map = vec![0u64; words];
+    let mut n = 0;
+    for (q, (x, y)) in a
+        .chunks(DELTA_PAGE as usize)
+        .zip(b.chunks(DELTA_PAGE as usize))
+        .enumerate()
+    {
+        if x != y {
+            map[q / 64] |= 1 << (q % 64);
+            n += 1;
+        }
+    }
+    (map, n)
+}
+
+/// The previous snapshot's version of one file.
+struct PrevFile<'a> {
+    manifest: &'a Manifest,
+    file: File,
+    path: PathBuf,
+    /// Chunk index -> index into the previous manifest's chunk table.
+    at: Vec<Option<u32>>,
+}
+
+impl<'a> PrevFile<'a> {
+    fn open(prev: &'a Previous, name: &str) -> Option<PrevFile<'a>> {
+        let m = &prev.manifest;
+        let fm = m.file(name)?;
+        if m.chunk_size == 0 {
+            return None;
+        }
+        let path = prev.dir.join(name);
+        let file = File::open(&path).ok()?;
+        if file.metadata().ok()?.len() != fm.size {
+            return None;
+        }
+        let mut at = Vec::new();
+        for r in &fm.runs {
+            match r {
+                Run::Zero(n) | Run::Base(n) => {
+                    at.extend(std::iter::repeat_n(None, usize::try_from(*n).ok()?))
+                }
+                Run::Chunks(c) => at.extend(c.iter().map(|&i| Some(i))),
+            }
+        }
+        Some(PrevFile {
+            manifest: m,
+            file,
+            path,
+            at,
+        })
+    }
+}
+
 fn cut(
     keys: &LineageKeys,
     files: &[SourceFile],
+    previous: Option<&Previous>,
     known: &Known,
     cs: u32,
     target: usize,
     tx: mpsc::Sender<PackOut>,
 ) -> Result<Cut, UploadError> {
     let mut report = UploadReport::default();
-    let mut packs: Vec<String> = Vec::new();
-    let mut pack_index: HashMap<String, u32> = HashMap::new();
-    let mut chunks: Vec<ChunkLoc> = Vec::new();
-    let mut by_id: HashMap<ChunkId, u32> = HashMap::new();
+    let mut table = Table::default();
     let mut maps = Vec::with_capacity(files.len());
     let mut current = PackBuilder::default();
     let mut current_name = new_pack_name();
@@ -337,14 +529,15 @@ fn cut(
         let path = path.to_owned();
         move |source| UploadError::Io { path, source }
     };
-    let mut intern_pack = |name: &str, packs: &mut Vec<String>| -> u32 {
-        *pack_index.entry(name.to_owned()).or_insert_with(|| {
-            packs.push(name.to_owned());
-            (packs.len() - 1) as u32
-        })
-    };
+    let base_files: Vec<String> = files
+        .iter()
+        .filter_map(|f| f.base.as_ref().map(|(n, _)| n.clone()))
+        .collect();
+    let pages_per_chunk = cs.div_ceil(DELTA_PAGE);
+    let words = pages_per_chunk.div_ceil(64) as usize;
     let mut buf = vec![0u8; cs as usize];
     let mut base_buf = vec![0u8; cs as usize];
+    let mut prev_buf = vec![0u8; cs as usize];
     for sf in files {
         if !manifest::safe_relative_path(&sf.name) {
             return Err(UploadError::Invalid(format!("file name {:?}", sf.name)));
@@ -361,6 +554,9 @@ fn cut(
             }
             None => None,
         };
+        let prev = previous
+            .filter(|p| p.manifest.chunk_size == cs)
+            .and_then(|p| PrevFile::open(p, &sf.name));
         let mut runs = Vec::new();
         let new_before = report.new_chunks;
         let count = manifest::chunk_count(size, cs);
@@ -380,7 +576,9 @@ fn cut(
                 push_run(&mut runs, Run::Zero(1));
                 continue;
             }
-            if let Some((_, bf, bsize, bpath)) = &base {
+            // A delta candidate: what it applies to, its page map, how many pages.
+            let mut best: Option<(KnownOn, Vec<u64>, u32)> = None;
+            if let Some((name, bf, bsize, bpath)) = &base {
                 if off + len as u64 <= *bsize {
                     let b = &mut base_buf[..len];
                     bf.read_exact_at(b, off).map_err(io(bpath))?;
@@ -389,54 +587,75 @@ fn cut(
                         push_run(&mut runs, Run::Base(1));
                         continue;
                     }
+                    let (map, n) = page_diff(chunk, b, words);
+                    best = Some((
+                        KnownOn::Base {
+                            file: name.clone(),
+                            index,
+                        },
+                        map,
+                        n,
+                    ));
                 }
             }
             let id = keys.chunk_id(chunk);
-            let idx = if let Some(&i) = by_id.get(&id) {
+            if let Some(idx) = table.reuse(known, &id, &base_files, false) {
                 report.reused += 1;
-                i
-            } else if let Some((pack, offset, slen, plain_len)) = known.chunks.get(&id) {
-                report.reused += 1;
-                let p = intern_pack(pack, &mut packs);
-                chunks.push(ChunkLoc {
-                    id,
-                    pack: p,
-                    offset: *offset,
-                    len: *slen,
-                    plain_len: *plain_len,
-                });
-                by_id.insert(id, (chunks.len() - 1) as u32);
-                (chunks.len() - 1) as u32
-            } else {
-                let sealed = encode_chunk(keys, &id, chunk);
-                let (offset, slen) = current.push(&sealed);
-                let p = intern_pack(&current_name, &mut packs);
-                chunks.push(ChunkLoc {
-                    id,
-                    pack: p,
-                    offset,
-                    len: slen,
-                    plain_len: len as u32,
-                });
-                report.new_chunks += 1;
-                report.new_plain_bytes += len as u64;
-                by_id.insert(id, (chunks.len() - 1) as u32);
-                if current.len() >= target {
-                    let full = std::mem::take(&mut current);
-                    let name = std::mem::replace(&mut current_name, new_pack_name());
-                    report.packs += 1;
-                    if tx
-                        .blocking_send(PackOut {
-                            name,
-                            bytes: full.finish(),
-                        })
-                        .is_err()
-                    {
-                        return Err(UploadError::Invalid("the upload stopped".into()));
+                push_run(&mut runs, Run::Chunks(vec![idx]));
+                continue;
+            }
+            if let Some(p) = &prev {
+                if let Some(candidate) =
+                    prev_candidate(keys, p, index, chunk, &mut prev_buf, words)?
+                {
+                    if best.as_ref().is_none_or(|b| candidate.2 < b.2) {
+                        best = Some(candidate);
                     }
                 }
-                (chunks.len() - 1) as u32
+            }
+            let delta =
+                best.filter(|(_, _, n)| *n * 2 <= pages_per_chunk)
+                    .and_then(|(on, pages, _)| {
+                        let on = table.delta_on(known, &on, &base_files)?;
+                        Some(Delta { on, pages })
+                    });
+            let sealed = match &delta {
+                Some(d) => {
+                    let mut payload = Vec::with_capacity(d.stored_len(len as u32));
+                    for r in d.ranges(len as u32) {
+                        payload.extend_from_slice(&chunk[r]);
+                    }
+                    report.delta_chunks += 1;
+                    encode_chunk(keys, &id, &payload)
+                }
+                None => encode_chunk(keys, &id, chunk),
             };
+            let (offset, slen) = current.push(&sealed);
+            let pack = table.pack(&current_name);
+            let idx = table.push(ChunkLoc {
+                id,
+                pack,
+                offset,
+                len: slen,
+                plain_len: len as u32,
+                delta,
+            });
+            report.new_chunks += 1;
+            report.new_plain_bytes += len as u64;
+            if current.len() >= target {
+                let full = std::mem::take(&mut current);
+                let name = std::mem::replace(&mut current_name, new_pack_name());
+                report.packs += 1;
+                if tx
+                    .blocking_send(PackOut {
+                        name,
+                        bytes: full.finish(),
+                    })
+                    .is_err()
+                {
+                    return Err(UploadError::Invalid("the upload stopped".into()));
+                }
+            }
             push_run(&mut runs, Run::Chunks(vec![idx]));
         }
         report
@@ -464,10 +683,59 @@ fn cut(
     }
     Ok(Cut {
         files: maps,
-        packs,
-        chunks,
+        packs: table.packs,
+        chunks: table.chunks,
         report,
     })
+}
+
+/// A delta against the previous snapshot's chunk at `index`, if that chunk is stored (whole
+/// or as a delta) and the local file still holds it. A delta on a delta becomes a delta on
+/// what the older one applies to, with both page maps: the pages where `chunk` equals the
+/// previous chunk and the previous chunk equals its own base are the base's.
+fn prev_candidate(
+    keys: &LineageKeys,
+    p: &PrevFile<'_>,
+    index: u64,
+    chunk: &[u8],
+    prev_buf: &mut [u8],
+    words: usize,
+) -> Result<Option<(KnownOn, Vec<u64>, u32)>, UploadError> {
+    let Some(Some(pi)) = p.at.get(index as usize) else {
+        return Ok(None);
+    };
+    let Some(loc) = p.manifest.chunks.get(*pi as usize) else {
+        return Ok(None);
+    };
+    if loc.plain_len as usize != chunk.len() {
+        return Ok(None);
+    }
+    let old = &mut prev_buf[..chunk.len()];
+    let off = index * p.manifest.chunk_size as u64;
+    p.file
+        .read_exact_at(old, off)
+        .map_err(|source| UploadError::Io {
+            path: p.path.clone(),
+            source,
+        })?;
+    if keys.chunk_id(old) != loc.id {
+        return Ok(None);
+    }
+    let (mut map, _) = page_diff(chunk, old, words);
+    let on = match &loc.delta {
+        None => KnownOn::Chunk(loc.id),
+        Some(d) => {
+            for (w, bits) in map.iter_mut().zip(&d.pages) {
+                *w |= bits;
+            }
+            match KnownOn::of(p.manifest, &d.on) {
+                Some(on) => on,
+                None => return Ok(None),
+            }
+        }
+    };
+    let n = map.iter().map(|w| w.count_ones()).sum();
+    Ok(Some((on, map, n)))
 }
 
 #[cfg(test)]

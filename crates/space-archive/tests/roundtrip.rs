@@ -10,8 +10,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use common::*;
 use space_archive::fetch::{materialize, CloneFile, FetchError, DEFAULT_PARALLEL_READS};
-use space_archive::manifest::BaseRef;
-use space_archive::upload::{upload, Known, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE};
+use space_archive::manifest::{BaseRef, DeltaOn};
+use space_archive::upload::{upload, Known, Previous, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE};
 use space_archive::{Archive, Manifest, ManifestError, StoreConfig};
 
 const CHUNK: u64 = DEFAULT_CHUNK_SIZE as u64;
@@ -75,6 +75,22 @@ fn spec(
                 base: (*n != "state").then(|| (n.to_string(), base.join(n))),
             })
             .collect(),
+        previous: None,
+    }
+}
+
+/// `dst` as a copy of snapshot directory `src`, with `writes` (file, offset, bytes) applied.
+fn copy_with(src: &Path, dst: &Path, writes: &[(&str, u64, &[u8])]) {
+    std::fs::create_dir_all(dst).unwrap();
+    for n in ["mem", "rootfs.ext4", "state"] {
+        std::fs::copy(src.join(n), dst.join(n)).unwrap();
+    }
+    for (n, off, bytes) in writes {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dst.join(n))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, bytes, *off).unwrap();
     }
 }
 
@@ -182,6 +198,100 @@ async fn suite(config: StoreConfig, raw_dir: Option<&Path>, garage: Option<&Gara
     assert_eq!(m2.chunks.len() as u64, r1.new_chunks + 4);
     let out2 = w.join("out2");
     restore_and_compare(&archive, keys.clone(), &m2, &snap2, &base, &out2).await;
+
+    // 2b. Page deltas: a page changed in a chunk equal to the base's, one in a chunk stored
+    // whole (the previous snapshot's files are here) and one in the device state each cost
+    // about a page.
+    let page = noise(500, 4096);
+    let snap3 = w.join("snap3");
+    copy_with(
+        &snap2,
+        &snap3,
+        &[
+            ("mem", 2 * MIB + 8192, &page),
+            ("mem", 3 * 4096, &page),
+            ("state", 100, &page[..50]),
+        ],
+    );
+    let mut s3 = spec("sbx-1", "s3", "lin-1", &snap3, &base, &archive);
+    s3.previous = Some(Previous {
+        manifest: Arc::new(m2.clone()),
+        dir: snap2.clone(),
+    });
+    let mut known2 = Known::default();
+    known2.add_manifest(&m2);
+    let (m3, r3) = upload(&archive, keys.clone(), s3, &known2).await.unwrap();
+    assert_eq!((r3.new_chunks, r3.delta_chunks), (3, 3), "{r3:?}");
+    assert!(
+        r3.uploaded_bytes - r3.manifest_bytes < 3 * 4096 + 1024,
+        "{r3:?}"
+    );
+    let on_base = m3
+        .chunks
+        .iter()
+        .filter(|c| matches!(&c.delta, Some(d) if matches!(d.on, DeltaOn::Base { .. })))
+        .count();
+    assert_eq!(on_base, 1);
+    restore_and_compare(
+        &archive,
+        keys.clone(),
+        &m3,
+        &snap3,
+        &base,
+        &w.join("out-d3"),
+    )
+    .await;
+
+    // 2c. Another page in the same chunk: a delta on a delta becomes one delta, with both
+    // pages, on the chunk stored whole; and a previous file that no longer holds what its
+    // manifest says is not used (that chunk is stored whole instead).
+    let snap4 = w.join("snap4");
+    copy_with(
+        &snap3,
+        &snap4,
+        &[("mem", 5 * 4096, &page), ("rootfs.ext4", MIB + 4096, &page)],
+    );
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(snap3.join("rootfs.ext4"))
+            .unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, b"tampered", MIB + 100).unwrap();
+    }
+    let mut s4 = spec("sbx-1", "s4", "lin-1", &snap4, &base, &archive);
+    s4.previous = Some(Previous {
+        manifest: Arc::new(m3.clone()),
+        dir: snap3.clone(),
+    });
+    let mut known3 = Known::default();
+    known3.add_manifest(&m3);
+    let (m4, r4) = upload(&archive, keys.clone(), s4, &known3).await.unwrap();
+    assert_eq!((r4.new_chunks, r4.delta_chunks), (2, 1), "{r4:?}");
+    let d = m4.chunks.iter().find_map(|c| c.delta.as_ref()).unwrap();
+    assert_eq!(d.pages.iter().map(|w| w.count_ones()).sum::<u32>(), 2);
+    let DeltaOn::Chunk(on) = d.on else {
+        panic!("{d:?}")
+    };
+    assert!(m4.chunks[on as usize].delta.is_none());
+    restore_and_compare(
+        &archive,
+        keys.clone(),
+        &m4,
+        &snap4,
+        &base,
+        &w.join("out-d4"),
+    )
+    .await;
+    // Older manifests restore as they did.
+    restore_and_compare(
+        &archive,
+        keys.clone(),
+        &m2,
+        &snap2,
+        &base,
+        &w.join("out-d2"),
+    )
+    .await;
 
     // 3. A fork in the same lineage shares every chunk it did not change.
     let (_, r3) = upload(

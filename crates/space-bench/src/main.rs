@@ -180,6 +180,13 @@ struct NodeArgs {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse_args();
+    // The platform's own logs, to stderr, only when asked for (`RUST_LOG=space_node=debug`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -14,7 +14,7 @@ use std::time::Duration;
 use space_archive::crypto::LineageKeys;
 use space_archive::fetch::DEFAULT_PARALLEL_READS;
 use space_archive::upload::{
-    Known, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE, DEFAULT_PACK_TARGET,
+    Known, Previous, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE, DEFAULT_PACK_TARGET,
 };
 use space_archive::{Archive, HostInfo, KeyError, Keyring, Manifest};
 
@@ -198,7 +198,7 @@ pub(super) async fn materialize_into(
     .await;
     match r {
         Ok(report) => {
-            tracing::debug!(dir = %dir.display(), chunks = report.chunks, bytes = report.fetched_bytes, took = ?report.elapsed, "fetched");
+            tracing::debug!(dir = %dir.display(), chunks = report.chunks, deltas = report.deltas, bytes = report.fetched_bytes, reads = report.reads, syncing = ?report.syncing, took = ?report.elapsed, "fetched");
             Ok(())
         }
         Err(e) => {
@@ -215,8 +215,14 @@ pub(super) async fn materialize_into(
 // ---- sandbox snapshots ---------------------------------------------------------------
 
 /// The chunks the lineage already has that a new upload of `r` can reuse: those of the
-/// sandbox's newest archived snapshot, or for a fork's first upload, its parent's.
-async fn known_chunks(cfg: &ArchiveConfig, r: &SandboxRecord, keys: &LineageKeys) -> Known {
+/// sandbox's newest archived snapshot, or for a fork's first upload, its parent's; with that
+/// snapshot's files when this node has them, for page deltas.
+async fn known_chunks(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    keys: &LineageKeys,
+) -> (Known, Option<Previous>) {
     let mut known = Known::default();
     let a = &cfg.archive;
     let newest = r.snapshots.iter().rev().find_map(|s| {
@@ -237,15 +243,27 @@ async fn known_chunks(cfg: &ArchiveConfig, r: &SandboxRecord, keys: &LineageKeys
             None => None,
         },
     };
+    let mut previous = None;
     if let Some((sandbox, snapshot, hash)) = from {
         match fetch_manifest(cfg, keys, &sandbox, &snapshot, &hash).await {
-            Ok(m) => known.add_manifest(&m),
+            Ok(m) => {
+                known.add_manifest(&m);
+                previous = ctx
+                    .layout
+                    .snapshot_dir(&sandbox, &snapshot)
+                    .ok()
+                    .filter(|d| full_snapshot_present(d))
+                    .map(|dir| Previous {
+                        manifest: Arc::new(m),
+                        dir,
+                    });
+            }
             Err(e) => {
                 tracing::warn!(id = %r.id, error = %e, "previous manifest unreadable; uploading every chunk")
             }
         }
     }
-    known
+    (known, previous)
 }
 
 async fn fetch_manifest(
@@ -292,7 +310,7 @@ pub(crate) async fn upload_snapshot(
         .lineage_keys(&r.tenant, r.lineage(), true, false)
         .await
         .map_err(key_error)?;
-    let known = known_chunks(cfg, r, &keys).await;
+    let (known, previous) = known_chunks(ctx, cfg, r, &keys).await;
     let a = &cfg.archive;
     let spec = UploadSpec {
         tenant: r.tenant.clone(),
@@ -322,6 +340,7 @@ pub(crate) async fn upload_snapshot(
                 },
             })
             .collect(),
+        previous,
     };
     let (m, report) = space_archive::upload(a, keys, spec, &known)
         .await
@@ -340,7 +359,7 @@ pub(crate) async fn upload_snapshot(
         .await
         .map_err(|e| NodeError::Archive(format!("committing snapshot {snap} of {}: {e}", r.id)))?;
     tracing::info!(
-        id = %r.id, snapshot = %snap, new_chunks = report.new_chunks, reused = report.reused,
+        id = %r.id, snapshot = %snap, new_chunks = report.new_chunks, deltas = report.delta_chunks, reused = report.reused,
         zero = report.zero, base = report.base, bytes = report.uploaded_bytes,
         per_file = ?report.new_per_file, took = ?report.elapsed, "snapshot archived"
     );
@@ -392,7 +411,9 @@ pub(crate) async fn fetch_snapshot(
     std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
     // Hidden while incomplete; recovery removes leftovers (not a snapshot id).
     let tmp = parent.join(format!(".fetch-{}-{}", snap, std::process::id()));
+    let t_manifest = t0.elapsed();
     materialize_into(ctx, cfg, keys, &m, &tmp, Some(&t.dir)).await?;
+    let t_chunks = t0.elapsed();
     let placed = fix_kernel_path(&tmp.join("manifest.json"), &t.kernel()).and_then(|_| {
         let (s, d) = (ctx.storage.clone(), final_dir.clone());
         s.delete_volume(&d)?;
@@ -403,7 +424,7 @@ pub(crate) async fn fetch_snapshot(
         return Err(e);
     }
     ctx.storage.set_readonly(&final_dir)?;
-    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot fetched from the object store");
+    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), keys_and_manifest = ?t_manifest, chunks = ?(t_chunks - t_manifest), "snapshot fetched from the object store");
     Ok(())
 }
 

@@ -95,6 +95,7 @@ pub(crate) async fn template_base(ctx: &Ctx, cfg: &ArchiveConfig, t: &Template) 
                         base: None,
                     })
                     .collect(),
+                previous: None,
             };
             let (_, report) = space_archive::upload(a, keys, spec, &Known::default())
                 .await
