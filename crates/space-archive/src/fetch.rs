@@ -94,6 +94,7 @@ pub type CloneFile = Arc<dyn Fn(&Path, &Path) -> std::io::Result<()> + Send + Sy
 
 /// Makes `dest/<file>` for every file of `m`. `base_dir` holds the base template's files
 /// (the names in [`crate::manifest::FileMap::base`]); `clone` copies one of them cheaply.
+/// The files are synced before it returns.
 pub async fn materialize(
     archive: &Archive,
     keys: Arc<LineageKeys>,
@@ -102,6 +103,35 @@ pub async fn materialize(
     base_dir: Option<&Path>,
     clone: CloneFile,
     parallel: usize,
+) -> Result<FetchReport, FetchError> {
+    materialize_inner(archive, keys, m, dest, base_dir, clone, parallel, true).await
+}
+
+/// [`materialize`] without the sync: the data may still be only in the page cache when it
+/// returns. For files a VM is about to start from, which need not survive the host (the
+/// snapshot is in the store) and which syncing would first write out in full.
+pub async fn materialize_unsynced(
+    archive: &Archive,
+    keys: Arc<LineageKeys>,
+    m: &Manifest,
+    dest: &Path,
+    base_dir: Option<&Path>,
+    clone: CloneFile,
+    parallel: usize,
+) -> Result<FetchReport, FetchError> {
+    materialize_inner(archive, keys, m, dest, base_dir, clone, parallel, false).await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn materialize_inner(
+    archive: &Archive,
+    keys: Arc<LineageKeys>,
+    m: &Manifest,
+    dest: &Path,
+    base_dir: Option<&Path>,
+    clone: CloneFile,
+    parallel: usize,
+    sync: bool,
 ) -> Result<FetchReport, FetchError> {
     let t0 = Instant::now();
     let io = |op: &'static str, path: &Path| {
@@ -232,8 +262,10 @@ pub async fn materialize(
     report.deltas = deltas.len() as u64;
     fetch_all(archive, m, &ctx, deltas, parallel, &mut report).await?;
     let t_sync = Instant::now();
-    for (f, p) in ctx.handles.iter().zip(ctx.names.iter()) {
-        f.sync_all().map_err(io("syncing", p))?;
+    if sync {
+        for (f, p) in ctx.handles.iter().zip(ctx.names.iter()) {
+            f.sync_all().map_err(io("syncing", p))?;
+        }
     }
     report.syncing = t_sync.elapsed();
     report.elapsed = t0.elapsed();

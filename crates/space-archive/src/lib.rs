@@ -30,7 +30,7 @@ pub mod upload;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use fetch::{materialize, CloneFile, FetchError, FetchReport};
+pub use fetch::{materialize, materialize_unsynced, CloneFile, FetchError, FetchReport};
 pub use keys::{
     FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterDescription, MasterKey,
     MasterResolver,

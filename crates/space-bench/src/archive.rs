@@ -203,6 +203,22 @@ impl Setup {
         Ok(t.elapsed())
     }
 
+    /// Waits until the node has fetched its cache copy of `snap` (a restore from the store
+    /// fetched it straight into the sandbox), so the next measurement does not share the host
+    /// with that.
+    async fn settle(&self, id: &SandboxId, snap: &space_node::SnapshotId) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            self.node.reconcile_archive().await;
+            let info = self.node.info(id).await?;
+            if info.snapshot(snap).is_some_and(|s| s.local) {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::bail!("the cache copy of snapshot {snap} of {id} did not appear")
+    }
+
     /// zstd (level 1, as the uploader) of the 4 KiB pages of the snapshot's RAM and disk that
     /// differ from the template's, plus the device state: what an ideal incremental upload
     /// of the changes since create would send.
@@ -344,6 +360,7 @@ async fn measure(plan: &ArchivePlan) -> Result<()> {
                 p.idle.push(idle.uploaded_bytes as f64);
                 s.node.evict_local(&id, &snap2.id).await?;
                 p.remote.push(ms(s.restore_to_exec(&id).await?));
+                s.settle(&id, &snap2.id).await?;
 
                 // A fork of it shares its chunks.
                 let child = s.node.fork(&id).await.context("fork")?.id;
@@ -372,6 +389,7 @@ async fn measure(plan: &ArchivePlan) -> Result<()> {
                     let t = Instant::now();
                     s.exec(&id, "true").await?;
                     wake_remote.push(ms(t.elapsed()));
+                    s.settle(&id, &sn.id).await?;
                 }
                 s.node.kill(&id).await?;
             }

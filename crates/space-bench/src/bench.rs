@@ -408,6 +408,7 @@ impl<'a> Bench<'a> {
             dir: dir.to_owned(),
             paused: false,
             kernel: None,
+            files_in_place: false,
         };
         let t = Instant::now();
         let vm = self.rt.restore(spec).await.context("runtime restore")?;

@@ -419,6 +419,7 @@ async fn measure(
         match method {
             CloneMethod::Reflink => "reflink (FICLONE, extents shared)",
             CloneMethod::SparseCopy => "sparse copy fallback (no reflink on this filesystem)",
+            CloneMethod::InPlace => "not cloned (the files were made in place)",
         },
         image_size >> 20,
         probe_time.as_secs_f64() * 1e3,

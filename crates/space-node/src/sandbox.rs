@@ -296,6 +296,9 @@ pub(crate) struct Live {
 pub(crate) enum Launch {
     /// Restore a full snapshot.
     Restore { snapshot: PathBuf },
+    /// Restore a full snapshot whose RAM file and disk are already in the sandbox directory
+    /// (`snapshot` holds its device state and manifest).
+    RestoreInPlace { snapshot: PathBuf },
     /// Cold boot on a clone of `rootfs`.
     Boot {
         kernel: PathBuf,
@@ -359,14 +362,16 @@ pub(crate) async fn launch(
     record: &SandboxRecord,
 ) -> Result<Live> {
     let t0 = Instant::now();
+    let in_place = matches!(how, Launch::RestoreInPlace { .. });
     let vm = match how {
-        Launch::Restore { snapshot } => {
+        Launch::Restore { snapshot } | Launch::RestoreInPlace { snapshot } => {
             ctx.runtime
                 .restore(RestoreSpec {
                     snapshot,
                     dir: dir.to_owned(),
                     paused: false,
                     kernel: None,
+                    files_in_place: in_place,
                 })
                 .await
         }
@@ -495,6 +500,11 @@ pub(crate) struct Sandbox {
     pub(crate) disk_mark: Option<DiskMark>,
     /// The egress gateway loop of the current VM ([`Sandbox::sync_egress`]).
     egress_loop: Option<VmLoop>,
+    /// Snapshots fetched from the store straight into the sandbox directory by a restore,
+    /// whose local copy (the cache) the archive pass fetches again (not at once: that would
+    /// compete with the guest's first requests); with the flag that fetch sets when it ends,
+    /// once it is under way. The record says a snapshot is local once its copy is there.
+    pub(crate) caching: Vec<(SnapshotId, Option<Arc<std::sync::atomic::AtomicBool>>)>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
@@ -538,6 +548,7 @@ impl Sandbox {
             client,
             disk_mark,
             egress_loop: None,
+            caching: Vec::new(),
         };
         tokio::spawn(actor.run(rx));
         Ok(Handle { tx, status })
@@ -1033,22 +1044,23 @@ impl Sandbox {
             NodeError::Invalid("a suspended sandbox without a restore point".into())
         })?;
         self.begin("restore", Running, Some(&point))?;
-        let dir = match self.ensure_local(&point).await {
-            Ok(d) => d,
+        if let Err(e) = clear_vm_files(&self.dir) {
+            self.abandon();
+            return Err(e);
+        }
+        let (how, incoming) = match self.restore_source(&point).await {
+            Ok(x) => x,
             Err(e) => {
                 self.abandon();
                 return Err(e);
             }
         };
-        clear_vm_files(&self.dir)?;
-        match launch(
-            &self.ctx,
-            &self.dir,
-            Launch::Restore { snapshot: dir },
-            &self.record,
-        )
-        .await
-        {
+        let launched = launch(&self.ctx, &self.dir, how, &self.record).await;
+        if let Some(incoming) = incoming {
+            incoming.remove();
+            self.caching.push((point.clone(), None));
+        }
+        match launched {
             Ok(live) => {
                 self.vm = Some(live.vm);
                 self.client = live.client;

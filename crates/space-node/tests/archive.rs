@@ -82,9 +82,17 @@ fn trip(store: StoreConfig, cycles: usize) {
             let g = node.guest(&id).await.unwrap();
             assert_eq!(guest_sha(&g, "/root/data.bin").await, data);
             assert!(alive(&g, pid).await, "the process survives the trip");
-            assert!(snapshot_dir(&node, &id, s1.id.as_str())
-                .join("mem")
-                .exists());
+            // The fetch went straight into the sandbox's files; the cache copy made from the
+            // same reads is put in place in the background, and the record follows.
+            let cached = snapshot_dir(&node, &id, s1.id.as_str()).join("mem");
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while !cached.exists() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no local copy of the fetched snapshot"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
 
             // 1 MiB more: the next upload stores a few chunks, not the sandbox.
             let more = write_random(&g, "/root/more.bin", 1 << 20).await;

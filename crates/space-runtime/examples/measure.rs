@@ -138,6 +138,7 @@ async fn main() {
             dir: dir.clone(),
             paused: false,
             kernel: None,
+            files_in_place: false,
         };
         let t = Instant::now();
         let restored = rt.restore(spec).await.unwrap();

@@ -22,6 +22,8 @@ pub enum CloneMethod {
     Reflink,
     /// Data extents copied, holes preserved.
     SparseCopy,
+    /// Not cloned: the file was already where it is used.
+    InPlace,
 }
 
 /// Errors of file cloning.

@@ -78,6 +78,10 @@ pub struct RestoreSpec {
     /// Kernel to use instead of the path recorded in the snapshot (for snapshots moved between
     /// hosts); it must be byte-identical to the original.
     pub kernel: Option<PathBuf>,
+    /// The RAM file and the disk are already in `dir` (made there for this VM, by a fetch from
+    /// the object store, say) and are used as they are; `snapshot` then needs only the device
+    /// state and the manifest. Otherwise they are cloned from `snapshot` into `dir`.
+    pub files_in_place: bool,
 }
 
 /// What a snapshot produced.

@@ -554,11 +554,25 @@ impl QemuRuntime {
         let manifest = Manifest::read(&spec.snapshot.join(cmdline::MANIFEST_FILE))?;
         manifest.check_host(&self.version, self.accel)?;
         validate_shape(manifest.vcpus, manifest.memory_mib)?;
-        let snap_mem = spec.snapshot.join(cmdline::MEM_FILE);
-        let snap_disk = spec.snapshot.join(cmdline::DISK_FILE);
+        let mem = spec.dir.join(cmdline::MEM_FILE);
+        let disk = spec.dir.join(cmdline::DISK_FILE);
+        let (snap_mem, snap_disk) = if spec.files_in_place {
+            (mem.clone(), disk.clone())
+        } else {
+            (
+                spec.snapshot.join(cmdline::MEM_FILE),
+                spec.snapshot.join(cmdline::DISK_FILE),
+            )
+        };
         let snap_state = spec.snapshot.join(cmdline::STATE_FILE);
         check_size(&snap_mem, manifest.memory_bytes())?;
         check_size(&snap_state, manifest.state_bytes)?;
+        if spec.files_in_place && !snap_disk.is_file() {
+            return Err(Error::Invalid(format!(
+                "{} is missing",
+                snap_disk.display()
+            )));
+        }
         let kernel_path = spec
             .kernel
             .clone()
@@ -579,26 +593,32 @@ impl QemuRuntime {
             source,
         })?;
 
-        let mem = spec.dir.join(cmdline::MEM_FILE);
-        let disk = spec.dir.join(cmdline::DISK_FILE);
-        for p in [&mem, &disk] {
-            if p.exists() {
-                return Err(Error::Invalid(format!("{} already exists", p.display())));
+        let (mem_clone, disk_clone) = if spec.files_in_place {
+            // The caller's files: they count as made by this restore, so a failure removes
+            // them like clones.
+            created.push(mem.clone());
+            created.push(disk.clone());
+            (CloneMethod::InPlace, CloneMethod::InPlace)
+        } else {
+            for p in [&mem, &disk] {
+                if p.exists() {
+                    return Err(Error::Invalid(format!("{} already exists", p.display())));
+                }
             }
-        }
-        let (m, d) = (mem.clone(), disk.clone());
-        let clones = tokio::join!(
-            blocking(move || cow::clone_file(&snap_mem, &m)),
-            blocking(move || cow::clone_file(&snap_disk, &d)),
-        );
-        // Record what exists before reporting a failure of either clone.
-        if clones.0.is_ok() {
-            created.push(mem);
-        }
-        if clones.1.is_ok() {
-            created.push(disk);
-        }
-        let (mem_clone, disk_clone) = (clones.0?, clones.1?);
+            let (m, d) = (mem.clone(), disk.clone());
+            let clones = tokio::join!(
+                blocking(move || cow::clone_file(&snap_mem, &m)),
+                blocking(move || cow::clone_file(&snap_disk, &d)),
+            );
+            // Record what exists before reporting a failure of either clone.
+            if clones.0.is_ok() {
+                created.push(mem);
+            }
+            if clones.1.is_ok() {
+                created.push(disk);
+            }
+            (clones.0?, clones.1?)
+        };
         let cloned = t0.elapsed();
 
         let config = QemuConfig {

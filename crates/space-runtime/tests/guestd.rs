@@ -32,6 +32,7 @@ async fn restore(
         dir,
         paused: false,
         kernel: None,
+        files_in_place: false,
     };
     let vm = rt.restore(spec).await.unwrap();
     let client = vm.wait_ready(BOOT_TIMEOUT).await.unwrap();

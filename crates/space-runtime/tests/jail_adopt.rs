@@ -182,6 +182,7 @@ async fn vm_outlives_its_node_and_is_adopted() {
             dir: restored_dir,
             paused: false,
             kernel: None,
+            files_in_place: false,
         })
         .await
         .unwrap();
@@ -402,6 +403,7 @@ async fn jailed_vm_is_confined_and_snapshots_restore() {
             dir: rdir.clone(),
             paused: false,
             kernel: None,
+            files_in_place: false,
         })
         .await
         .unwrap();

@@ -115,6 +115,7 @@ async fn every_restore_of_a_busy_snapshot_answers() {
             dir: dir.clone(),
             paused: delayed,
             kernel: None,
+            files_in_place: false,
         };
         let restored = rt.restore(spec).await.unwrap();
         if delayed {

@@ -44,6 +44,7 @@ fn restore_spec(snapshot: &Path, dir: &Path, paused: bool) -> RestoreSpec {
         dir: dir.to_owned(),
         paused,
         kernel: None,
+        files_in_place: false,
     }
 }
 

@@ -17,6 +17,7 @@ impl crate::sandbox::Sandbox {
     /// full snapshot of a live one, taken now for a running one when none is newer than the
     /// last upload. Only snapshots whose files are here.
     pub(crate) async fn upload_job(&mut self, interval: Option<Duration>) -> Option<UploadJob> {
+        self.note_cached();
         let local_full = |s: &&crate::record::SnapshotRecord| {
             s.kind == SnapshotKind::Full && s.local && s.remote.is_none()
         };
@@ -110,6 +111,96 @@ impl crate::sandbox::Sandbox {
             tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
         }
         true
+    }
+
+    /// Where a restore of full snapshot `snap` starts from: its local copy, or when there is
+    /// none, its RAM file and disk fetched from the object store into the sandbox directory
+    /// (with the cache copy to put in place once the VM runs).
+    pub(crate) async fn restore_source(
+        &mut self,
+        snap: &SnapshotId,
+    ) -> Result<(crate::sandbox::Launch, Option<super::Incoming>)> {
+        let dir = self
+            .ctx
+            .layout
+            .snapshot_dir(self.record.id.as_str(), snap.as_str())?;
+        let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
+        match (&self.ctx.archive, remote) {
+            (Some(cfg), Some(remote)) if !full_snapshot_present(&dir) => {
+                let cfg = cfg.clone();
+                let incoming = super::fetch_for_restore(
+                    &self.ctx,
+                    &cfg,
+                    &self.record,
+                    snap,
+                    &remote.manifest_hash,
+                    &self.dir,
+                )
+                .await?;
+                let how = crate::sandbox::Launch::RestoreInPlace {
+                    snapshot: incoming.dir().to_owned(),
+                };
+                Ok((how, Some(incoming)))
+            }
+            _ => {
+                let snapshot = self.ensure_local(snap).await?;
+                Ok((crate::sandbox::Launch::Restore { snapshot }, None))
+            }
+        }
+    }
+
+    /// Fetches the local copies of snapshots a restore fetched straight into the sandbox
+    /// directory (in the background, one pass after the restore), and once one is there
+    /// records that its snapshot is local.
+    pub(crate) fn note_cached(&mut self) {
+        let Some(cfg) = self.ctx.archive.clone() else {
+            self.caching.clear();
+            return;
+        };
+        let mut pending = std::mem::take(&mut self.caching);
+        let mut changed = false;
+        pending.retain_mut(|(snap, started)| {
+            let Some(remote) = self.record.snapshot(snap).and_then(|s| s.remote.clone()) else {
+                return false; // dropped meanwhile
+            };
+            let Ok(dir) = self
+                .ctx
+                .layout
+                .snapshot_dir(self.record.id.as_str(), snap.as_str())
+            else {
+                return false;
+            };
+            if full_snapshot_present(&dir) {
+                if let Some(s) = self.record.snapshots.iter_mut().find(|s| &s.id == snap) {
+                    changed |= !s.local;
+                    s.local = true;
+                }
+                return false;
+            }
+            if let Some(done) = started {
+                // Under way; or it failed (and said why), and a restore fetches again.
+                return !done.load(std::sync::atomic::Ordering::Acquire);
+            }
+            let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            *started = Some(done.clone());
+            let (ctx, cfg, record, snap) =
+                (self.ctx.clone(), cfg.clone(), self.record.clone(), snap.clone());
+            tokio::spawn(async move {
+                if let Err(e) =
+                    super::fetch_snapshot(&ctx, &cfg, &record, &snap, &remote.manifest_hash).await
+                {
+                    tracing::warn!(id = %record.id, snapshot = %snap, error = %e, "fetching the local copy of a restored snapshot");
+                }
+                done.store(true, std::sync::atomic::Ordering::Release);
+            });
+            true
+        });
+        self.caching = pending;
+        if changed {
+            if let Err(e) = self.write() {
+                tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
+            }
+        }
     }
 
     /// Makes sure full snapshot `snap`'s files are on this node, fetching them from the

@@ -77,7 +77,7 @@ impl std::fmt::Debug for ArchiveConfig {
 impl ArchiveConfig {
     /// Defaults over `archive` and `keyring`: 256 KiB chunks, 32 MiB packs, a full snapshot
     /// of each running sandbox uploaded every minute (an idle guest's costs its vCPUs about
-    /// 6 ms and the store under half a MiB: `docs/archive.md`), a cache limited by free space
+    /// 6 ms and the store under 0.1 MiB: `docs/archive.md`), a cache limited by free space
     /// (2 GiB kept free).
     pub fn new(archive: Archive, keyring: Arc<Keyring>) -> ArchiveConfig {
         ArchiveConfig {
@@ -145,11 +145,13 @@ pub(crate) fn check_host(ctx: &Ctx, m: &Manifest) -> Result<()> {
 
 mod adopt;
 mod background;
+mod restore;
 mod templates;
 
 pub(crate) use adopt::adopt_archived;
 pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
+pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
 use templates::{local_template, template_base};
 
 /// Points a runtime snapshot manifest at this node's copy of the kernel.
@@ -162,7 +164,7 @@ pub(super) fn fix_kernel_path(manifest: &Path, kernel: &Path) -> Result<()> {
         .map_err(|e| NodeError::Archive(format!("writing {}: {e}", manifest.display())))
 }
 
-/// Fetches `m` into a new volume `dir` (removed again on any failure).
+/// Fetches `m` into a new volume `dir` (removed again on any failure), synced.
 pub(super) async fn materialize_into(
     ctx: &Ctx,
     cfg: &ArchiveConfig,
@@ -171,11 +173,40 @@ pub(super) async fn materialize_into(
     dir: &Path,
     base_dir: Option<&Path>,
 ) -> Result<()> {
-    {
+    materialize_to(ctx, cfg, keys, m, dir, base_dir, true).await
+}
+
+/// Fetches `m` into `dir` (a plain directory, made anew, removed again on any failure) with
+/// `volume`: as a new volume, synced; else as a plain directory, not synced (files a VM is
+/// about to start from).
+async fn materialize_to(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    keys: Arc<LineageKeys>,
+    m: &Manifest,
+    dir: &Path,
+    base_dir: Option<&Path>,
+    volume: bool,
+) -> Result<()> {
+    let remove = {
         let (s, d) = (ctx.storage.clone(), dir.to_owned());
+        move || {
+            if volume {
+                Ok(s.delete_volume(&d)?)
+            } else {
+                remove_dir_if_any(&d)
+            }
+        }
+    };
+    {
+        let (s, d, remove) = (ctx.storage.clone(), dir.to_owned(), remove.clone());
         blocking(move || {
-            s.delete_volume(&d)?;
-            Ok(s.create_volume(&d)?)
+            remove()?;
+            if volume {
+                Ok(s.create_volume(&d)?)
+            } else {
+                std::fs::create_dir_all(&d).map_err(NodeError::io("creating", &d))
+            }
         })
         .await?;
     }
@@ -186,29 +217,41 @@ pub(super) async fn materialize_into(
             .map(|_| ())
             .map_err(|e| std::io::Error::other(e.to_string()))
     });
-    let r = space_archive::materialize(
-        &cfg.archive,
-        keys,
-        m,
-        dir,
-        base_dir,
-        clone,
-        DEFAULT_PARALLEL_READS,
-    )
-    .await;
+    let a = &cfg.archive;
+    let r = if volume {
+        space_archive::materialize(a, keys, m, dir, base_dir, clone, DEFAULT_PARALLEL_READS).await
+    } else {
+        space_archive::materialize_unsynced(
+            a,
+            keys,
+            m,
+            dir,
+            base_dir,
+            clone,
+            DEFAULT_PARALLEL_READS,
+        )
+        .await
+    };
     match r {
         Ok(report) => {
             tracing::debug!(dir = %dir.display(), chunks = report.chunks, deltas = report.deltas, bytes = report.fetched_bytes, reads = report.reads, syncing = ?report.syncing, took = ?report.elapsed, "fetched");
             Ok(())
         }
         Err(e) => {
-            let (s, d) = (ctx.storage.clone(), dir.to_owned());
-            let _ = blocking(move || Ok(s.delete_volume(&d)?)).await;
+            let _ = blocking(remove).await;
             Err(NodeError::Archive(format!(
                 "fetching snapshot {} of {}: {e}",
                 m.snapshot, m.sandbox
             )))
         }
+    }
+}
+
+fn remove_dir_if_any(dir: &Path) -> Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(NodeError::io("removing", dir)(e)),
     }
 }
 
@@ -381,51 +424,6 @@ pub(crate) fn full_snapshot_present(dir: &Path) -> bool {
     len("mem") == Some(m.memory_bytes())
         && len("state") == Some(m.state_bytes)
         && len("rootfs.ext4").is_some()
-}
-
-/// Fetches archived full snapshot `snap` of `r` into its snapshot directory (a complete,
-/// read-only volume, or nothing).
-pub(crate) async fn fetch_snapshot(
-    ctx: &Ctx,
-    cfg: &ArchiveConfig,
-    r: &SandboxRecord,
-    snap: &SnapshotId,
-    hash: &str,
-) -> Result<()> {
-    let t0 = std::time::Instant::now();
-    // Always unwrapped anew: a disabled master key stops restores at once.
-    let keys = cfg
-        .keyring
-        .lineage_keys(&r.tenant, r.lineage(), false, true)
-        .await
-        .map_err(key_error)?;
-    let m = fetch_manifest(cfg, &keys, r.id.as_str(), snap.as_str(), hash).await?;
-    check_host(ctx, &m)?;
-    let base = m
-        .base
-        .clone()
-        .ok_or_else(|| NodeError::Archive("a snapshot manifest without its template".into()))?;
-    let t = local_template(ctx, cfg, &base).await?;
-    let final_dir = ctx.layout.snapshot_dir(r.id.as_str(), snap.as_str())?;
-    let parent = ctx.layout.snapshots_of(r.id.as_str())?;
-    std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
-    // Hidden while incomplete; recovery removes leftovers (not a snapshot id).
-    let tmp = parent.join(format!(".fetch-{}-{}", snap, std::process::id()));
-    let t_manifest = t0.elapsed();
-    materialize_into(ctx, cfg, keys, &m, &tmp, Some(&t.dir)).await?;
-    let t_chunks = t0.elapsed();
-    let placed = fix_kernel_path(&tmp.join("manifest.json"), &t.kernel()).and_then(|_| {
-        let (s, d) = (ctx.storage.clone(), final_dir.clone());
-        s.delete_volume(&d)?;
-        std::fs::rename(&tmp, &final_dir).map_err(NodeError::io("placing", &final_dir))
-    });
-    if let Err(e) = placed {
-        let _ = ctx.storage.delete_volume(&tmp);
-        return Err(e);
-    }
-    ctx.storage.set_readonly(&final_dir)?;
-    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), keys_and_manifest = ?t_manifest, chunks = ?(t_chunks - t_manifest), "snapshot fetched from the object store");
-    Ok(())
 }
 
 /// The snapshots among `ids` that have a copy in the store.

@@ -1,0 +1,127 @@
+//! Snapshots coming back from the store: into the snapshot directory (a rollback, the cache
+//! copy), or, for a restore, straight into the sandbox directory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+
+/// A fresh hidden name for a fetch into `parent` (two fetches of one snapshot can overlap).
+/// Recovery removes leftovers: they are not snapshot ids.
+fn fetch_dir(parent: &Path, snap: &SnapshotId) -> PathBuf {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    parent.join(format!(".fetch-{snap}-{}-{n}", std::process::id()))
+}
+
+/// The keys, the manifest (hash checked) and this node's copy of its template, for a fetch
+/// of archived snapshot `snap` of `r`.
+async fn prepare(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    hash: &str,
+) -> Result<(Arc<LineageKeys>, Manifest, crate::template::Template)> {
+    // Always unwrapped anew: a disabled master key stops restores at once.
+    let keys = cfg
+        .keyring
+        .lineage_keys(&r.tenant, r.lineage(), false, true)
+        .await
+        .map_err(key_error)?;
+    let m = fetch_manifest(cfg, &keys, r.id.as_str(), snap.as_str(), hash).await?;
+    check_host(ctx, &m)?;
+    let base = m
+        .base
+        .clone()
+        .ok_or_else(|| NodeError::Archive("a snapshot manifest without its template".into()))?;
+    let t = local_template(ctx, cfg, &base).await?;
+    Ok((keys, m, t))
+}
+
+/// Fetches archived full snapshot `snap` of `r` into its snapshot directory (a complete,
+/// read-only volume, or nothing).
+pub(crate) async fn fetch_snapshot(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    hash: &str,
+) -> Result<()> {
+    let t0 = std::time::Instant::now();
+    let (keys, m, t) = prepare(ctx, cfg, r, snap, hash).await?;
+    let final_dir = ctx.layout.snapshot_dir(r.id.as_str(), snap.as_str())?;
+    let parent = ctx.layout.snapshots_of(r.id.as_str())?;
+    std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
+    let tmp = fetch_dir(&parent, snap);
+    materialize_into(ctx, cfg, keys, &m, &tmp, Some(&t.dir)).await?;
+    let placed = fix_kernel_path(&tmp.join("manifest.json"), &t.kernel()).and_then(|_| {
+        let (s, d) = (ctx.storage.clone(), final_dir.clone());
+        s.delete_volume(&d)?;
+        std::fs::rename(&tmp, &final_dir).map_err(NodeError::io("placing", &final_dir))
+    });
+    if let Err(e) = placed {
+        let _ = ctx.storage.delete_volume(&tmp);
+        return Err(e);
+    }
+    ctx.storage.set_readonly(&final_dir)?;
+    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot fetched from the object store");
+    Ok(())
+}
+
+/// Where [`fetch_for_restore`] left the device state and manifest for the runtime.
+pub(crate) struct Incoming {
+    dir: PathBuf,
+}
+
+impl Incoming {
+    /// The directory to give the runtime as the snapshot.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Removes what is left once the VM has loaded (or failed to).
+    pub(crate) fn remove(self) {
+        if let Err(e) = remove_dir_if_any(&self.dir) {
+            tracing::warn!(error = %e, "removing a fetched snapshot's leftovers");
+        }
+    }
+}
+
+/// Fetches archived full snapshot `snap` of `r` for a restore into the sandbox directory
+/// `sandbox_dir`: the RAM file and the disk straight into it, not synced (they are the VM's
+/// own files, which never need to be durable: the snapshot is in the store). Going through
+/// the snapshot directory instead would write every fetched byte out before the VM starts (a
+/// reflink clone flushes its source). The snapshot's own local copy, the cache, is fetched
+/// again later by the archive pass ([`fetch_snapshot`]).
+pub(crate) async fn fetch_for_restore(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    hash: &str,
+    sandbox_dir: &Path,
+) -> Result<Incoming> {
+    let t0 = std::time::Instant::now();
+    let (keys, m, t) = prepare(ctx, cfg, r, snap, hash).await?;
+    let incoming = Incoming {
+        dir: sandbox_dir.join(".incoming"),
+    };
+    materialize_to(ctx, cfg, keys, &m, &incoming.dir, Some(&t.dir), false).await?;
+    let placed = (|| {
+        fix_kernel_path(&incoming.dir.join("manifest.json"), &t.kernel())?;
+        for f in ["mem", "rootfs.ext4"] {
+            let to = sandbox_dir.join(f);
+            std::fs::rename(incoming.dir.join(f), &to).map_err(NodeError::io("placing", &to))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = placed {
+        for f in ["mem", "rootfs.ext4"] {
+            let _ = std::fs::remove_file(sandbox_dir.join(f));
+        }
+        incoming.remove();
+        return Err(e);
+    }
+    tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot fetched from the object store into the sandbox");
+    Ok(incoming)
+}
