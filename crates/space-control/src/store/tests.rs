@@ -1,0 +1,771 @@
+use super::*;
+
+fn t(name: &str) -> TenantName {
+    name.parse().unwrap()
+}
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+fn temp_store() -> (tempfile::TempDir, std::path::PathBuf, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state").join("space.db");
+    let store = Store::open(&path).unwrap();
+    (dir, path, store)
+}
+
+#[test]
+fn tenant_names_are_validated() {
+    for ok in ["a", "0", "acme", "a-b-c", "9lives", &"a".repeat(40)] {
+        let n: TenantName = ok.parse().unwrap();
+        assert_eq!(n.as_str(), ok);
+        assert_eq!(n.to_string(), ok);
+    }
+    for bad in [
+        "",
+        "-a",
+        "A",
+        "acme_corp",
+        "acme corp",
+        "a.b",
+        "é",
+        &"a".repeat(41),
+        "acme\n",
+    ] {
+        assert!(
+            matches!(bad.parse::<TenantName>(), Err(StoreError::Invalid(_))),
+            "{bad:?} accepted"
+        );
+    }
+    let n: TenantName = serde_json::from_str("\"acme\"").unwrap();
+    assert_eq!(serde_json::to_string(&n).unwrap(), "\"acme\"");
+    assert!(serde_json::from_str::<TenantName>("\"Acme\"").is_err());
+}
+
+#[test]
+fn json_shapes_follow_the_api() {
+    let store = Store::open_in_memory().unwrap();
+    let tenant = store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    let v = serde_json::to_value(&tenant).unwrap();
+    assert_eq!(v["name"], "acme");
+    assert_eq!(v["quotas"]["max_sandboxes"], 100);
+    assert_eq!(v["quotas"]["max_vcpus"], 64);
+    assert_eq!(v["quotas"]["max_memory_mib"], 65536);
+    assert!(v["created_unix_ms"].as_u64().unwrap() > 0);
+
+    let created = store.create_key(&t("acme"), false, Some("ci")).unwrap();
+    let v = serde_json::to_value(&created).unwrap();
+    let obj = v.as_object().unwrap();
+    let mut fields: Vec<&str> = obj.keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "admin",
+            "created_unix_ms",
+            "id",
+            "key",
+            "label",
+            "revoked_unix_ms",
+            "tenant"
+        ]
+    );
+    assert_eq!(v["revoked_unix_ms"], serde_json::Value::Null);
+    assert_eq!(v["label"], "ci");
+    let back: KeyCreated = serde_json::from_value(v).unwrap();
+    assert_eq!(back, created);
+    let listed = serde_json::to_value(&created.info).unwrap();
+    assert!(listed.get("key").is_none());
+}
+
+#[test]
+fn reopen_keeps_everything() {
+    let (_dir, path, store) = temp_store();
+    let acme = t("acme");
+    let quotas = Quotas {
+        max_sandboxes: 3,
+        max_vcpus: 4,
+        max_memory_mib: 2048,
+        max_suspended_ms: None,
+    };
+    store.create_tenant(&acme, quotas).unwrap();
+    let key = store.create_key(&acme, true, Some("ops")).unwrap();
+    let other = store.create_key(&acme, false, None).unwrap();
+    store.revoke_key(&other.info.id).unwrap();
+    store.add_sandbox("sb-0123456789abcdefghij", &acme).unwrap();
+    let ev = store
+        .record(NewAuditEvent {
+            tenant: Some(acme.clone()),
+            key_id: Some(key.info.id.clone()),
+            sandbox: Some("sb-0123456789abcdefghij".into()),
+            operation: "sandbox.create".into(),
+            result: "ok".into(),
+            detail: Some("template minimal".into()),
+        })
+        .unwrap();
+    let tenants_before = store.tenants().unwrap();
+    let keys_before = store.keys(&acme).unwrap();
+    let audit_before = store.audit(&AuditFilter::default()).unwrap();
+    drop(store);
+
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.tenants().unwrap(), tenants_before);
+    assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas, quotas);
+    assert_eq!(store.keys(&acme).unwrap(), keys_before);
+    assert_eq!(keys_before.len(), 2);
+    let p = store.authenticate(Some(&bearer(&key.key))).unwrap();
+    assert_eq!(
+        p,
+        Principal {
+            tenant: acme.clone(),
+            key_id: key.info.id.clone(),
+            admin: true
+        }
+    );
+    assert!(matches!(
+        store.authenticate(Some(&bearer(&other.key))),
+        Err(AuthError::Revoked { .. })
+    ));
+    assert_eq!(
+        store.sandbox_tenant("sb-0123456789abcdefghij").unwrap(),
+        Some(acme.clone())
+    );
+    let audit = store.audit(&AuditFilter::default()).unwrap();
+    assert_eq!(audit, audit_before);
+    assert_eq!(audit[0].id, ev);
+    // Ids keep increasing after a reopen.
+    let ev2 = store
+        .record(NewAuditEvent {
+            operation: "auth".into(),
+            result: "unauthorized".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(ev2 > ev);
+}
+
+#[test]
+fn database_file_is_private() {
+    let (_dir, path, store) = temp_store();
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let wal = path.with_extension("db-wal");
+    if let Ok(meta) = fs::metadata(&wal) {
+        assert_eq!(
+            meta.permissions().mode() & 0o077,
+            0,
+            "{wal:?} readable by others"
+        );
+    }
+    drop(store);
+    // An existing file with loose permissions is tightened on open.
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+    let _store = Store::open(&path).unwrap();
+    let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+}
+
+#[test]
+fn database_settings() {
+    let (_dir, _path, store) = temp_store();
+    let conn = store.conn();
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    let fk: i64 = conn
+        .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(fk, 1);
+    let sync: i64 = conn
+        .query_row("PRAGMA synchronous", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(sync, 1, "synchronous=NORMAL");
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, i64::from(SCHEMA_VERSION));
+}
+
+#[test]
+fn newer_schema_is_refused_and_left_alone() {
+    let (_dir, path, store) = temp_store();
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    drop(store);
+    let newer = SCHEMA_VERSION + 1;
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.pragma_update(None, "user_version", newer).unwrap();
+    }
+    let err = Store::open(&path).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+    assert!(msg.contains(&format!("schema version {newer}")), "{msg}");
+    assert!(msg.contains("newer"), "{msg}");
+    // Nothing was changed: the version and the data are as they were.
+    let conn = Connection::open(&path).unwrap();
+    let v: u32 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(v, newer);
+    let n: i64 = conn
+        .query_row("SELECT COUNT(*) FROM tenants", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn a_file_that_is_not_a_database_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("space.db");
+    fs::write(&path, vec![0x55u8; 8192]).unwrap();
+    let err = Store::open(&path).unwrap_err();
+    assert!(matches!(err, StoreError::Sqlite(_)), "{err:?}");
+    assert_eq!(fs::read(&path).unwrap(), vec![0x55u8; 8192]);
+}
+
+#[test]
+fn tenants_create_list_update() {
+    let store = Store::open_in_memory().unwrap();
+    assert!(store.tenants().unwrap().is_empty());
+    assert_eq!(store.tenant(&t("acme")).unwrap(), None);
+    let acme = store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    store.create_tenant(&t("beta"), Quotas::default()).unwrap();
+    assert!(matches!(
+        store.create_tenant(&t("acme"), Quotas::default()),
+        Err(StoreError::Conflict(_))
+    ));
+    let names: Vec<String> = store
+        .tenants()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["acme", "beta"]);
+    let q = Quotas {
+        max_sandboxes: 1,
+        max_vcpus: 2,
+        max_memory_mib: 512,
+        max_suspended_ms: None,
+    };
+    let updated = store.set_quotas(&t("acme"), q).unwrap();
+    assert_eq!(updated.quotas, q);
+    assert_eq!(updated.created_unix_ms, acme.created_unix_ms);
+    assert_eq!(store.tenant(&t("acme")).unwrap().unwrap().quotas, q);
+    assert!(matches!(
+        store.set_quotas(&t("nobody"), q),
+        Err(StoreError::NotFound { what: "tenant", .. })
+    ));
+    let huge = Quotas {
+        max_memory_mib: u64::MAX,
+        ..q
+    };
+    assert!(matches!(
+        store.set_quotas(&t("acme"), huge),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.create_tenant(&t("gamma"), huge),
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(store.tenant(&t("acme")).unwrap().unwrap().quotas, q);
+    assert_eq!(store.tenant(&t("gamma")).unwrap(), None);
+}
+
+#[test]
+fn tenant_with_key_is_all_or_nothing() {
+    let store = Store::open_in_memory().unwrap();
+    let (tenant, key) = store
+        .create_tenant_with_key(&t("acme"), Quotas::default(), false, Some("first"))
+        .unwrap();
+    assert_eq!(tenant.name, t("acme"));
+    assert_eq!(key.info.tenant, t("acme"));
+    assert!(!key.info.admin);
+    let p = store.authenticate(Some(&bearer(&key.key))).unwrap();
+    assert_eq!(p.tenant, t("acme"));
+    // A bad label fails the key, and the tenant is not left behind without one.
+    assert!(matches!(
+        store.create_tenant_with_key(&t("beta"), Quotas::default(), false, Some("a\nb")),
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(store.tenant(&t("beta")).unwrap(), None);
+    assert!(matches!(
+        store.create_tenant_with_key(&t("acme"), Quotas::default(), false, None),
+        Err(StoreError::Conflict(_))
+    ));
+    assert_eq!(store.keys(&t("acme")).unwrap().len(), 1);
+}
+
+#[test]
+fn keys_authenticate_and_fail_with_the_right_variant() {
+    let store = Store::open_in_memory().unwrap();
+    let acme = t("acme");
+    store.create_tenant(&acme, Quotas::default()).unwrap();
+    assert!(matches!(
+        store.create_key(&t("nobody"), false, None),
+        Err(StoreError::NotFound { what: "tenant", .. })
+    ));
+    let k = store.create_key(&acme, false, Some("laptop")).unwrap();
+    assert_eq!(keys::parse(&k.key), Some(k.info.id.as_str()));
+    assert!(!k.info.admin);
+
+    let p = store.authenticate(Some(&bearer(&k.key))).unwrap();
+    assert_eq!(p.tenant, acme);
+    assert_eq!(p.key_id, k.info.id);
+    assert!(!p.admin);
+
+    // Missing.
+    let e = store.authenticate(None).unwrap_err();
+    assert!(matches!(e, AuthError::Missing));
+    assert_eq!((e.key_id(), e.tenant()), (None, None));
+    // Malformed: not exactly "Bearer <key>".
+    for h in [
+        String::new(),
+        k.key.clone(),
+        format!("bearer {}", k.key),
+        format!("Bearer  {}", k.key),
+        format!("Bearer {} ", k.key),
+        format!("Basic {}", k.key),
+        "Bearer ".to_string(),
+        "Bearer space_".to_string(),
+        format!("Bearer {}", &k.key[..k.key.len() - 1]),
+    ] {
+        let e = store.authenticate(Some(&h)).unwrap_err();
+        assert!(matches!(e, AuthError::Malformed), "{h:?}: {e:?}");
+        assert_eq!(e.key_id(), None);
+    }
+    // Unknown id.
+    let (stranger_id, stranger) = keys::generate();
+    let e = store.authenticate(Some(&bearer(&stranger))).unwrap_err();
+    assert!(matches!(&e, AuthError::Unknown { key_id } if *key_id == stranger_id));
+    assert_eq!(e.key_id(), Some(stranger_id.as_str()));
+    assert_eq!(e.tenant(), None);
+    // Known id, wrong secret: unknown as well, with no tenant.
+    let mut wrong = k.key.clone();
+    let last = wrong.pop().unwrap();
+    wrong.push(if last == 'a' { 'b' } else { 'a' });
+    let e = store.authenticate(Some(&bearer(&wrong))).unwrap_err();
+    assert!(matches!(&e, AuthError::Unknown { key_id } if *key_id == k.info.id));
+    assert_eq!(e.tenant(), None);
+
+    // Revoked: the right key stops working; revoking again keeps the first time.
+    let revoked = store.revoke_key(&k.info.id).unwrap();
+    let at = revoked.revoked_unix_ms.expect("revocation time");
+    let e = store.authenticate(Some(&bearer(&k.key))).unwrap_err();
+    assert!(matches!(&e, AuthError::Revoked { .. }));
+    assert_eq!(e.key_id(), Some(k.info.id.as_str()));
+    assert_eq!(e.tenant(), Some(&acme));
+    std::thread::sleep(Duration::from_millis(5));
+    let again = store.revoke_key(&k.info.id).unwrap();
+    assert_eq!(again.revoked_unix_ms, Some(at));
+    assert_eq!(store.key(&k.info.id).unwrap().unwrap(), again);
+    // A wrong secret for a revoked key is still just unknown.
+    let e = store.authenticate(Some(&bearer(&wrong))).unwrap_err();
+    assert!(matches!(e, AuthError::Unknown { .. }));
+
+    // Other keys of the tenant are unaffected.
+    let admin = store.create_key(&acme, true, None).unwrap();
+    assert!(store.authenticate(Some(&bearer(&admin.key))).unwrap().admin);
+    let listed = store.keys(&acme).unwrap();
+    assert_eq!(listed, vec![again, admin.info.clone()]);
+
+    // Lookups of unknown and malformed ids.
+    assert_eq!(store.key(&stranger_id).unwrap(), None);
+    assert!(matches!(
+        store.revoke_key(&stranger_id),
+        Err(StoreError::NotFound { what: "key", .. })
+    ));
+    assert!(matches!(store.key("K123"), Err(StoreError::Invalid(_))));
+    assert!(matches!(
+        store.revoke_key("k' OR 1=1 --xxxx"),
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+#[test]
+fn the_key_is_never_stored() {
+    let (_dir, path, store) = temp_store();
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    let k = store.create_key(&t("acme"), false, None).unwrap();
+    let secret = &k.key[k.key.len() - keys::SECRET_LEN..];
+    drop(store);
+    let mut bytes = fs::read(&path).unwrap();
+    if let Ok(wal) = fs::read(path.with_extension("db-wal")) {
+        bytes.extend(wal);
+    }
+    let needle = secret.as_bytes();
+    assert!(!bytes.windows(needle.len()).any(|w| w == needle));
+    let hash = keys::hash(&k.key);
+    assert!(bytes.windows(hash.len()).any(|w| w == hash.as_bytes()));
+}
+
+#[test]
+fn labels_are_bounded() {
+    let store = Store::open_in_memory().unwrap();
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    let long = "é".repeat(MAX_LABEL_CHARS);
+    let k = store.create_key(&t("acme"), false, Some(&long)).unwrap();
+    assert_eq!(k.info.label.as_deref(), Some(long.as_str()));
+    let too_long = "x".repeat(MAX_LABEL_CHARS + 1);
+    assert!(matches!(
+        store.create_key(&t("acme"), false, Some(&too_long)),
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.create_key(&t("acme"), false, Some("a\u{1b}[2J")),
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(store.keys(&t("acme")).unwrap().len(), 1);
+}
+
+#[test]
+fn bootstrap_happens_once() {
+    let (_dir, path, store) = temp_store();
+    let default = t("default");
+    let first = store.bootstrap(&default).unwrap().expect("first bootstrap");
+    assert!(first.info.admin);
+    assert_eq!(first.info.label.as_deref(), Some("bootstrap"));
+    assert_eq!(first.info.tenant, default);
+    assert_eq!(
+        store.tenant(&default).unwrap().unwrap().quotas,
+        Quotas::default()
+    );
+    assert!(store.authenticate(Some(&bearer(&first.key))).unwrap().admin);
+    assert_eq!(store.bootstrap(&default).unwrap(), None);
+    drop(store);
+    let store = Store::open(&path).unwrap();
+    assert_eq!(store.bootstrap(&default).unwrap(), None);
+    assert_eq!(store.bootstrap(&t("other")).unwrap(), None);
+    assert_eq!(store.tenants().unwrap().len(), 1);
+    assert_eq!(store.keys(&default).unwrap().len(), 1);
+
+    // A store that already has a tenant, but not the bootstrap one, is left alone too.
+    let store = Store::open_in_memory().unwrap();
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    assert_eq!(store.bootstrap(&default).unwrap(), None);
+    assert_eq!(store.tenant(&default).unwrap(), None);
+}
+
+#[test]
+fn sandbox_ownership_is_per_tenant() {
+    let store = Store::open_in_memory().unwrap();
+    let (a, b) = (t("a"), t("b"));
+    store.create_tenant(&a, Quotas::default()).unwrap();
+    store.create_tenant(&b, Quotas::default()).unwrap();
+    store.add_sandbox("sb-a1", &a).unwrap();
+    store.add_sandbox("sb-b1", &b).unwrap();
+    store.add_sandbox("sb-a2", &a).unwrap();
+    assert!(matches!(
+        store.add_sandbox("sb-a1", &b),
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store.add_sandbox("sb-x", &t("nobody")),
+        Err(StoreError::NotFound { what: "tenant", .. })
+    ));
+    for bad in ["", "sb/../x", "sb x", &"a".repeat(MAX_SANDBOX_ID_BYTES + 1)] {
+        assert!(
+            matches!(store.add_sandbox(bad, &a), Err(StoreError::Invalid(_))),
+            "{bad:?}"
+        );
+    }
+    assert_eq!(store.sandbox_tenant("sb-a1").unwrap(), Some(a.clone()));
+    assert_eq!(store.sandbox_tenant("sb-b1").unwrap(), Some(b.clone()));
+    assert_eq!(store.sandbox_tenant("sb-none").unwrap(), None);
+    assert_eq!(store.sandboxes_of(&a).unwrap(), ["sb-a1", "sb-a2"]);
+    assert_eq!(store.sandboxes_of(&b).unwrap(), ["sb-b1"]);
+    assert!(store.sandboxes_of(&t("nobody")).unwrap().is_empty());
+    assert_eq!(
+        store.owned_sandboxes().unwrap(),
+        vec![
+            ("sb-a1".to_string(), a.clone()),
+            ("sb-b1".to_string(), b.clone()),
+            ("sb-a2".to_string(), a.clone()),
+        ]
+    );
+    assert!(store.remove_sandbox("sb-a1").unwrap());
+    assert!(!store.remove_sandbox("sb-a1").unwrap());
+    assert_eq!(store.sandboxes_of(&a).unwrap(), ["sb-a2"]);
+}
+
+fn event(tenant: Option<&TenantName>, sandbox: Option<&str>, op: &str) -> NewAuditEvent {
+    NewAuditEvent {
+        tenant: tenant.cloned(),
+        key_id: None,
+        sandbox: sandbox.map(str::to_owned),
+        operation: op.into(),
+        result: "ok".into(),
+        detail: None,
+    }
+}
+
+#[test]
+fn audit_queries_are_isolated_and_filtered() {
+    let store = Store::open_in_memory().unwrap();
+    let (a, b) = (t("a"), t("b"));
+    let e1 = store
+        .record(event(Some(&a), Some("sb-1"), "sandbox.create"))
+        .unwrap();
+    let e2 = store
+        .record(event(Some(&b), Some("sb-2"), "sandbox.create"))
+        .unwrap();
+    let e3 = store.record(event(None, None, "auth")).unwrap();
+    let e4 = store
+        .record(event(Some(&a), Some("sb-1"), "sandbox.pause"))
+        .unwrap();
+    let e5 = store
+        .record(event(Some(&a), Some("sb-3"), "sandbox.create"))
+        .unwrap();
+    let ids = |f: AuditFilter| -> Vec<i64> {
+        store.audit(&f).unwrap().into_iter().map(|e| e.id).collect()
+    };
+    // Admin: everything, newest first, including tenantless events.
+    assert_eq!(ids(AuditFilter::default()), [e5, e4, e3, e2, e1]);
+    // A tenant sees only its own.
+    let of_a = AuditFilter {
+        tenant: Some(a.clone()),
+        ..Default::default()
+    };
+    assert_eq!(ids(of_a.clone()), [e5, e4, e1]);
+    assert_eq!(
+        ids(AuditFilter {
+            tenant: Some(b.clone()),
+            ..Default::default()
+        }),
+        [e2]
+    );
+    // Another tenant's sandbox id does not leak through the sandbox filter.
+    assert!(ids(AuditFilter {
+        sandbox: Some("sb-2".into()),
+        ..of_a.clone()
+    })
+    .is_empty());
+    assert_eq!(
+        ids(AuditFilter {
+            sandbox: Some("sb-1".into()),
+            ..of_a.clone()
+        }),
+        [e4, e1]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            operation: Some("sandbox.create".into()),
+            ..of_a.clone()
+        }),
+        [e5, e1]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            operation: Some("auth".into()),
+            ..Default::default()
+        }),
+        [e3]
+    );
+    // Limits are clamped to 1..=1000.
+    assert_eq!(
+        ids(AuditFilter {
+            limit: 2,
+            ..Default::default()
+        }),
+        [e5, e4]
+    );
+    assert_eq!(
+        ids(AuditFilter {
+            limit: 0,
+            ..Default::default()
+        }),
+        [e5]
+    );
+    // since: everything is at or after "now minus a minute", nothing is in the future.
+    let now = now_ms();
+    assert_eq!(
+        ids(AuditFilter {
+            since_unix_ms: Some(now - 60_000),
+            ..of_a.clone()
+        })
+        .len(),
+        3
+    );
+    assert!(ids(AuditFilter {
+        since_unix_ms: Some(now + 60_000),
+        ..Default::default()
+    })
+    .is_empty());
+    let all = store.audit(&AuditFilter::default()).unwrap();
+    assert!(all
+        .iter()
+        .all(|e| e.at_unix_ms <= now_ms() && e.at_unix_ms + 60_000 > now));
+}
+
+#[test]
+fn audit_limit_caps_at_1000() {
+    let store = Store::open_in_memory().unwrap();
+    for _ in 0..1005 {
+        store.record(event(None, None, "auth")).unwrap();
+    }
+    let got = store
+        .audit(&AuditFilter {
+            limit: u32::MAX,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(got.len(), 1000);
+    assert!(got.windows(2).all(|w| w[0].id > w[1].id));
+}
+
+#[test]
+fn audit_fields_are_bounded() {
+    let store = Store::open_in_memory().unwrap();
+    // 'é' is two bytes, so a cut at 4096 bytes falls between characters of "xé…".
+    let detail = format!("x{}", "é".repeat(MAX_DETAIL_BYTES));
+    let id = store
+        .record(NewAuditEvent {
+            tenant: None,
+            key_id: Some("k".repeat(1000)),
+            sandbox: Some("s".repeat(1000)),
+            operation: "o".repeat(1000),
+            result: "r".repeat(1000),
+            detail: Some(detail.clone()),
+        })
+        .unwrap();
+    let got = store.audit(&AuditFilter::default()).unwrap();
+    assert_eq!(got.len(), 1);
+    let e = &got[0];
+    assert_eq!(e.id, id);
+    let d = e.detail.as_deref().unwrap();
+    assert_eq!(d.len(), MAX_DETAIL_BYTES - 1);
+    assert!(detail.starts_with(d));
+    assert_eq!(e.operation.len(), MAX_AUDIT_FIELD_BYTES);
+    assert_eq!(e.result.len(), MAX_AUDIT_FIELD_BYTES);
+    assert_eq!(e.key_id.as_ref().unwrap().len(), MAX_AUDIT_FIELD_BYTES);
+    assert_eq!(e.sandbox.as_ref().unwrap().len(), MAX_AUDIT_FIELD_BYTES);
+    let v = serde_json::to_value(e).unwrap();
+    for f in [
+        "id",
+        "at_unix_ms",
+        "tenant",
+        "key_id",
+        "sandbox",
+        "operation",
+        "result",
+        "detail",
+    ] {
+        assert!(v.get(f).is_some(), "{f} missing");
+    }
+}
+
+#[test]
+fn concurrent_writers_share_one_store() {
+    let (_dir, _path, store) = temp_store();
+    let store = std::sync::Arc::new(store);
+    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for j in 0..25 {
+                    store
+                        .add_sandbox(&format!("sb-{i}-{j}"), &t("acme"))
+                        .unwrap();
+                    store
+                        .record(event(Some(&t("acme")), None, "sandbox.create"))
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert_eq!(store.sandboxes_of(&t("acme")).unwrap().len(), 200);
+    assert_eq!(
+        store
+            .audit(&AuditFilter {
+                limit: 1000,
+                ..Default::default()
+            })
+            .unwrap()
+            .len(),
+        200
+    );
+}
+
+#[test]
+fn a_version_1_database_migrates_and_keeps_its_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("control.db");
+    {
+        let conn = Connection::open(&path).unwrap();
+        conn.execute_batch(MIGRATIONS[0]).unwrap();
+        conn.pragma_update(None, "user_version", 1).unwrap();
+        conn.execute("INSERT INTO tenants VALUES ('acme', 1, 5, 6, 7)", [])
+            .unwrap();
+        conn.execute(
+            "INSERT INTO sandboxes VALUES ('sbx-0011223344556677', 'acme', 2)",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    let version: i64 = store
+        .conn()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, i64::from(SCHEMA_VERSION));
+    assert_eq!(SCHEMA_VERSION, 4);
+    let acme = t("acme");
+    assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas.max_vcpus, 6);
+    assert_eq!(
+        store.sandbox_tenant("sbx-0011223344556677").unwrap(),
+        Some(acme.clone())
+    );
+    // The new tables work.
+    let (p, replaced) = store
+        .expose_port("sbx-0011223344556677", 8000, "h1")
+        .unwrap();
+    assert!(!replaced);
+    assert_eq!(p.port, 8000);
+    assert!(store.secrets(&acme).unwrap().is_empty());
+}
+
+#[test]
+fn ports_are_looked_up_by_token_hash_and_replaced() {
+    let store = Store::open_in_memory().unwrap();
+    let a = t("a");
+    store.create_tenant(&a, Quotas::default()).unwrap();
+    store.add_sandbox("sbx-1", &a).unwrap();
+    assert!(matches!(
+        store.expose_port("sbx-2", 80, "x"),
+        Err(StoreError::NotFound {
+            what: "sandbox",
+            ..
+        })
+    ));
+    store.expose_port("sbx-1", 8000, "h1").unwrap();
+    store.expose_port("sbx-1", 80, "h2").unwrap();
+    let (p, owner) = store.port_by_token("h1").unwrap().unwrap();
+    assert_eq!(
+        (p.sandbox.as_str(), p.port, owner),
+        ("sbx-1", 8000, a.clone())
+    );
+    // Exposing again replaces the token: the old one stops working.
+    let (_, replaced) = store.expose_port("sbx-1", 8000, "h3").unwrap();
+    assert!(replaced);
+    assert_eq!(store.port_by_token("h1").unwrap(), None);
+    assert!(store.port_by_token("h3").unwrap().is_some());
+    let ports: Vec<u16> = store
+        .ports("sbx-1")
+        .unwrap()
+        .iter()
+        .map(|p| p.port)
+        .collect();
+    assert_eq!(ports, [80, 8000]);
+    assert!(store.unexpose_port("sbx-1", 80).unwrap());
+    assert!(!store.unexpose_port("sbx-1", 80).unwrap());
+    assert_eq!(store.port_by_token("h2").unwrap(), None);
+    // Forgetting the sandbox drops its ports.
+    assert!(store.remove_sandbox("sbx-1").unwrap());
+    assert_eq!(store.port_by_token("h3").unwrap(), None);
+}
