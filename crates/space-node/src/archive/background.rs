@@ -17,7 +17,7 @@ impl crate::sandbox::Sandbox {
     /// full snapshot of a live one, taken now for a running one when none is newer than the
     /// last upload. Only snapshots whose files are here.
     pub(crate) async fn upload_job(&mut self, interval: Option<Duration>) -> Option<UploadJob> {
-        self.note_cached();
+        self.fetch_cache_copies();
         let local_full = |s: &&crate::record::SnapshotRecord| {
             s.kind == SnapshotKind::Full && s.local && s.remote.is_none()
         };
@@ -152,7 +152,7 @@ impl crate::sandbox::Sandbox {
     /// Fetches the local copies of snapshots a restore fetched straight into the sandbox
     /// directory (in the background, one pass after the restore), and once one is there
     /// records that its snapshot is local.
-    pub(crate) fn note_cached(&mut self) {
+    pub(crate) fn fetch_cache_copies(&mut self) {
         let Some(cfg) = self.ctx.archive.clone() else {
             self.caching.clear();
             return;
