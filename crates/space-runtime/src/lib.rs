@@ -259,6 +259,14 @@ pub trait Vm: Send + Sync {
                         _ => self.guest().await?,
                     };
                     let health = client.health().await?;
+                    if health.ready {
+                        // Bytes the daemon's pre-snapshot connection wrote before it saw our
+                        // preface (its GOAWAY, say) reach us before any answer on this
+                        // connection; h2 has taken them in by now. A second request shows
+                        // whether they closed the connection to new streams, in which case
+                        // this attempt fails and the next one connects afresh.
+                        client.health().await?;
+                    }
                     Ok::<_, Error>((client, health))
                 };
                 match tokio::time::timeout(budget, attempt).await {
