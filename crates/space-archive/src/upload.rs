@@ -576,8 +576,8 @@ fn cut(
                 push_run(&mut runs, Run::Zero(1));
                 continue;
             }
-            // A delta candidate: what it applies to, its page map, how many pages.
-            let mut best: Option<(KnownOn, Vec<u64>, u32)> = None;
+            // The base file's chunk here, when it has one (held in `base_buf`).
+            let mut base_here: Option<&str> = None;
             if let Some((name, bf, bsize, bpath)) = &base {
                 if off + len as u64 <= *bsize {
                     let b = &mut base_buf[..len];
@@ -587,15 +587,7 @@ fn cut(
                         push_run(&mut runs, Run::Base(1));
                         continue;
                     }
-                    let (map, n) = page_diff(chunk, b, words);
-                    best = Some((
-                        KnownOn::Base {
-                            file: name.clone(),
-                            index,
-                        },
-                        map,
-                        n,
-                    ));
+                    base_here = Some(name);
                 }
             }
             let id = keys.chunk_id(chunk);
@@ -604,6 +596,18 @@ fn cut(
                 push_run(&mut runs, Run::Chunks(vec![idx]));
                 continue;
             }
+            // A delta candidate: what it applies to, its page map, how many pages.
+            let mut best: Option<(KnownOn, Vec<u64>, u32)> = base_here.map(|name| {
+                let (map, n) = page_diff(chunk, &base_buf[..len], words);
+                (
+                    KnownOn::Base {
+                        file: name.to_owned(),
+                        index,
+                    },
+                    map,
+                    n,
+                )
+            });
             if let Some(p) = &prev {
                 if let Some(candidate) =
                     prev_candidate(keys, p, index, chunk, &mut prev_buf, words)?
