@@ -85,14 +85,12 @@ fn trip(store: StoreConfig, cycles: usize) {
             // The fetch went straight into the sandbox's files; the cache copy made from the
             // same reads is put in place in the background, and the record follows.
             let cached = snapshot_dir(&node, &id, s1.id.as_str()).join("mem");
-            let deadline = std::time::Instant::now() + Duration::from_secs(60);
-            while !cached.exists() {
-                assert!(
-                    std::time::Instant::now() < deadline,
-                    "no local copy of the fetched snapshot"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            wait_until(
+                "no local copy of the fetched snapshot",
+                Duration::from_secs(60),
+                || cached.exists(),
+            )
+            .await;
 
             // 1 MiB more: the next upload stores a few chunks, not the sandbox.
             let more = write_random(&g, "/root/more.bin", 1 << 20).await;

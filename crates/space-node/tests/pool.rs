@@ -220,14 +220,12 @@ fn the_pool_refills_follows_the_newest_build_and_goes_with_the_node() {
             }
             wait_for(&node, "1", 2).await;
             // The take that met it set it aside; the reconciler run after it removes it.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while dead.exists() {
-                assert!(
-                    Instant::now() < deadline,
-                    "the dead member's directory is still there"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+            wait_until(
+                "the dead member's directory is still there",
+                Duration::from_secs(60),
+                || !dead.exists(),
+            )
+            .await;
 
             // A new version replaces the pool: the old members go, new ones come.
             let old = member_dirs(&node).await;

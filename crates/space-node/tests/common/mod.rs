@@ -236,3 +236,13 @@ pub async fn alive(client: &GuestClient, pid: u32) -> bool {
 pub fn record_bytes(node: &Node, id: &SandboxId) -> Vec<u8> {
     std::fs::read(node.record_path(id)).unwrap()
 }
+
+/// Waits until `done()` holds, looking every 50 ms; panics with `what` after `limit` (a bound
+/// only against hanging forever: background work decides when it happens).
+pub async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
