@@ -21,6 +21,13 @@ if [[ $(id -u) -ne 0 ]]; then
     exit 1
 fi
 
+# A cold build and test run writes several GB under target/ and the data dirs;
+# running out of disk shows up as a linker bus error, so say it plainly first.
+avail_kb=$(df -Pk . | awk 'NR==2 {print $4}')
+if ((avail_kb < 8 * 1024 * 1024)); then
+    log "warning: only $((avail_kb / 1024 / 1024)) GB free here; a cold build and test run needs about 8 GB"
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$'; then
