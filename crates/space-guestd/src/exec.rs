@@ -271,7 +271,10 @@ pub async fn supervise<R>(
 ) where
     R: AsyncRead + Unpin + Send + 'static,
 {
-    let input = tokio::spawn(feed_stdin(d.clone(), pid, frames, stdin, tx.clone()));
+    // Set by the input task before it kills the process, so its `Error` record always comes
+    // before the exit status.
+    let broke: Arc<std::sync::Mutex<Option<ProtoError>>> = Arc::default();
+    let input = tokio::spawn(feed_stdin(d.clone(), pid, frames, stdin, broke.clone()));
     let (exited_tx, exited_rx) = watch::channel(false);
     let pumps: Vec<_> = outputs
         .into_iter()
@@ -309,6 +312,12 @@ pub async fn supervise<R>(
         },
     };
     d.processes.finish(pid, exit);
+    let broke = broke.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(err) = broke {
+        let _ = tx
+            .send(Ok(Frame::json(FrameKind::Error, &err).encode()))
+            .await;
+    }
     let _ = tx
         .send(Ok(Frame::json(FrameKind::Exit, &exit).encode()))
         .await;
@@ -324,7 +333,7 @@ async fn feed_stdin(
     pid: u32,
     mut frames: FrameReader,
     mut stdin: Option<pipe::Sender>,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    broke: Arc<std::sync::Mutex<Option<ProtoError>>>,
 ) {
     loop {
         let frame = match frames.next().await {
@@ -333,10 +342,8 @@ async fn feed_stdin(
             Err(e @ crate::body::FrameReadError::Frame(_)) => {
                 let err = e.to_proto();
                 d.warn_limited("exec request stream", &err);
+                *broke.lock().unwrap_or_else(|e| e.into_inner()) = Some(err);
                 let _ = d.reaper.signal_group(pid, Signal::SIGKILL);
-                let _ = tx
-                    .send(Ok(Frame::json(FrameKind::Error, &err).encode()))
-                    .await;
                 return;
             }
             // The host's side of the stream failed (reset, connection gone): stdin ends.
