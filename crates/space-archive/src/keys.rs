@@ -126,39 +126,46 @@ pub struct MasterDescription {
     pub endpoint: Option<String>,
 }
 
-/// Which master key a tenant uses (the control plane's configuration).
+/// Which master key a tenant uses (the control plane's configuration, which may sit in a
+/// database across the network, hence async).
 pub trait MasterResolver: Send + Sync {
     /// The master key new tenant keys of `tenant` are wrapped with.
-    fn master(&self, tenant: &str) -> Result<Arc<dyn MasterKey>, KeyError>;
+    fn master<'a>(&'a self, tenant: &'a str)
+        -> BoxFuture<'a, Result<Arc<dyn MasterKey>, KeyError>>;
 
     /// The master key that wrapped an existing tenant key, as its object describes it. By
     /// default the tenant's current one, if it is that key.
-    fn master_for(
-        &self,
-        tenant: &str,
-        described: &MasterDescription,
-    ) -> Result<Arc<dyn MasterKey>, KeyError> {
-        let m = self.master(tenant)?;
-        if m.id() == described.id {
-            Ok(m)
-        } else {
-            Err(KeyError::Master {
-                key: m.id(),
-                tenant: tenant.to_owned(),
-                detail: format!(
-                    "the tenant key is wrapped by {}, not by this master key; rotate from {} to \
-                     this one first",
-                    described.id, described.id
-                ),
-            })
-        }
+    fn master_for<'a>(
+        &'a self,
+        tenant: &'a str,
+        described: &'a MasterDescription,
+    ) -> BoxFuture<'a, Result<Arc<dyn MasterKey>, KeyError>> {
+        Box::pin(async move {
+            let m = self.master(tenant).await?;
+            if m.id() == described.id {
+                Ok(m)
+            } else {
+                Err(KeyError::Master {
+                    key: m.id(),
+                    tenant: tenant.to_owned(),
+                    detail: format!(
+                        "the tenant key is wrapped by {}, not by this master key; rotate from {} \
+                         to this one first",
+                        described.id, described.id
+                    ),
+                })
+            }
+        })
     }
 }
 
 /// One master key for every tenant.
 impl MasterResolver for Arc<dyn MasterKey> {
-    fn master(&self, _tenant: &str) -> Result<Arc<dyn MasterKey>, KeyError> {
-        Ok(self.clone())
+    fn master<'a>(
+        &'a self,
+        _tenant: &'a str,
+    ) -> BoxFuture<'a, Result<Arc<dyn MasterKey>, KeyError>> {
+        Box::pin(async move { Ok(self.clone()) })
     }
 }
 
@@ -358,7 +365,8 @@ impl Keyring {
             match self.archive.get_small(&path).await? {
                 Some(bytes) => {
                     let obj = TenantKeyObject::parse(&bytes, tenant)?;
-                    let master = match self.masters.master_for(tenant, &obj.description()) {
+                    let described = obj.description();
+                    let master = match self.masters.master_for(tenant, &described).await {
                         Ok(m) => m,
                         Err(e) => {
                             let r = Err(e.to_string());
@@ -384,7 +392,7 @@ impl Keyring {
                     })
                 }
                 None => {
-                    let master = self.masters.master(tenant)?;
+                    let master = self.masters.master(tenant).await?;
                     let r = master.generate(tenant).await;
                     self.event(
                         tenant,

@@ -32,8 +32,8 @@ pub mod testing;
 
 pub use fetch::{materialize, materialize_unsynced, CloneFile, FetchError, FetchReport};
 pub use keys::{
-    FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterDescription, MasterKey,
-    MasterResolver,
+    BoxFuture, FileMaster, KeyAudit, KeyError, KeyEvent, Keyring, LocalMaster, MasterDescription,
+    MasterKey, MasterResolver,
 };
 pub use manifest::{BaseRef, HostInfo, Manifest, ManifestError};
 pub use store::{Archive, Head, S3Config, StoreConfig, StoreError};

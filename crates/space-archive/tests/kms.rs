@@ -51,8 +51,13 @@ async fn kms_master_key_lifecycle() {
         Arc::new(std::sync::Mutex::new(m1.clone()));
     struct Current(Arc<std::sync::Mutex<Arc<dyn MasterKey>>>);
     impl space_archive::MasterResolver for Current {
-        fn master(&self, _t: &str) -> Result<Arc<dyn MasterKey>, space_archive::KeyError> {
-            Ok(self.0.lock().unwrap().clone())
+        fn master<'a>(
+            &'a self,
+            _t: &'a str,
+        ) -> futures::future::BoxFuture<'a, Result<Arc<dyn MasterKey>, space_archive::KeyError>>
+        {
+            let m = self.0.lock().unwrap().clone();
+            Box::pin(async move { Ok(m) })
         }
     }
     let ring = Keyring::new(

@@ -121,6 +121,7 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
         stock_templates: vec![TEMPLATE.to_owned()],
         max_upload_bytes: 1 << 30,
         max_body_bytes: 1 << 20,
+        database: None,
     };
     progress("starting the server (builds the minimal template)");
     let server = Server::start(config)

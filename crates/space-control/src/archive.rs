@@ -120,8 +120,21 @@ impl KeyAuditSink {
                 None => format!("{what} (tenant {})", e.tenant),
             }),
         };
-        if let Err(err) = store.record(event) {
-            tracing::error!(error = %err, "recording a key event");
+        // Key events come from inside async archive code and must not wait for the database.
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                let store = store.clone();
+                rt.spawn(async move {
+                    if let Err(err) = store.record(event).await {
+                        tracing::error!(error = %err, "recording a key event");
+                    }
+                });
+            }
+            Err(_) => {
+                if let Err(err) = store.record_blocking(event) {
+                    tracing::error!(error = %err, "recording a key event");
+                }
+            }
         }
     }
 }
@@ -134,7 +147,7 @@ impl KeyAudit for KeyAuditSink {
 
 /// Records who owns the sandboxes the node found in the object store (their tenant is in
 /// their sealed record); a tenant the database does not have yet is made, without keys.
-pub fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
+pub async fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
     for r in node.take_adopted() {
         let tenant: TenantName = match r.tenant.parse() {
             Ok(t) => t,
@@ -143,12 +156,12 @@ pub fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
                 continue;
             }
         };
-        if store.tenant(&tenant)?.is_none() {
-            store.create_tenant(&tenant, Quotas::default())?;
+        if store.tenant(&tenant).await?.is_none() {
+            store.create_tenant(&tenant, Quotas::default()).await?;
             eprintln!("[up] tenant {tenant} made again from the object store (it has no API keys)");
         }
-        if store.sandbox_tenant(r.id.as_str())?.is_none() {
-            store.add_sandbox(r.id.as_str(), &tenant)?;
+        if store.sandbox_tenant(r.id.as_str()).await?.is_none() {
+            store.add_sandbox(r.id.as_str(), &tenant).await?;
         }
         eprintln!(
             "[up] found suspended sandbox {} of tenant {tenant} in the object store",

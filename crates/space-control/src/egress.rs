@@ -40,9 +40,9 @@ impl VaultSecrets {
         let _ = self.inner.set((store, vault));
     }
 
-    fn lookup(&self, sandbox: &SandboxId, name: &str) -> Option<SecretValue> {
+    async fn lookup(&self, sandbox: &SandboxId, name: &str) -> Option<SecretValue> {
         let (store, vault) = self.inner.get()?;
-        let tenant = match store.sandbox_tenant(sandbox.as_str()) {
+        let tenant = match store.sandbox_tenant(sandbox.as_str()).await {
             Ok(Some(t)) => t,
             Ok(None) => return None,
             Err(e) => {
@@ -50,7 +50,7 @@ impl VaultSecrets {
                 return None;
             }
         };
-        match vault.value(&tenant, name) {
+        match vault.value(&tenant, name).await {
             Ok(Some(v)) => Some(SecretValue::new(v)),
             Ok(None) => None,
             Err(e) => {
@@ -67,7 +67,7 @@ impl SecretSource for VaultSecrets {
         sandbox: &'a SandboxId,
         name: &'a str,
     ) -> Pin<Box<dyn Future<Output = Option<SecretValue>> + Send + 'a>> {
-        Box::pin(async move { self.lookup(sandbox, name) })
+        Box::pin(self.lookup(sandbox, name))
     }
 }
 
@@ -102,11 +102,13 @@ impl AuditSink {
 }
 
 impl AuditWriter {
-    /// Starts the writer thread over `store`; it ends when the sink is dropped.
+    /// Starts the writer thread over `store`; it ends when the sink is dropped. Called on
+    /// the runtime, whose handle the thread uses to reach the store.
     pub fn start(self, store: Arc<Store>) -> std::io::Result<()> {
+        let rt = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name("egress-audit".into())
-            .spawn(move || write_events(&store, self.rx))?;
+            .spawn(move || write_events(&rt, &store, self.rx))?;
         Ok(())
     }
 }
@@ -120,9 +122,12 @@ fn result_of(operation: &str) -> &'static str {
     }
 }
 
-fn write_events(store: &Store, rx: Receiver<EgressEvent>) {
+fn write_events(rt: &tokio::runtime::Handle, store: &Store, rx: Receiver<EgressEvent>) {
     while let Ok(e) = rx.recv() {
-        let tenant = store.sandbox_tenant(e.sandbox.as_str()).ok().flatten();
+        let tenant = rt
+            .block_on(store.sandbox_tenant(e.sandbox.as_str()))
+            .ok()
+            .flatten();
         let detail = if e.detail.is_empty() {
             format!("{}:{}", e.host, e.port)
         } else {
@@ -136,7 +141,7 @@ fn write_events(store: &Store, rx: Receiver<EgressEvent>) {
             result: result_of(e.operation).to_owned(),
             detail: Some(detail),
         };
-        if let Err(err) = store.record(event) {
+        if let Err(err) = rt.block_on(store.record(event)) {
             tracing::error!(error = %err, operation = e.operation, "recording an egress event");
         }
     }

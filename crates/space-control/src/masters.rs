@@ -9,11 +9,11 @@
 
 use std::sync::{Arc, OnceLock};
 
-use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
 use space_archive::kms::{KmsConfig, KmsMaster, ID_PREFIX};
-use space_archive::{KeyError, MasterDescription, MasterKey, MasterResolver};
+use space_archive::{BoxFuture, KeyError, MasterDescription, MasterKey, MasterResolver};
 
+use crate::store::sql::args;
 use crate::store::{Store, StoreError, TenantName};
 
 /// A tenant's master key choice.
@@ -59,22 +59,22 @@ impl MasterKeyConfig {
 
 impl Store {
     /// The tenant's master key choice (the deployment's when none was set).
-    pub fn master_key_config(&self, tenant: &TenantName) -> Result<MasterKeyConfig, StoreError> {
+    pub async fn master_key_config(
+        &self,
+        tenant: &TenantName,
+    ) -> Result<MasterKeyConfig, StoreError> {
+        let tenant = tenant.clone();
         let row = self
-            .conn()
-            .query_row(
-                "SELECT provider, key_id, region, endpoint FROM tenant_master_keys WHERE tenant = ?1",
-                params![tenant.as_str()],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, Option<String>>(3)?,
-                    ))
-                },
-            )
-            .optional()?;
+            .read(move |c| {
+                c.one(
+                    "SELECT provider, key_id, region, endpoint FROM tenant_master_keys \
+                     WHERE tenant = $1",
+                    args![tenant.as_str()],
+                )?
+                .map(|r| Ok((r.text(0)?, r.text(1)?, r.text(2)?, r.opt_text(3)?)))
+                .transpose()
+            })
+            .await?;
         Ok(match row {
             Some((p, key_id, region, endpoint)) if p == "kms" => MasterKeyConfig::Kms {
                 key_id,
@@ -86,17 +86,18 @@ impl Store {
     }
 
     /// Records the tenant's master key choice.
-    pub fn set_master_key_config(
+    pub async fn set_master_key_config(
         &self,
         tenant: &TenantName,
         config: &MasterKeyConfig,
     ) -> Result<(), StoreError> {
-        self.write(|c| {
-            match config {
+        let (tenant, config) = (tenant.clone(), config.clone());
+        self.write(move |c| {
+            match &config {
                 MasterKeyConfig::Deployment => {
                     c.execute(
-                        "DELETE FROM tenant_master_keys WHERE tenant = ?1",
-                        params![tenant.as_str()],
+                        "DELETE FROM tenant_master_keys WHERE tenant = $1",
+                        args![tenant.as_str()],
                     )?;
                 }
                 MasterKeyConfig::Kms {
@@ -110,15 +111,16 @@ impl Store {
                         .unwrap_or(0);
                     c.execute(
                         "INSERT INTO tenant_master_keys (tenant, provider, key_id, region, endpoint, updated_unix_ms)
-                         VALUES (?1, 'kms', ?2, ?3, ?4, ?5)
-                         ON CONFLICT(tenant) DO UPDATE SET provider = 'kms', key_id = ?2,
-                           region = ?3, endpoint = ?4, updated_unix_ms = ?5",
-                        params![tenant.as_str(), key_id, region, endpoint, now],
+                         VALUES ($1, 'kms', $2, $3, $4, $5)
+                         ON CONFLICT (tenant) DO UPDATE SET provider = 'kms', key_id = $2,
+                           region = $3, endpoint = $4, updated_unix_ms = $5",
+                        args![tenant.as_str(), key_id, region, endpoint.as_deref(), now],
                     )?;
                 }
             }
             Ok(())
         })
+        .await
     }
 }
 
@@ -196,26 +198,21 @@ impl TenantMasters {
     }
 
     /// The configured choice of `tenant`.
-    pub fn config(&self, tenant: &str) -> Result<MasterKeyConfig, KeyError> {
+    pub async fn config(&self, tenant: &str) -> Result<MasterKeyConfig, KeyError> {
         let (Some(store), Ok(name)) = (self.store.get(), tenant.parse::<TenantName>()) else {
             return Ok(MasterKeyConfig::Deployment);
         };
         store
             .master_key_config(&name)
+            .await
             .map_err(|e| KeyError::Master {
                 key: "?".into(),
                 tenant: tenant.to_owned(),
                 detail: e.to_string(),
             })
     }
-}
 
-impl MasterResolver for TenantMasters {
-    fn master(&self, tenant: &str) -> Result<Arc<dyn MasterKey>, KeyError> {
-        self.build(&self.config(tenant)?)
-    }
-
-    fn master_for(
+    async fn resolve_for(
         &self,
         tenant: &str,
         described: &MasterDescription,
@@ -224,22 +221,20 @@ impl MasterResolver for TenantMasters {
             return Ok(self.deployment.clone());
         }
         if let Some(key_id) = described.id.strip_prefix(ID_PREFIX) {
-            let configured = self.config(tenant)?;
-            let (region, endpoint) = match (&described.region, configured) {
-                (Some(r), _) => (r.clone(), described.endpoint.clone()),
-                (
-                    None,
+            let (region, endpoint) = match &described.region {
+                Some(r) => (r.clone(), described.endpoint.clone()),
+                None => match self.config(tenant).await? {
                     MasterKeyConfig::Kms {
                         region, endpoint, ..
-                    },
-                ) => (region, endpoint),
-                (None, MasterKeyConfig::Deployment) => {
-                    return Err(KeyError::Master {
-                        key: described.id.clone(),
-                        tenant: tenant.to_owned(),
-                        detail: "the tenant key names a KMS key without a region".into(),
-                    })
-                }
+                    } => (region, endpoint),
+                    MasterKeyConfig::Deployment => {
+                        return Err(KeyError::Master {
+                            key: described.id.clone(),
+                            tenant: tenant.to_owned(),
+                            detail: "the tenant key names a KMS key without a region".into(),
+                        })
+                    }
+                },
             };
             return self.build(&MasterKeyConfig::Kms {
                 key_id: key_id.to_owned(),
@@ -257,5 +252,22 @@ impl MasterResolver for TenantMasters {
                 self.deployment.id()
             ),
         })
+    }
+}
+
+impl MasterResolver for TenantMasters {
+    fn master<'a>(
+        &'a self,
+        tenant: &'a str,
+    ) -> BoxFuture<'a, Result<Arc<dyn MasterKey>, KeyError>> {
+        Box::pin(async move { self.build(&self.config(tenant).await?) })
+    }
+
+    fn master_for<'a>(
+        &'a self,
+        tenant: &'a str,
+        described: &'a MasterDescription,
+    ) -> BoxFuture<'a, Result<Arc<dyn MasterKey>, KeyError>> {
+        Box::pin(self.resolve_for(tenant, described))
     }
 }

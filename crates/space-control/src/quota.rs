@@ -69,7 +69,7 @@ impl Usage {
 /// terminated, restricted to the ones the tenant owns (terminated ones cost nothing to skip,
 /// however many a tenant has made).
 pub async fn usage(node: &Node, store: &Store, tenant: &TenantName) -> ApiResult<Usage> {
-    let owned: HashSet<String> = store.sandboxes_of(tenant)?.into_iter().collect();
+    let owned: HashSet<String> = store.sandboxes_of(tenant).await?.into_iter().collect();
     let mut usage = Usage::default();
     for u in node.usage() {
         if owned.contains(u.id.as_str()) {
@@ -130,7 +130,11 @@ pub async fn admit(
     need: Usage,
 ) -> ApiResult<OwnedMutexGuard<()>> {
     let guard = locks.lock(tenant).await;
-    let quotas = store.tenant(tenant)?.map(|t| t.quotas).unwrap_or_default();
+    let quotas = store
+        .tenant(tenant)
+        .await?
+        .map(|t| t.quotas)
+        .unwrap_or_default();
     let used = usage(node, store, tenant).await?;
     check(tenant, &quotas, &used, &need)?;
     Ok(guard)

@@ -51,6 +51,9 @@ pub struct ServerConfig {
     /// The object store suspended sandboxes go to (`docs/archive.md`); `None`: snapshots stay
     /// on the node's disk.
     pub archive: Option<ArchiveSettings>,
+    /// The state database: a PostgreSQL URL or a SQLite file; `None`:
+    /// `<data dir>/state/control.db`.
+    pub database: Option<String>,
 }
 
 /// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
@@ -69,6 +72,7 @@ impl ServerConfig {
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             archive: None,
+            database: None,
         }
     }
 }
@@ -164,9 +168,15 @@ impl Server {
         let state_dir = config.node.data_dir.join("state");
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
-        let db = state_dir.join("control.db");
-        let store =
-            Arc::new(Store::open(&db).with_context(|| format!("opening {}", db.display()))?);
+        let database = match &config.database {
+            Some(d) => d.clone(),
+            None => state_dir.join("control.db").display().to_string(),
+        };
+        let store = Arc::new(
+            Store::open_database(&database)
+                .await
+                .with_context(|| format!("opening the state database {}", redact(&database)))?,
+        );
         let (key, source) = VaultKey::load(&state_dir).context("loading the vault key")?;
         if source == KeySource::NewFile {
             eprintln!(
@@ -174,7 +184,11 @@ impl Server {
                 state_dir.join(crate::vault::VAULT_KEY_FILE).display()
             );
         }
-        let vault = Arc::new(Vault::open(store.clone(), &key).context("opening the vault")?);
+        let vault = Arc::new(
+            Vault::open(store.clone(), &key)
+                .await
+                .context("opening the vault")?,
+        );
         drop(key);
         secrets.connect(store.clone(), vault.clone());
         if let Some(w) = writer {
@@ -184,9 +198,12 @@ impl Server {
         let tenant: TenantName = DEFAULT_TENANT.parse()?;
         let bootstrap = store
             .bootstrap(&tenant)
+            .await
             .context("making the default tenant")?;
         key_audit.connect(store.clone());
-        own_adopted(node, &store).context("recording sandboxes found in the object store")?;
+        own_adopted(node, &store)
+            .await
+            .context("recording sandboxes found in the object store")?;
         kill_unowned(node, &store).await?;
         for name in &config.stock_templates {
             build_stock(node, config, name).await?;
@@ -260,7 +277,7 @@ impl Server {
                 }
             });
         }
-        tracing::info!(%addr, "serving the API");
+        tracing::info!(%addr, store = store.backend(), "serving the API");
         Ok(Server {
             node,
             store,
@@ -332,7 +349,7 @@ impl Server {
 /// ownership write, nobody could reach it through the API.
 async fn kill_unowned(node: &Node, store: &Store) -> anyhow::Result<()> {
     for r in node.list().await.context("listing the node's sandboxes")? {
-        if r.state == State::Terminated || store.sandbox_tenant(r.id.as_str())?.is_some() {
+        if r.state == State::Terminated || store.sandbox_tenant(r.id.as_str()).await?.is_some() {
             continue;
         }
         tracing::warn!(id = %r.id, state = %r.state, "killing a sandbox no tenant owns");
@@ -358,7 +375,7 @@ async fn expire_suspended(node: &Node, store: &Store) -> usize {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0);
-    let tenants = match store.tenants() {
+    let tenants = match store.tenants().await {
         Ok(t) => t,
         Err(e) => {
             tracing::error!(error = %e, "listing tenants for the suspended limit");
@@ -370,7 +387,7 @@ async fn expire_suspended(node: &Node, store: &Store) -> usize {
         let Some(limit) = t.quotas.max_suspended_ms else {
             continue;
         };
-        for id in store.sandboxes_of(&t.name).unwrap_or_default() {
+        for id in store.sandboxes_of(&t.name).await.unwrap_or_default() {
             let Ok(id) = id.parse::<space_node::SandboxId>() else {
                 continue;
             };
@@ -396,7 +413,7 @@ async fn expire_suspended(node: &Node, store: &Store) -> usize {
                     Err(e) => e.to_string(),
                 }),
             };
-            if let Err(e) = store.record(event) {
+            if let Err(e) = store.record(event).await {
                 tracing::error!(error = %e, "recording an audit event");
             }
             if result.is_ok() {
@@ -443,4 +460,42 @@ async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// A database URL without its password, for messages.
+pub fn redact(database: &str) -> String {
+    match (database.find("://"), database.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &database[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &database[..scheme + 3],
+                    &userinfo[..colon],
+                    &database[at..]
+                ),
+                None => database.to_owned(),
+            }
+        }
+        _ => database.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod redact_tests {
+    #[test]
+    fn passwords_do_not_reach_messages() {
+        assert_eq!(
+            super::redact("postgres://space:s3cret@db.internal/space"),
+            "postgres://space:***@db.internal/space"
+        );
+        assert_eq!(
+            super::redact("postgres://space@/space?host=/run"),
+            "postgres://space@/space?host=/run"
+        );
+        assert_eq!(
+            super::redact("/data/state/control.db"),
+            "/data/state/control.db"
+        );
+    }
 }

@@ -184,7 +184,7 @@ fn now_ms() -> u64 {
 impl Vault {
     /// Opens the vault with `key`. The first open of a database records a sealed check
     /// value; later opens with another key fail with a message that says so.
-    pub fn open(store: Arc<Store>, key: &VaultKey) -> Result<Vault, StoreError> {
+    pub async fn open(store: Arc<Store>, key: &VaultKey) -> Result<Vault, StoreError> {
         let vault = Vault {
             store,
             cipher: Aes256Gcm::new(&key.0.into()),
@@ -192,7 +192,7 @@ impl Vault {
         let (nonce, ct) = vault.seal(b"check", CHECK_PLAINTEXT)?;
         let mut fresh = nonce;
         fresh.extend_from_slice(&ct);
-        let stored = vault.store.meta_init(CHECK_KEY, &fresh)?;
+        let stored = vault.store.meta_init(CHECK_KEY, &fresh).await?;
         let ok = stored.len() > NONCE_LEN
             && vault
                 .unseal(b"check", &stored[..NONCE_LEN], &stored[NONCE_LEN..])
@@ -232,7 +232,7 @@ impl Vault {
 
     /// Sets (or replaces) secret `name` of `tenant` to `value`, bound to `hosts` (rule
     /// strings the caller has validated); returns the listing and whether it is new.
-    pub fn put(
+    pub async fn put(
         &self,
         tenant: &TenantName,
         name: &str,
@@ -261,8 +261,8 @@ impl Vault {
                 "a secret is bound to at most {MAX_SECRET_HOSTS} host patterns"
             )));
         }
-        let existing = self.store.secret(tenant, name)?;
-        if existing.is_none() && self.store.secrets(tenant)?.len() >= MAX_SECRETS_PER_TENANT {
+        let existing = self.store.secret(tenant, name).await?;
+        if existing.is_none() && self.store.secrets(tenant).await?.len() >= MAX_SECRETS_PER_TENANT {
             return Err(StoreError::Invalid(format!(
                 "a tenant keeps at most {MAX_SECRETS_PER_TENANT} secrets"
             )));
@@ -278,36 +278,45 @@ impl Vault {
             created_unix_ms: existing.as_ref().map_or(now, |e| e.created_unix_ms),
             updated_unix_ms: now,
         };
-        let created = self.store.put_secret(&row)?;
+        let created = self.store.put_secret(&row).await?;
         Ok((SecretInfo::from(&row), created))
     }
 
     /// The secrets of `tenant`, without values.
-    pub fn list(&self, tenant: &TenantName) -> Result<Vec<SecretInfo>, StoreError> {
-        self.store.secrets(tenant)
+    pub async fn list(&self, tenant: &TenantName) -> Result<Vec<SecretInfo>, StoreError> {
+        self.store.secrets(tenant).await
     }
 
     /// The listing of secret `name` of `tenant`, if it exists.
-    pub fn info(&self, tenant: &TenantName, name: &str) -> Result<Option<SecretInfo>, StoreError> {
+    pub async fn info(
+        &self,
+        tenant: &TenantName,
+        name: &str,
+    ) -> Result<Option<SecretInfo>, StoreError> {
         validate_secret_name(name)?;
         Ok(self
             .store
-            .secret(tenant, name)?
+            .secret(tenant, name)
+            .await?
             .as_ref()
             .map(SecretInfo::from))
     }
 
     /// Deletes secret `name` of `tenant`; returns whether it existed.
-    pub fn delete(&self, tenant: &TenantName, name: &str) -> Result<bool, StoreError> {
+    pub async fn delete(&self, tenant: &TenantName, name: &str) -> Result<bool, StoreError> {
         validate_secret_name(name)?;
-        self.store.delete_secret(tenant, name)
+        self.store.delete_secret(tenant, name).await
     }
 
     /// The value of secret `name` of `tenant`, if it exists; an error (never other bytes)
     /// when it does not open under this key.
-    pub fn value(&self, tenant: &TenantName, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+    pub async fn value(
+        &self,
+        tenant: &TenantName,
+        name: &str,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         validate_secret_name(name)?;
-        let Some(row) = self.store.secret(tenant, name)? else {
+        let Some(row) = self.store.secret(tenant, name).await? else {
             return Ok(None);
         };
         self.unseal(&aad(tenant, name), &row.nonce, &row.ciphertext)
@@ -330,10 +339,10 @@ mod tests {
         name.parse().unwrap()
     }
 
-    fn store_with(tenants: &[&str]) -> Arc<Store> {
+    async fn store_with(tenants: &[&str]) -> Arc<Store> {
         let s = Store::open_in_memory().unwrap();
         for n in tenants {
-            s.create_tenant(&t(n), Quotas::default()).unwrap();
+            s.create_tenant(&t(n), Quotas::default()).await.unwrap();
         }
         Arc::new(s)
     }
@@ -357,14 +366,17 @@ mod tests {
         }
     }
 
-    #[test]
-    fn values_round_trip_and_never_rest_in_clear() {
+    #[tokio::test]
+    async fn values_round_trip_and_never_rest_in_clear() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("control.db");
         let store = Arc::new(Store::open(&path).unwrap());
-        store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+        store
+            .create_tenant(&t("acme"), Quotas::default())
+            .await
+            .unwrap();
         let key = VaultKey::generate();
-        let vault = Vault::open(store.clone(), &key).unwrap();
+        let vault = Vault::open(store.clone(), &key).await.unwrap();
         let value = b"ghp_very-secret-value-0123456789";
         let (info, created) = vault
             .put(
@@ -373,11 +385,16 @@ mod tests {
                 value,
                 vec!["api.github.com".into()],
             )
+            .await
             .unwrap();
         assert!(created);
         assert_eq!(info.hosts, ["api.github.com"]);
         assert_eq!(
-            vault.value(&t("acme"), "GITHUB_TOKEN").unwrap().as_deref(),
+            vault
+                .value(&t("acme"), "GITHUB_TOKEN")
+                .await
+                .unwrap()
+                .as_deref(),
             Some(&value[..])
         );
         // Replacing keeps the creation time and reports 'not new'.
@@ -389,19 +406,26 @@ mod tests {
                 b"v2",
                 vec!["*.github.com".into()],
             )
+            .await
             .unwrap();
         assert!(!created);
         assert_eq!(again.created_unix_ms, info.created_unix_ms);
         assert!(again.updated_unix_ms > info.updated_unix_ms);
         assert_eq!(
-            vault.value(&t("acme"), "GITHUB_TOKEN").unwrap().as_deref(),
+            vault
+                .value(&t("acme"), "GITHUB_TOKEN")
+                .await
+                .unwrap()
+                .as_deref(),
             Some(&b"v2"[..])
         );
         vault
             .put(&t("acme"), "OTHER", value, vec!["x.example".into()])
+            .await
             .unwrap();
         let names: Vec<String> = vault
             .list(&t("acme"))
+            .await
             .unwrap()
             .into_iter()
             .map(|s| s.name)
@@ -416,45 +440,51 @@ mod tests {
         assert!(!bytes.windows(value.len()).any(|w| w == value));
     }
 
-    #[test]
-    fn a_wrong_key_is_a_clear_error() {
-        let store = store_with(&["acme"]);
-        let vault = Vault::open(store.clone(), &VaultKey::generate()).unwrap();
+    #[tokio::test]
+    async fn a_wrong_key_is_a_clear_error() {
+        let store = store_with(&["acme"]).await;
+        let vault = Vault::open(store.clone(), &VaultKey::generate())
+            .await
+            .unwrap();
         vault
             .put(&t("acme"), "TOKEN", b"value", vec!["h.example".into()])
+            .await
             .unwrap();
-        let e = Vault::open(store.clone(), &VaultKey::generate()).unwrap_err();
+        let e = Vault::open(store.clone(), &VaultKey::generate())
+            .await
+            .unwrap_err();
         assert!(
             matches!(&e, StoreError::Vault(m) if m.contains(VAULT_KEY_ENV)),
             "{e}"
         );
         // A row moved to another name does not open (the name is bound to the ciphertext).
-        let mut row = store.secret(&t("acme"), "TOKEN").unwrap().unwrap();
+        let mut row = store.secret(&t("acme"), "TOKEN").await.unwrap().unwrap();
         row.name = "MOVED".into();
-        store.put_secret(&row).unwrap();
-        let e = vault.value(&t("acme"), "MOVED").unwrap_err();
+        store.put_secret(&row).await.unwrap();
+        let e = vault.value(&t("acme"), "MOVED").await.unwrap_err();
         assert!(
             matches!(&e, StoreError::Vault(m) if m.contains("does not decrypt")),
             "{e}"
         );
         // A damaged ciphertext too.
-        let mut row = store.secret(&t("acme"), "TOKEN").unwrap().unwrap();
+        let mut row = store.secret(&t("acme"), "TOKEN").await.unwrap().unwrap();
         row.ciphertext[0] ^= 1;
-        store.put_secret(&row).unwrap();
-        assert!(vault.value(&t("acme"), "TOKEN").is_err());
+        store.put_secret(&row).await.unwrap();
+        assert!(vault.value(&t("acme"), "TOKEN").await.is_err());
     }
 
-    #[test]
-    fn tenants_are_isolated_and_input_is_bounded() {
-        let store = store_with(&["a", "b"]);
-        let vault = Vault::open(store, &VaultKey::generate()).unwrap();
+    #[tokio::test]
+    async fn tenants_are_isolated_and_input_is_bounded() {
+        let store = store_with(&["a", "b"]).await;
+        let vault = Vault::open(store, &VaultKey::generate()).await.unwrap();
         vault
             .put(&t("a"), "TOKEN", b"va", vec!["h".into()])
+            .await
             .unwrap();
-        assert_eq!(vault.value(&t("b"), "TOKEN").unwrap(), None);
-        assert!(vault.list(&t("b")).unwrap().is_empty());
-        assert!(!vault.delete(&t("b"), "TOKEN").unwrap());
-        assert!(vault.value(&t("a"), "TOKEN").unwrap().is_some());
+        assert_eq!(vault.value(&t("b"), "TOKEN").await.unwrap(), None);
+        assert!(vault.list(&t("b")).await.unwrap().is_empty());
+        assert!(!vault.delete(&t("b"), "TOKEN").await.unwrap());
+        assert!(vault.value(&t("a"), "TOKEN").await.unwrap().is_some());
         let big = vec![b'x'; MAX_SECRET_BYTES + 1];
         for (name, value, hosts) in [
             ("TOKEN", &big[..], vec!["h".to_string()]),
@@ -464,7 +494,7 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    vault.put(&t("a"), name, value, hosts),
+                    vault.put(&t("a"), name, value, hosts).await,
                     Err(StoreError::Invalid(_))
                 ),
                 "{name} {}",
@@ -473,13 +503,16 @@ mod tests {
         }
         assert!(vault
             .put(&t("a"), "MAX", &big[..MAX_SECRET_BYTES], vec!["h".into()])
+            .await
             .is_ok());
         assert!(matches!(
-            vault.put(&t("nobody"), "TOKEN", b"v", vec!["h".into()]),
+            vault
+                .put(&t("nobody"), "TOKEN", b"v", vec!["h".into()])
+                .await,
             Err(StoreError::NotFound { what: "tenant", .. })
         ));
-        assert!(vault.delete(&t("a"), "TOKEN").unwrap());
-        assert_eq!(vault.value(&t("a"), "TOKEN").unwrap(), None);
+        assert!(vault.delete(&t("a"), "TOKEN").await.unwrap());
+        assert_eq!(vault.value(&t("a"), "TOKEN").await.unwrap(), None);
     }
 
     #[test]

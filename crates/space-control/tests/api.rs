@@ -31,7 +31,8 @@ fn shape(message: &str, id: &str) -> String {
 #[test]
 fn api_end_to_end() {
     with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
+        let config = server_config(&data);
+        let server = Server::start(config.clone()).await.expect("starting");
         let admin = server
             .bootstrap_key()
             .expect("first start makes a key")
@@ -54,9 +55,7 @@ fn api_end_to_end() {
         server.shutdown().await;
 
         // A restart keeps keys, ownership and the running VM (adopted, not rebooted).
-        let server = Server::start(server_config(&data))
-            .await
-            .expect("restarting");
+        let server = Server::start(config).await.expect("restarting");
         assert!(server.bootstrap_key().is_none());
         let api = Api::new(server.url());
         let sb = api

@@ -137,6 +137,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         archive,
+        database: None,
     };
     eprintln!(
         "space: starting on {} with data in {} (stock templates: {})",

@@ -99,7 +99,8 @@ pub async fn build_template(
             .as_ref()
             .ok()
             .map(|v| format!("template {}:{}", v["name"], v["version"]).replace('"', "")),
-    );
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(result?)).into_response())
 }
 
@@ -167,7 +168,8 @@ pub async fn delete_template(
         "template.delete",
         result.as_ref().err(),
         Some(format!("template {template}")),
-    );
+    )
+    .await;
     result.map(|()| StatusCode::NO_CONTENT)
 }
 
@@ -225,7 +227,7 @@ pub async fn list_tenants(
     State(st): State<Shared>,
     AdminCaller(_who): AdminCaller,
 ) -> ApiResult<Json<Value>> {
-    Ok(Json(json!({ "tenants": st.store.tenants()? })))
+    Ok(Json(json!({ "tenants": st.store.tenants().await? })))
 }
 
 /// Body of `POST /v1/tenants`.
@@ -244,18 +246,20 @@ pub async fn create_tenant(
 ) -> ApiResult<Response> {
     let name = tenant_name(&body.name)?;
     let quotas = body.quotas.unwrap_or_default().apply(Quotas::default());
-    let result = (|| {
-        let tenant = st.store.create_tenant(&name, quotas)?;
-        let key = st.store.create_key(&name, false, Some("first"))?;
-        Ok::<_, ApiError>(json!({"tenant": tenant, "key": key}))
-    })();
+    let result = st
+        .store
+        .create_tenant_with_key(&name, quotas, false, Some("first"))
+        .await
+        .map(|(tenant, key)| json!({"tenant": tenant, "key": key}))
+        .map_err(ApiError::from);
     st.audit(
         &who,
         None,
         "tenant.create",
         result.as_ref().err(),
         Some(format!("tenant {name}")),
-    );
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(result?)).into_response())
 }
 
@@ -273,23 +277,27 @@ pub async fn update_tenant(
     ApiJson(body): ApiJson<UpdateTenantBody>,
 ) -> ApiResult<Json<Value>> {
     let name = tenant_name(&raw)?;
-    let result = (|| {
+    let result = async {
         let current = st
             .store
-            .tenant(&name)?
+            .tenant(&name)
+            .await?
             .ok_or_else(|| tenant_not_found(&name))?;
         let tenant = st
             .store
-            .set_quotas(&name, body.quotas.apply(current.quotas))?;
+            .set_quotas(&name, body.quotas.apply(current.quotas))
+            .await?;
         Ok::<_, ApiError>(json!(tenant))
-    })();
+    }
+    .await;
     st.audit(
         &who,
         None,
         "tenant.update",
         result.as_ref().err(),
         Some(format!("tenant {name}")),
-    );
+    )
+    .await;
     result.map(Json)
 }
 
@@ -321,11 +329,11 @@ pub async fn get_master_key(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     let name = tenant_name(&raw)?;
-    if st.store.tenant(&name)?.is_none() {
+    if st.store.tenant(&name).await?.is_none() {
         return Err(tenant_not_found(&name));
     }
     let masters = st.masters.as_ref().ok_or_else(archive_needed)?;
-    let config = st.store.master_key_config(&name)?;
+    let config = st.store.master_key_config(&name).await?;
     let id = masters.build(&config).ok().map(|m| m.id());
     Ok(Json(master_json(&config, id)))
 }
@@ -340,7 +348,7 @@ pub async fn put_master_key(
 ) -> ApiResult<Json<Value>> {
     let name = tenant_name(&raw)?;
     let result = async {
-        if st.store.tenant(&name)?.is_none() {
+        if st.store.tenant(&name).await?.is_none() {
             return Err(tenant_not_found(&name));
         }
         body.validate().map_err(ApiError::invalid)?;
@@ -351,7 +359,7 @@ pub async fn put_master_key(
             .map(|a| a.keyring.clone())
             .ok_or_else(archive_needed)?;
         let old = masters
-            .build(&st.store.master_key_config(&name)?)
+            .build(&st.store.master_key_config(&name).await?)
             .map_err(key_error)?;
         let new = masters.build(&body).map_err(key_error)?;
         if old.id() != new.id() {
@@ -360,7 +368,7 @@ pub async fn put_master_key(
                 .await
                 .map_err(key_error)?;
         }
-        st.store.set_master_key_config(&name, &body)?;
+        st.store.set_master_key_config(&name, &body).await?;
         Ok::<_, ApiError>((master_json(&body, Some(new.id())), old.id(), new.id()))
     }
     .await;
@@ -374,7 +382,8 @@ pub async fn put_master_key(
         "tenant.master_key",
         result.as_ref().err(),
         Some(detail),
-    );
+    )
+    .await;
     result.map(|(v, _, _)| Json(v))
 }
 
@@ -385,10 +394,10 @@ pub async fn list_keys(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     let name = tenant_name(&raw)?;
-    if st.store.tenant(&name)?.is_none() {
+    if st.store.tenant(&name).await?.is_none() {
         return Err(tenant_not_found(&name));
     }
-    Ok(Json(json!({ "keys": st.store.keys(&name)? })))
+    Ok(Json(json!({ "keys": st.store.keys(&name).await? })))
 }
 
 /// Body of `POST /v1/tenants/{name}/keys`.
@@ -409,14 +418,16 @@ pub async fn create_key(
 ) -> ApiResult<Response> {
     let name = tenant_name(&raw)?;
     let body = body.unwrap_or_default();
-    let result = (|| {
-        if st.store.tenant(&name)?.is_none() {
+    let result = async {
+        if st.store.tenant(&name).await?.is_none() {
             return Err(tenant_not_found(&name));
         }
         Ok(st
             .store
-            .create_key(&name, body.admin, body.label.as_deref())?)
-    })();
+            .create_key(&name, body.admin, body.label.as_deref())
+            .await?)
+    }
+    .await;
     st.audit(
         &who,
         None,
@@ -429,7 +440,8 @@ pub async fn create_key(
                 if k.info.admin { " (admin)" } else { "" }
             )
         }),
-    );
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(json!(result?))).into_response())
 }
 
@@ -445,14 +457,15 @@ pub async fn revoke_key(
             raw.chars().take(64).collect::<String>()
         )));
     }
-    let result = st.store.revoke_key(&raw).map_err(ApiError::from);
+    let result = st.store.revoke_key(&raw).await.map_err(ApiError::from);
     st.audit(
         &who,
         None,
         "key.revoke",
         result.as_ref().err(),
         Some(format!("key {raw}")),
-    );
+    )
+    .await;
     result.map(|_| StatusCode::NO_CONTENT)
 }
 
@@ -496,7 +509,7 @@ pub async fn audit(
         since_unix_ms: q.since_unix_ms,
         limit,
     };
-    Ok(Json(json!({ "events": st.store.audit(&filter)? })))
+    Ok(Json(json!({ "events": st.store.audit(&filter).await? })))
 }
 
 #[cfg(test)]

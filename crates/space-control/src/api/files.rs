@@ -33,7 +33,7 @@ pub struct PathQuery {
 }
 
 async fn guest(st: &Shared, who: &crate::store::Principal, raw: &str) -> ApiResult<GuestClient> {
-    let id = st.scope(who, raw)?;
+    let id = st.scope(who, raw).await?;
     st.guest(Some(who), &id).await
 }
 

@@ -169,7 +169,7 @@ pub type Shared = Arc<AppState>;
 
 impl AppState {
     /// Records an audit event of `who` (failures to record are logged, never answered).
-    pub fn audit(
+    pub async fn audit(
         &self,
         who: &Principal,
         sandbox: Option<&str>,
@@ -185,20 +185,21 @@ impl AppState {
             result: outcome.map_or("ok", |e| e.code).to_owned(),
             detail: outcome.map(|e| e.message.clone()).or(detail),
         };
-        if let Err(e) = self.store.record(event) {
+        if let Err(e) = self.store.record(event).await {
             tracing::error!(error = %e, operation, "recording an audit event");
         }
     }
 
     /// Audits the outcome of `result` and passes it on.
-    pub fn audited<T>(
+    pub async fn audited<T>(
         &self,
         who: &Principal,
         sandbox: Option<&str>,
         operation: &str,
         result: ApiResult<T>,
     ) -> ApiResult<T> {
-        self.audit(who, sandbox, operation, result.as_ref().err(), None);
+        self.audit(who, sandbox, operation, result.as_ref().err(), None)
+            .await;
         result
     }
 
@@ -227,7 +228,7 @@ impl AppState {
             let event = NewAuditEvent {
                 tenant: match who {
                     Some(p) => Some(p.tenant.clone()),
-                    None => self.store.sandbox_tenant(id.as_str()).ok().flatten(),
+                    None => self.store.sandbox_tenant(id.as_str()).await.ok().flatten(),
                 },
                 key_id: who.map(|p| p.key_id.clone()),
                 sandbox: Some(id.to_string()),
@@ -235,7 +236,7 @@ impl AppState {
                 result: "ok".into(),
                 detail: Some(detail),
             };
-            if let Err(e) = self.store.record(event) {
+            if let Err(e) = self.store.record(event).await {
                 tracing::error!(error = %e, "recording an audit event");
             }
         }
@@ -244,11 +245,11 @@ impl AppState {
 
     /// Resolves a sandbox id of the caller's tenant: a malformed id is `400 invalid_id`;
     /// another tenant's sandbox answers exactly like a missing one.
-    pub fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {
+    pub async fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {
         let id: SandboxId = raw
             .parse()
             .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
-        match self.store.sandbox_tenant(id.as_str())? {
+        match self.store.sandbox_tenant(id.as_str()).await? {
             Some(t) if t == who.tenant => Ok(id),
             _ => Err(ApiError::sandbox_not_found(id.as_str())),
         }
@@ -265,10 +266,10 @@ impl FromRequestParts<Shared> for Caller {
     async fn from_request_parts(parts: &mut Parts, state: &Shared) -> ApiResult<Self> {
         let result = match parts.headers.get(header::AUTHORIZATION) {
             Some(h) => match h.to_str() {
-                Ok(s) => state.store.authenticate(Some(s)),
+                Ok(s) => state.store.authenticate(Some(s)).await,
                 Err(_) => Err(AuthError::Malformed),
             },
-            None => state.store.authenticate(None),
+            None => state.store.authenticate(None).await,
         };
         let e = match result {
             Ok(p) => return Ok(Caller(p)),
@@ -286,7 +287,7 @@ impl FromRequestParts<Shared> for Caller {
                 result: "unauthorized".into(),
                 detail: Some(err.message.clone()),
             };
-            if let Err(e) = state.store.record(event) {
+            if let Err(e) = state.store.record(event).await {
                 tracing::error!(error = %e, "recording an authentication failure");
             }
         }
@@ -628,6 +629,7 @@ mod tests {
         let node = Node::open(cfg).await.expect("opening a node");
         let store = Arc::new(Store::open(&dir.join("control.db")).expect("opening the store"));
         let vault = crate::vault::Vault::open(store.clone(), &crate::vault::VaultKey::generate())
+            .await
             .expect("opening the vault");
         Arc::new(AppState {
             node,
@@ -709,6 +711,7 @@ mod tests {
                 limit: 1000,
                 ..Default::default()
             })
+            .await
             .unwrap();
         let open = ROUTES
             .iter()

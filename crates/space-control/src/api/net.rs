@@ -64,7 +64,7 @@ pub fn parse_rules(hosts: &[String], what: &str) -> ApiResult<Vec<EgressRule>> {
 
 /// `GET /v1/secrets`
 pub async fn list_secrets(State(st): State<Shared>, Caller(who): Caller) -> ApiResult<Json<Value>> {
-    let list = st.vault.list(&who.tenant)?;
+    let list = st.vault.list(&who.tenant).await?;
     Ok(Json(json!({ "secrets": list })))
 }
 
@@ -97,7 +97,8 @@ pub async fn put_secret(
         let hosts: Vec<String> = rules.iter().map(ToString::to_string).collect();
         Ok(st
             .vault
-            .put(&who.tenant, &name, body.value.as_bytes(), hosts)?)
+            .put(&who.tenant, &name, body.value.as_bytes(), hosts)
+            .await?)
     }
     .await;
     st.audit(
@@ -113,7 +114,8 @@ pub async fn put_secret(
                 info.hosts.join(",")
             )
         }),
-    );
+    )
+    .await;
     let (info, created) = result?;
     let status = if created {
         StatusCode::CREATED
@@ -139,7 +141,7 @@ pub async fn delete_secret(
 ) -> ApiResult<StatusCode> {
     let result = async {
         validate_secret_name(&name)?;
-        if st.vault.delete(&who.tenant, &name)? {
+        if st.vault.delete(&who.tenant, &name).await? {
             Ok(StatusCode::NO_CONTENT)
         } else {
             Err(secret_not_found(&name))
@@ -155,13 +157,14 @@ pub async fn delete_secret(
             "secret={}",
             name.chars().take(64).collect::<String>()
         )),
-    );
+    )
+    .await;
     result
 }
 
 /// Resolves the secrets a create names into bindings with fresh placeholders; every name must
 /// be a secret of `tenant`, and none may repeat.
-pub fn bindings(
+pub async fn bindings(
     st: &Shared,
     tenant: &TenantName,
     names: &[String],
@@ -174,7 +177,8 @@ pub fn bindings(
         }
         let info = st
             .vault
-            .info(tenant, name)?
+            .info(tenant, name)
+            .await?
             .ok_or_else(|| secret_not_found(name))?;
         let hosts = parse_rules(&info.hosts, "stored hosts")?;
         out.push(space_node::gateway::SecretBinding::new(name.clone(), hosts));
@@ -194,7 +198,7 @@ pub async fn get_egress(
     Caller(who): Caller,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let info = st.node.info(&id).await.map_err(node_error(&id))?;
     Ok(Json(policy_json(&info.options.egress)))
 }
@@ -206,9 +210,14 @@ pub async fn put_egress(
     ApiPath(raw): ApiPath<String>,
     ApiJson(policy): ApiJson<EgressPolicy>,
 ) -> ApiResult<Json<Value>> {
-    let id = st.scope(&who, &raw).inspect_err(|e| {
-        st.audit(&who, Some(&raw), "egress.update", Some(e), None);
-    })?;
+    let id = match st.scope(&who, &raw).await {
+        Ok(id) => id,
+        Err(e) => {
+            st.audit(&who, Some(&raw), "egress.update", Some(&e), None)
+                .await;
+            return Err(e);
+        }
+    };
     let result = async {
         policy.validate().map_err(ApiError::invalid)?;
         let info = st
@@ -242,7 +251,8 @@ pub async fn put_egress(
                 rules(&p.deny)
             )
         }),
-    );
+    )
+    .await;
     Ok(Json(policy_json(&result?)))
 }
 
@@ -289,9 +299,14 @@ pub async fn expose(
             format!("http://{host}")
         }
     };
-    let id = st.scope(&who, &raw).inspect_err(|e| {
-        st.audit(&who, Some(&raw), "port.expose", Some(e), None);
-    })?;
+    let id = match st.scope(&who, &raw).await {
+        Ok(id) => id,
+        Err(e) => {
+            st.audit(&who, Some(&raw), "port.expose", Some(&e), None)
+                .await;
+            return Err(e);
+        }
+    };
     let result = async {
         let port = check_port(body.port)?;
         let info = st.node.info(&id).await.map_err(node_error(&id))?;
@@ -305,7 +320,7 @@ pub async fn expose(
                 ),
             ));
         }
-        let ports = st.store.ports(id.as_str())?;
+        let ports = st.store.ports(id.as_str()).await?;
         if ports.len() >= MAX_PORTS_PER_SANDBOX && !ports.iter().any(|p| p.port == port) {
             return Err(ApiError::invalid(format!(
                 "a sandbox exposes at most {MAX_PORTS_PER_SANDBOX} ports"
@@ -314,7 +329,8 @@ pub async fn expose(
         let token = new_token();
         let (p, _) = st
             .store
-            .expose_port(id.as_str(), port, &token_hash(&token))?;
+            .expose_port(id.as_str(), port, &token_hash(&token))
+            .await?;
         Ok(json!({
             "port": p.port,
             "url": format!("{base}/ingress/{token}/"),
@@ -328,7 +344,8 @@ pub async fn expose(
         "port.expose",
         result.as_ref().err(),
         result.as_ref().ok().map(|v| format!("port={}", v["port"])),
-    );
+    )
+    .await;
     Ok((StatusCode::CREATED, Json(result?)).into_response())
 }
 
@@ -338,10 +355,11 @@ pub async fn list_ports(
     Caller(who): Caller,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let list: Vec<Value> = st
         .store
-        .ports(id.as_str())?
+        .ports(id.as_str())
+        .await?
         .into_iter()
         .map(|p| json!({"port": p.port, "created_unix_ms": p.created_unix_ms}))
         .collect();
@@ -354,10 +372,15 @@ pub async fn unexpose(
     Caller(who): Caller,
     ApiPath((raw, port)): ApiPath<(String, u16)>,
 ) -> ApiResult<StatusCode> {
-    let id = st.scope(&who, &raw).inspect_err(|e| {
-        st.audit(&who, Some(&raw), "port.unexpose", Some(e), None);
-    })?;
-    let result = if st.store.unexpose_port(id.as_str(), port)? {
+    let id = match st.scope(&who, &raw).await {
+        Ok(id) => id,
+        Err(e) => {
+            st.audit(&who, Some(&raw), "port.unexpose", Some(&e), None)
+                .await;
+            return Err(e);
+        }
+    };
+    let result = if st.store.unexpose_port(id.as_str(), port).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::new(
@@ -372,7 +395,8 @@ pub async fn unexpose(
         "port.unexpose",
         result.as_ref().err(),
         Some(format!("port={port}")),
-    );
+    )
+    .await;
     result
 }
 
@@ -421,7 +445,7 @@ async fn ingress_inner(st: Shared, token: String, rest: String, req: Request) ->
     if !is_token(&token) {
         return ingress_not_found().into_response();
     }
-    let found = match st.store.port_by_token(&token_hash(&token)) {
+    let found = match st.store.port_by_token(&token_hash(&token)).await {
         Ok(Some(f)) => f,
         Ok(None) => return ingress_not_found().into_response(),
         Err(e) => return ApiError::from(e).into_response(),
@@ -443,7 +467,7 @@ pub async fn port_proxy(
     ApiPath((raw, port, rest)): ApiPath<(String, u16, String)>,
     req: Request,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{port}/proxy");
     proxy(
         &st,
@@ -465,7 +489,7 @@ pub async fn port_proxy_index(
     ApiPath((raw, port)): ApiPath<(String, u16)>,
     req: Request,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let prefix = format!("/v1/sandboxes/{id}/ports/{port}/proxy");
     proxy(
         &st,

@@ -161,7 +161,8 @@ pub async fn create(
         "sandbox.create",
         result.as_ref().err(),
         None,
-    );
+    )
+    .await;
     result.map(created)
 }
 
@@ -190,7 +191,7 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
     };
     let egress = body.egress.unwrap_or_default();
     egress.validate().map_err(ApiError::invalid)?;
-    let secrets = super::net::bindings(st, tenant, &body.secrets)?;
+    let secrets = super::net::bindings(st, tenant, &body.secrets).await?;
     let req = CreateRequest {
         template: name,
         version,
@@ -217,7 +218,7 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
 /// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is killed
 /// (nobody could reach it) and the failure answered.
 async fn own(st: &Shared, id: &SandboxId, tenant: &TenantName) -> ApiResult<()> {
-    if let Err(e) = st.store.add_sandbox(id.as_str(), tenant) {
+    if let Err(e) = st.store.add_sandbox(id.as_str(), tenant).await {
         tracing::error!(%id, error = %e, "recording a new sandbox's tenant; killing it");
         if let Err(k) = st.node.kill(id).await {
             tracing::error!(%id, error = %k, "killing a sandbox no tenant owns");
@@ -275,7 +276,7 @@ pub async fn list(
     } else {
         st.node.usage().into_iter().map(|u| u.id).collect()
     };
-    for id in st.store.sandboxes_of(&who.tenant)? {
+    for id in st.store.sandboxes_of(&who.tenant).await? {
         let Ok(id) = id.parse::<SandboxId>() else {
             continue;
         };
@@ -313,7 +314,7 @@ pub async fn get(
     Caller(who): Caller,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let info = st.node.info(&id).await.map_err(node_error(&id))?;
     Ok(Json(sandbox_json(&info, &who.tenant)))
 }
@@ -331,27 +332,29 @@ where
     F: FnOnce(Shared, SandboxId) -> Fut,
     Fut: std::future::Future<Output = ApiResult<()>>,
 {
-    let id = scoped(st, who, raw, operation)?;
+    let id = scoped(st, who, raw, operation).await?;
     let result = async {
         op(st.clone(), id.clone()).await?;
         let info = st.node.info(&id).await.map_err(node_error(&id))?;
         Ok(Json(sandbox_json(&info, &who.tenant)))
     }
     .await;
-    st.audited(who, Some(id.as_str()), operation, result)
+    st.audited(who, Some(id.as_str()), operation, result).await
 }
 
 /// [`super::AppState::scope`] for a lifecycle request: a refusal is audited too (with the
 /// id as given), so attempts on other tenants' sandboxes leave a trace.
-fn scoped(
+async fn scoped(
     st: &Shared,
     who: &crate::store::Principal,
     raw: &str,
     operation: &str,
 ) -> ApiResult<SandboxId> {
-    st.scope(who, raw).inspect_err(|e| {
-        st.audit(who, Some(raw), operation, Some(e), None);
-    })
+    let scoped = st.scope(who, raw).await;
+    if let Err(e) = &scoped {
+        st.audit(who, Some(raw), operation, Some(e), None).await;
+    }
+    scoped
 }
 
 /// `DELETE /v1/sandboxes/{id}`
@@ -363,7 +366,7 @@ pub async fn kill(
     lifecycle(&st, &who, &raw, "sandbox.kill", |st, id| async move {
         st.node.kill(&id).await.map_err(node_error(&id))?;
         // A terminated sandbox has no ports to reach: its URLs are revoked.
-        st.store.unexpose_all(id.as_str())?;
+        st.store.unexpose_all(id.as_str()).await?;
         Ok(())
     })
     .await
@@ -438,7 +441,7 @@ pub async fn fork(
     Caller(who): Caller,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Response> {
-    let id = scoped(&st, &who, &raw, "sandbox.fork")?;
+    let id = scoped(&st, &who, &raw, "sandbox.fork").await?;
     let result = async {
         let parent = st.node.info(&id).await.map_err(node_error(&id))?;
         let need = Usage {
@@ -459,7 +462,8 @@ pub async fn fork(
         "sandbox.fork",
         result.as_ref().err(),
         result.as_ref().ok().map(|c| format!("child {}", c.id)),
-    );
+    )
+    .await;
     let child = result?;
     Ok(created(sandbox_json(&child, &who.tenant)))
 }
@@ -503,7 +507,7 @@ pub async fn logs(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<LogsQuery>,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let n = q.tail_bytes.unwrap_or(DEFAULT_LOG_TAIL).min(MAX_LOG_TAIL);
     let bytes = st
         .node
@@ -523,7 +527,7 @@ pub async fn snapshots(
     Caller(who): Caller,
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let list = st.node.snapshots(&id).await.map_err(node_error(&id))?;
     Ok(Json(json!({ "snapshots": list })))
 }
@@ -542,7 +546,7 @@ pub async fn snapshot(
     ApiPath(raw): ApiPath<String>,
     OptionalJson(body): OptionalJson<SnapshotBody>,
 ) -> ApiResult<Response> {
-    let id = scoped(&st, &who, &raw, "snapshot.create")?;
+    let id = scoped(&st, &who, &raw, "snapshot.create").await?;
     let kind = body.unwrap_or_default().kind.unwrap_or(SnapshotKind::Disk);
     let result = st.node.snapshot(&id, kind).await.map_err(node_error(&id));
     st.audit(
@@ -551,7 +555,8 @@ pub async fn snapshot(
         "snapshot.create",
         result.as_ref().err(),
         result.as_ref().ok().map(|s| format!("snapshot {}", s.id)),
-    );
+    )
+    .await;
     Ok(created(json!(result?)))
 }
 

@@ -175,7 +175,7 @@ pub async fn exec(
     ApiPath(raw): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let (spec, stdin) = req.spec()?;
     let guest = st.guest(Some(&who), &id).await?;
     let mut handle = guest.exec(spec).await?;
@@ -322,7 +322,7 @@ pub async fn exec_ws(
     ApiPath(raw): ApiPath<String>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let ws = upgrade(ws)?;
     let guest = st.guest(Some(&who), &id).await?;
     let node = st.node.clone();
@@ -445,7 +445,7 @@ pub async fn pty(
     ApiPath(raw): ApiPath<String>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw)?;
+    let id = st.scope(&who, &raw).await?;
     let ws = upgrade(ws)?;
     let guest = st.guest(Some(&who), &id).await?;
     let node = st.node.clone();

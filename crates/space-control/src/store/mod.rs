@@ -1,35 +1,38 @@
 //! The control plane's state: tenants, API keys, sandbox ownership and the audit log, kept in
-//! one SQLite database.
+//! SQLite (one process, `space up`) or PostgreSQL (any number of control replicas).
 //!
-//! Every method is synchronous and short (a few indexed statements), so async callers may call
-//! them directly. The connection sits behind a mutex; SQLite runs in WAL mode with
-//! `synchronous=NORMAL`, so a committed change survives a crash of the process (and at worst
-//! the last few transactions are lost on a power failure).
+//! Every method is async and runs its statements on tokio's blocking pool, so a slow disk or
+//! a far database never stalls a worker thread. Both databases run the same statements
+//! (`sql`); each has its own numbered migrations (`schema`). SQLite has one connection behind
+//! a mutex, in WAL mode with `synchronous=NORMAL`, so a committed change survives a crash of
+//! the process (and at worst the last few transactions are lost on a power failure).
+//! PostgreSQL has a small pool of connections (`pg`).
 //!
-//! The schema is versioned with `PRAGMA user_version`. Opening a database applies the missing
-//! migrations in one transaction; a database written by a newer build is refused.
+//! Opening a database applies the missing migrations in one transaction; a database written
+//! by a newer build is refused.
 //!
-//! The parts: the types callers see (`model`), the schema and its migrations
-//! (`schema`), tenants, keys, ownership and audit (`tenants`), secrets, ports and metadata
-//! (`secrets`).
+//! The parts: the types callers see (`model`), the statements' common ground (`sql`), the
+//! schema and its migrations (`schema`), the PostgreSQL pool (`pg`), tenants, keys,
+//! ownership and audit (`tenants`), secrets, ports and metadata (`secrets`).
 
 use std::fmt;
 use std::fs::{self, OpenOptions};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rusqlite::types::Value;
-use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::{Connection, TransactionBehavior};
 use serde::{Deserialize, Serialize};
 
 use crate::keys;
 
 mod model;
+mod pg;
 mod schema;
 mod secrets;
+pub(crate) mod sql;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -39,13 +42,20 @@ pub use model::*;
 use schema::MIGRATIONS;
 pub use schema::SCHEMA_VERSION;
 use schema::{configure, migrate};
+use sql::{args, Row, Sql, Sqlite, Value};
 
 /// How long a statement waits for a lock held by another connection.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The state store.
+/// The state store. Cheap to share behind an `Arc`; every call is independent.
 pub struct Store {
-    conn: Mutex<Connection>,
+    db: Arc<Db>,
+}
+
+/// The database behind a store.
+enum Db {
+    Sqlite(Mutex<Connection>),
+    Postgres(Box<pg::Pool>),
 }
 
 impl fmt::Debug for Store {
@@ -131,21 +141,19 @@ fn validate_label(label: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn tenant_from_db(name: String) -> rusqlite::Result<TenantName> {
-    TenantName::try_from(name).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
-    })
+fn tenant_from_db(name: String) -> Result<TenantName, StoreError> {
+    TenantName::try_from(name).map_err(|e| StoreError::Database(format!("a tenant name: {e}")))
 }
 
-fn tenant_row(row: &Row<'_>) -> rusqlite::Result<Tenant> {
+fn tenant_row(row: &Row) -> Result<Tenant, StoreError> {
     Ok(Tenant {
-        name: tenant_from_db(row.get(0)?)?,
-        created_unix_ms: from_db(row.get(1)?),
+        name: tenant_from_db(row.text(0)?)?,
+        created_unix_ms: from_db(row.int(1)?),
         quotas: Quotas {
-            max_sandboxes: u32::try_from(row.get::<_, i64>(2)?).unwrap_or(0),
-            max_vcpus: u32::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
-            max_memory_mib: from_db(row.get(4)?),
-            max_suspended_ms: row.get::<_, Option<i64>>(5)?.map(from_db),
+            max_sandboxes: u32::try_from(row.int(2)?).unwrap_or(0),
+            max_vcpus: u32::try_from(row.int(3)?).unwrap_or(0),
+            max_memory_mib: from_db(row.int(4)?),
+            max_suspended_ms: row.opt_int(5)?.map(from_db),
         },
     })
 }
@@ -153,62 +161,77 @@ fn tenant_row(row: &Row<'_>) -> rusqlite::Result<Tenant> {
 const TENANT_COLUMNS: &str =
     "name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib, max_suspended_ms";
 
-fn key_row(row: &Row<'_>) -> rusqlite::Result<KeyInfo> {
+fn key_row(row: &Row) -> Result<KeyInfo, StoreError> {
     Ok(KeyInfo {
-        id: row.get(0)?,
-        tenant: tenant_from_db(row.get(1)?)?,
-        admin: row.get(2)?,
-        label: row.get(3)?,
-        created_unix_ms: from_db(row.get(4)?),
-        revoked_unix_ms: row.get::<_, Option<i64>>(5)?.map(from_db),
+        id: row.text(0)?,
+        tenant: tenant_from_db(row.text(1)?)?,
+        admin: row.boolean(2)?,
+        label: row.opt_text(3)?,
+        created_unix_ms: from_db(row.int(4)?),
+        revoked_unix_ms: row.opt_int(5)?.map(from_db),
     })
 }
 
 const KEY_COLUMNS: &str = "id, tenant, admin, label, created_unix_ms, revoked_unix_ms";
 
-fn audit_row(row: &Row<'_>) -> rusqlite::Result<AuditEvent> {
+fn audit_row(row: &Row) -> Result<AuditEvent, StoreError> {
     Ok(AuditEvent {
-        id: row.get(0)?,
-        at_unix_ms: from_db(row.get(1)?),
-        tenant: row
-            .get::<_, Option<String>>(2)?
-            .map(tenant_from_db)
-            .transpose()?,
-        key_id: row.get(3)?,
-        sandbox: row.get(4)?,
-        operation: row.get(5)?,
-        result: row.get(6)?,
-        detail: row.get(7)?,
+        id: row.int(0)?,
+        at_unix_ms: from_db(row.int(1)?),
+        tenant: row.opt_text(2)?.map(tenant_from_db).transpose()?,
+        key_id: row.opt_text(3)?,
+        sandbox: row.opt_text(4)?,
+        operation: row.text(5)?,
+        result: row.text(6)?,
+        detail: row.opt_text(7)?,
     })
 }
 
-fn get_tenant(conn: &Connection, name: &TenantName) -> Result<Option<Tenant>, StoreError> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = ?1"),
-            [name.as_str()],
-            tenant_row,
-        )
-        .optional()?)
+/// Every row of a query, each through `f`.
+fn rows<T>(
+    db: &mut dyn Sql,
+    sql: &str,
+    args: &[Value],
+    f: impl Fn(&Row) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    db.query(sql, args)?.iter().map(f).collect()
 }
 
-fn get_key(conn: &Connection, id: &str) -> Result<Option<KeyInfo>, StoreError> {
-    Ok(conn
-        .query_row(
-            &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = ?1"),
-            [id],
-            key_row,
-        )
-        .optional()?)
+/// The first row of a query through `f`, if there is one.
+fn one<T>(
+    db: &mut dyn Sql,
+    sql: &str,
+    args: &[Value],
+    f: impl Fn(&Row) -> Result<T, StoreError>,
+) -> Result<Option<T>, StoreError> {
+    db.one(sql, args)?.as_ref().map(f).transpose()
+}
+
+fn get_tenant(db: &mut dyn Sql, name: &TenantName) -> Result<Option<Tenant>, StoreError> {
+    one(
+        db,
+        &format!("SELECT {TENANT_COLUMNS} FROM tenants WHERE name = $1"),
+        args![name.as_str()],
+        tenant_row,
+    )
+}
+
+fn get_key(db: &mut dyn Sql, id: &str) -> Result<Option<KeyInfo>, StoreError> {
+    one(
+        db,
+        &format!("SELECT {KEY_COLUMNS} FROM api_keys WHERE id = $1"),
+        args![id],
+        key_row,
+    )
 }
 
 fn insert_tenant(
-    conn: &Connection,
+    db: &mut dyn Sql,
     name: &TenantName,
     quotas: Quotas,
 ) -> Result<Tenant, StoreError> {
     quotas.validate()?;
-    if get_tenant(conn, name)?.is_some() {
+    if get_tenant(db, name)?.is_some() {
         return Err(StoreError::Conflict(format!(
             "tenant {name} exists already"
         )));
@@ -218,11 +241,11 @@ fn insert_tenant(
         created_unix_ms: now_ms(),
         quotas,
     };
-    conn.execute(
+    db.execute(
         "INSERT INTO tenants (name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib,
                               max_suspended_ms)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![
+         VALUES ($1, $2, $3, $4, $5, $6)",
+        args![
             name.as_str(),
             to_db(tenant.created_unix_ms),
             quotas.max_sandboxes,
@@ -235,7 +258,7 @@ fn insert_tenant(
 }
 
 fn insert_key(
-    conn: &Connection,
+    db: &mut dyn Sql,
     tenant: &TenantName,
     admin: bool,
     label: Option<&str>,
@@ -243,7 +266,7 @@ fn insert_key(
     if let Some(label) = label {
         validate_label(label)?;
     }
-    if get_tenant(conn, tenant)?.is_none() {
+    if get_tenant(db, tenant)?.is_none() {
         return Err(StoreError::NotFound {
             what: "tenant",
             id: tenant.to_string(),
@@ -254,11 +277,11 @@ fn insert_key(
     // keeps a collision from surfacing as an error.
     for _ in 0..4 {
         let (id, key) = keys::generate();
-        let inserted = conn.execute(
-            "INSERT OR IGNORE INTO api_keys (id, tenant, admin, label, hash, created_unix_ms)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
-                id,
+        let inserted = db.execute(
+            "INSERT INTO api_keys (id, tenant, admin, label, hash, created_unix_ms)
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
+            args![
+                id.as_str(),
                 tenant.as_str(),
                 admin,
                 label,
@@ -285,59 +308,174 @@ fn insert_key(
     ))
 }
 
-impl Store {
-    /// Opens (creating if needed) the database at `path`, creating its parent directories.
-    /// The file is readable by its owner only (mode 0600); SQLite gives its WAL and shared
-    /// memory files the same mode.
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
-        if let Some(parent) = path.parent() {
-            if !parent.as_os_str().is_empty() {
-                fs::create_dir_all(parent)?;
-            }
+/// Prepares a SQLite database file: its directory, and mode 0600 before SQLite creates it
+/// (SQLite gives its WAL and shared-memory files the same mode).
+fn prepare_sqlite_file(path: &Path) -> Result<(), StoreError> {
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() {
+            fs::create_dir_all(parent)?;
         }
-        // Create the file with the right mode before SQLite does, and tighten an existing one.
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .open(path)?;
-        file.set_permissions(fs::Permissions::from_mode(0o600))?;
-        drop(file);
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Whether a `--database` value names PostgreSQL rather than a SQLite file.
+pub fn is_postgres_url(database: &str) -> bool {
+    database.starts_with("postgres://") || database.starts_with("postgresql://")
+}
+
+impl Store {
+    /// Opens (creating if needed) the SQLite database at `path`, creating its parent
+    /// directories. The file is readable by its owner only (mode 0600).
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        prepare_sqlite_file(path)?;
         let mut conn = Connection::open(path)?;
         configure(&conn)?;
         migrate(&mut conn, &path.display().to_string())?;
-        Ok(Store {
-            conn: Mutex::new(conn),
-        })
+        Ok(Store::sqlite(conn))
     }
 
-    /// Opens a private database in memory (for tests).
+    /// Opens a private SQLite database in memory (for tests).
     pub fn open_in_memory() -> Result<Store, StoreError> {
         let mut conn = Connection::open_in_memory()?;
         configure(&conn)?;
         migrate(&mut conn, "in memory")?;
+        Ok(Store::sqlite(conn))
+    }
+
+    fn sqlite(conn: Connection) -> Store {
+        Store {
+            db: Arc::new(Db::Sqlite(Mutex::new(conn))),
+        }
+    }
+
+    /// Connects to the PostgreSQL database at `url` (`postgres://user@host/db`, or
+    /// `postgres://user@/db?host=/run/postgresql` for a Unix socket) and brings its schema up
+    /// to date; several replicas may do this at once.
+    pub async fn connect(url: &str) -> Result<Store, StoreError> {
+        let url = url.to_owned();
+        let pool = tokio::task::spawn_blocking(move || pg::Pool::open(&url))
+            .await
+            .map_err(|e| StoreError::Database(format!("connecting: {e}")))??;
         Ok(Store {
-            conn: Mutex::new(conn),
+            db: Arc::new(Db::Postgres(Box::new(pool))),
         })
     }
 
-    pub(crate) fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A panic while the lock was held cannot leave SQLite inconsistent: an unfinished
-        // transaction is rolled back when it is dropped.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    /// Opens what a `--database` value names: a PostgreSQL URL or a SQLite file.
+    pub async fn open_database(database: &str) -> Result<Store, StoreError> {
+        if is_postgres_url(database) {
+            Store::connect(database).await
+        } else {
+            let path = Path::new(database.strip_prefix("sqlite://").unwrap_or(database));
+            let path = path.to_owned();
+            tokio::task::spawn_blocking(move || Store::open(&path))
+                .await
+                .map_err(|e| StoreError::Database(format!("opening: {e}")))?
+        }
     }
 
-    /// Runs `f` in an immediate transaction and commits when it succeeds.
-    pub(crate) fn write<T>(
+    /// `sqlite` or `postgres`.
+    pub fn backend(&self) -> &'static str {
+        match &*self.db {
+            Db::Sqlite(_) => "sqlite",
+            Db::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Runs `f` on a connection, on the blocking pool.
+    pub(crate) async fn read<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.read(f))
+            .await
+            .map_err(|e| StoreError::Database(format!("a store call failed: {e}")))?
+    }
+
+    /// Runs `f` in a transaction, on the blocking pool, and commits when it succeeds.
+    pub(crate) async fn write<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.write(f))
+            .await
+            .map_err(|e| StoreError::Database(format!("a store call failed: {e}")))?
+    }
+
+    /// The SQLite connection itself (tests of SQLite's own settings).
+    #[cfg(test)]
+    pub(crate) fn sqlite_conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        match &*self.db {
+            Db::Sqlite(m) => Db::sqlite_conn(m),
+            Db::Postgres(_) => panic!("not a SQLite store"),
+        }
+    }
+
+    /// [`Store::read`] for a thread outside the runtime.
+    pub(crate) fn read_blocking<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        self.db.read(f)
+    }
+}
+
+impl Db {
+    fn sqlite_conn(m: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
+        // A panic while the lock was held cannot leave SQLite inconsistent: an unfinished
+        // transaction is rolled back when it is dropped.
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match self {
+            Db::Sqlite(m) => f(&mut Sqlite(&Self::sqlite_conn(m))),
+            Db::Postgres(p) => {
+                let mut c = p.get()?;
+                let out = f(&mut sql::Postgres(c.client()));
+                c.done(out.as_ref().err());
+                out
+            }
+        }
+    }
+
+    fn write<T>(
+        &self,
+        f: impl FnOnce(&mut dyn Sql) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        match self {
+            Db::Sqlite(m) => {
+                let mut conn = Self::sqlite_conn(m);
+                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+                let out = f(&mut Sqlite(&tx))?;
+                tx.commit()?;
+                Ok(out)
+            }
+            Db::Postgres(p) => {
+                let mut c = p.get()?;
+                let out = (|| {
+                    let mut tx = c.client().transaction()?;
+                    let out = f(&mut sql::Postgres(&mut tx))?;
+                    tx.commit()?;
+                    Ok(out)
+                })();
+                c.done(out.as_ref().err());
+                out
+            }
+        }
     }
 }

@@ -39,6 +39,13 @@ pub enum StoreError {
     /// SQLite failed.
     #[error("state database: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// PostgreSQL failed or could not be reached.
+    #[error("state database: {0}")]
+    Postgres(#[from] postgres::Error),
+    /// The database answered something this build does not expect, or could not be used
+    /// (no free connection, a failed worker); the message says what.
+    #[error("state database: {0}")]
+    Database(String),
     /// The database file or its directory could not be prepared.
     #[error("state database file: {0}")]
     Io(#[from] std::io::Error),

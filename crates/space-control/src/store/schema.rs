@@ -1,8 +1,12 @@
-//! The schema, versioned with `PRAGMA user_version`, and how a connection is set up.
+//! The schema of each database and how a connection is set up.
+//!
+//! SQLite counts its version in `PRAGMA user_version`; PostgreSQL in the one row of
+//! `schema_version`. The two lists are numbered separately (PostgreSQL started later, from
+//! the schema SQLite had reached), and every change to the schema appends an entry to both.
 
 use super::*;
 
-/// Schema migrations; entry `i` takes the database from version `i` to `i + 1`.
+/// SQLite migrations; entry `i` takes the database from version `i` to `i + 1`.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE tenants (
@@ -79,8 +83,114 @@ ALTER TABLE tenants ADD COLUMN max_suspended_ms INTEGER;
 "#,
 ];
 
-/// The schema version this build writes.
+/// The SQLite schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// PostgreSQL migrations; entry `i` takes the database from version `i` to `i + 1`. Integers
+/// are `BIGINT` throughout (the store binds 64-bit values); `seq` columns keep insertion
+/// order where SQLite has `rowid`.
+pub(super) const PG_MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE tenants (
+    name             TEXT PRIMARY KEY,
+    created_unix_ms  BIGINT NOT NULL,
+    max_sandboxes    BIGINT NOT NULL,
+    max_vcpus        BIGINT NOT NULL,
+    max_memory_mib   BIGINT NOT NULL,
+    max_suspended_ms BIGINT
+);
+CREATE TABLE api_keys (
+    id              TEXT PRIMARY KEY,
+    tenant          TEXT NOT NULL REFERENCES tenants(name),
+    admin           BOOLEAN NOT NULL,
+    label           TEXT,
+    hash            TEXT NOT NULL,
+    created_unix_ms BIGINT NOT NULL,
+    revoked_unix_ms BIGINT
+);
+CREATE INDEX api_keys_tenant ON api_keys(tenant);
+CREATE TABLE sandboxes (
+    id              TEXT PRIMARY KEY,
+    seq             BIGSERIAL NOT NULL,
+    tenant          TEXT NOT NULL REFERENCES tenants(name),
+    created_unix_ms BIGINT NOT NULL
+);
+CREATE INDEX sandboxes_tenant ON sandboxes(tenant, seq);
+CREATE TABLE audit (
+    id         BIGSERIAL PRIMARY KEY,
+    at_unix_ms BIGINT NOT NULL,
+    tenant     TEXT,
+    key_id     TEXT,
+    sandbox    TEXT,
+    operation  TEXT NOT NULL,
+    result     TEXT NOT NULL,
+    detail     TEXT
+);
+CREATE INDEX audit_tenant ON audit(tenant, id);
+CREATE INDEX audit_sandbox ON audit(sandbox, id);
+CREATE TABLE secrets (
+    tenant          TEXT NOT NULL REFERENCES tenants(name),
+    name            TEXT NOT NULL,
+    seq             BIGSERIAL NOT NULL,
+    hosts           TEXT NOT NULL,
+    nonce           BYTEA NOT NULL,
+    ciphertext      BYTEA NOT NULL,
+    created_unix_ms BIGINT NOT NULL,
+    updated_unix_ms BIGINT NOT NULL,
+    PRIMARY KEY (tenant, name)
+);
+CREATE TABLE ports (
+    sandbox         TEXT NOT NULL REFERENCES sandboxes(id),
+    port            BIGINT NOT NULL,
+    token_hash      TEXT NOT NULL UNIQUE,
+    created_unix_ms BIGINT NOT NULL,
+    PRIMARY KEY (sandbox, port)
+);
+CREATE TABLE meta (
+    key   TEXT PRIMARY KEY,
+    value BYTEA NOT NULL
+);
+CREATE TABLE tenant_master_keys (
+    tenant          TEXT PRIMARY KEY REFERENCES tenants(name),
+    provider        TEXT NOT NULL,
+    key_id          TEXT NOT NULL,
+    region          TEXT NOT NULL,
+    endpoint        TEXT,
+    updated_unix_ms BIGINT NOT NULL
+);
+"#];
+
+/// The PostgreSQL schema version this build writes.
+pub const PG_SCHEMA_VERSION: u32 = PG_MIGRATIONS.len() as u32;
+
+/// Serializes migrations between replicas starting at once (an advisory lock id of its own).
+const MIGRATION_LOCK: i64 = 0x7370_6163_6500_0001;
+
+/// Brings a PostgreSQL schema to [`PG_SCHEMA_VERSION`] in one transaction, or refuses a
+/// newer one.
+pub(super) fn migrate_postgres(client: &mut postgres::Client) -> Result<(), StoreError> {
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])?;
+    tx.batch_execute("CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL)")?;
+    let version: Option<i64> = tx
+        .query_opt("SELECT version FROM schema_version", &[])?
+        .map(|r| r.get(0));
+    if version.is_none() {
+        tx.execute("INSERT INTO schema_version (version) VALUES (0)", &[])?;
+    }
+    let version = u32::try_from(version.unwrap_or(0)).unwrap_or(u32::MAX);
+    if version > PG_SCHEMA_VERSION {
+        return Err(StoreError::Invalid(format!(
+            "the state database has schema version {version}, newer than the version \
+             {PG_SCHEMA_VERSION} this build of space understands; run a newer space"
+        )));
+    }
+    for (i, sql) in PG_MIGRATIONS.iter().enumerate().skip(version as usize) {
+        tx.batch_execute(sql)?;
+        tx.execute("UPDATE schema_version SET version = $1", &[&(i as i64 + 1)])?;
+    }
+    tx.commit()?;
+    Ok(())
+}
 
 /// Brings the schema to [`SCHEMA_VERSION`] in one transaction, or refuses a newer one.
 pub(super) fn migrate(conn: &mut Connection, what: &str) -> Result<(), StoreError> {

@@ -2,31 +2,42 @@
 
 use super::*;
 
-fn secret_row(row: &Row<'_>) -> rusqlite::Result<SecretRow> {
-    let hosts: String = row.get(2)?;
-    let hosts: Vec<String> = serde_json::from_str(&hosts).map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(2, rusqlite::types::Type::Text, Box::new(e))
-    })?;
+fn secret_row(row: &Row) -> Result<SecretRow, StoreError> {
+    let hosts: Vec<String> = serde_json::from_str(&row.text(2)?)
+        .map_err(|e| StoreError::Database(format!("a secret's hosts: {e}")))?;
     Ok(SecretRow {
-        tenant: tenant_from_db(row.get(0)?)?,
-        name: row.get(1)?,
+        tenant: tenant_from_db(row.text(0)?)?,
+        name: row.text(1)?,
         hosts,
-        nonce: row.get(3)?,
-        ciphertext: row.get(4)?,
-        created_unix_ms: from_db(row.get(5)?),
-        updated_unix_ms: from_db(row.get(6)?),
+        nonce: row.blob(3)?,
+        ciphertext: row.blob(4)?,
+        created_unix_ms: from_db(row.int(5)?),
+        updated_unix_ms: from_db(row.int(6)?),
     })
 }
 
 const SECRET_COLUMNS: &str =
     "tenant, name, hosts, nonce, ciphertext, created_unix_ms, updated_unix_ms";
 
-fn port_row(row: &Row<'_>) -> rusqlite::Result<PortInfo> {
+fn port_row(row: &Row) -> Result<PortInfo, StoreError> {
     Ok(PortInfo {
-        sandbox: row.get(0)?,
-        port: u16::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
-        created_unix_ms: from_db(row.get(2)?),
+        sandbox: row.text(0)?,
+        port: u16::try_from(row.int(1)?).unwrap_or(0),
+        created_unix_ms: from_db(row.int(2)?),
     })
+}
+
+fn get_secret(
+    c: &mut dyn Sql,
+    tenant: &TenantName,
+    name: &str,
+) -> Result<Option<SecretRow>, StoreError> {
+    one(
+        c,
+        &format!("SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = $1 AND name = $2"),
+        args![tenant.as_str(), name],
+        secret_row,
+    )
 }
 
 impl Store {
@@ -34,10 +45,11 @@ impl Store {
 
     /// Stores (or replaces) the sealed secret `row.name` of `row.tenant`; returns whether it
     /// is new. A replacement keeps the creation time. `NotFound` for an unknown tenant.
-    pub fn put_secret(&self, row: &SecretRow) -> Result<bool, StoreError> {
+    pub async fn put_secret(&self, row: &SecretRow) -> Result<bool, StoreError> {
         let hosts = serde_json::to_string(&row.hosts)
             .map_err(|e| StoreError::Invalid(format!("secret hosts: {e}")))?;
-        self.write(|c| {
+        let row = row.clone();
+        self.write(move |c| {
             if get_tenant(c, &row.tenant)?.is_none() {
                 return Err(StoreError::NotFound {
                     what: "tenant",
@@ -45,14 +57,14 @@ impl Store {
                 });
             }
             let replaced = c.execute(
-                "UPDATE secrets SET hosts = ?3, nonce = ?4, ciphertext = ?5, updated_unix_ms = ?6
-                 WHERE tenant = ?1 AND name = ?2",
-                params![
+                "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6
+                 WHERE tenant = $1 AND name = $2",
+                args![
                     row.tenant.as_str(),
-                    row.name,
-                    hosts,
-                    row.nonce,
-                    row.ciphertext,
+                    row.name.as_str(),
+                    hosts.as_str(),
+                    row.nonce.as_slice(),
+                    row.ciphertext.as_slice(),
                     to_db(row.updated_unix_ms)
                 ],
             )?;
@@ -61,83 +73,108 @@ impl Store {
             }
             c.execute(
                 &format!(
-                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"
+                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
                 ),
-                params![
+                args![
                     row.tenant.as_str(),
-                    row.name,
-                    hosts,
-                    row.nonce,
-                    row.ciphertext,
+                    row.name.as_str(),
+                    hosts.as_str(),
+                    row.nonce.as_slice(),
+                    row.ciphertext.as_slice(),
                     to_db(row.created_unix_ms),
                     to_db(row.updated_unix_ms)
                 ],
             )?;
             Ok(true)
         })
+        .await
     }
 
     /// The sealed secret `name` of `tenant`, if it exists.
-    pub fn secret(&self, tenant: &TenantName, name: &str) -> Result<Option<SecretRow>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!("SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = ?1 AND name = ?2"),
-                params![tenant.as_str(), name],
-                secret_row,
-            )
-            .optional()?)
+    pub async fn secret(
+        &self,
+        tenant: &TenantName,
+        name: &str,
+    ) -> Result<Option<SecretRow>, StoreError> {
+        let (tenant, name) = (tenant.clone(), name.to_owned());
+        self.read(move |c| get_secret(c, &tenant, &name)).await
     }
 
     /// The secrets of `tenant` by name, without their values.
-    pub fn secrets(&self, tenant: &TenantName) -> Result<Vec<SecretInfo>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = ?1 ORDER BY name"
-        ))?;
-        let rows = stmt.query_map([tenant.as_str()], secret_row)?;
-        let rows: Vec<SecretRow> = rows.collect::<Result<_, _>>()?;
+    pub async fn secrets(&self, tenant: &TenantName) -> Result<Vec<SecretInfo>, StoreError> {
+        let tenant = tenant.clone();
+        let rows = self
+            .read(move |c| {
+                rows(
+                    c,
+                    &format!(
+                        "SELECT {SECRET_COLUMNS} FROM secrets WHERE tenant = $1 ORDER BY name"
+                    ),
+                    args![tenant.as_str()],
+                    secret_row,
+                )
+            })
+            .await?;
         Ok(rows.iter().map(SecretInfo::from).collect())
     }
 
     /// The oldest sealed secret of any tenant, if there is one.
-    pub fn any_secret(&self) -> Result<Option<SecretRow>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
-                &format!("SELECT {SECRET_COLUMNS} FROM secrets ORDER BY rowid LIMIT 1"),
-                [],
+    pub async fn any_secret(&self) -> Result<Option<SecretRow>, StoreError> {
+        self.read(|c| {
+            let seq = c.kind().seq();
+            one(
+                c,
+                &format!("SELECT {SECRET_COLUMNS} FROM secrets ORDER BY {seq} LIMIT 1"),
+                args![],
                 secret_row,
             )
-            .optional()?)
+        })
+        .await
     }
 
     /// Deletes the secret `name` of `tenant`; returns whether it existed.
-    pub fn delete_secret(&self, tenant: &TenantName, name: &str) -> Result<bool, StoreError> {
-        let n = self.conn().execute(
-            "DELETE FROM secrets WHERE tenant = ?1 AND name = ?2",
-            params![tenant.as_str(), name],
-        )?;
-        Ok(n > 0)
+    pub async fn delete_secret(&self, tenant: &TenantName, name: &str) -> Result<bool, StoreError> {
+        let (tenant, name) = (tenant.clone(), name.to_owned());
+        self.read(move |c| {
+            Ok(c.execute(
+                "DELETE FROM secrets WHERE tenant = $1 AND name = $2",
+                args![tenant.as_str(), name.as_str()],
+            )? > 0)
+        })
+        .await
     }
 
     /// A value of the store's own bookkeeping (`meta` table).
-    pub fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))
-            .optional()?)
+    pub async fn meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let key = key.to_owned();
+        self.read(move |c| {
+            one(
+                c,
+                "SELECT value FROM meta WHERE key = $1",
+                args![key.as_str()],
+                |r| r.blob(0),
+            )
+        })
+        .await
     }
 
     /// Sets `key` in the `meta` table unless it is set already; returns the value in effect.
-    pub fn meta_init(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, StoreError> {
-        self.write(|c| {
+    pub async fn meta_init(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let (key, value) = (key.to_owned(), value.to_vec());
+        self.write(move |c| {
             c.execute(
-                "INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)",
-                params![key, value],
+                "INSERT INTO meta (key, value) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                args![key.as_str(), value],
             )?;
-            Ok(c.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0))?)
+            one(
+                c,
+                "SELECT value FROM meta WHERE key = $1",
+                args![key.as_str()],
+                |r| r.blob(0),
+            )?
+            .ok_or_else(|| StoreError::Database(format!("meta value {key} vanished")))
         })
+        .await
     }
 
     // ---- ingress ports ----
@@ -145,82 +182,105 @@ impl Store {
     /// Exposes `port` of the owned sandbox `sandbox` under the token whose SHA-256 (hex) is
     /// `token_hash`, replacing the token of a port exposed already; returns the port and
     /// whether it was exposed before. `NotFound` when no tenant owns the sandbox.
-    pub fn expose_port(
+    pub async fn expose_port(
         &self,
         sandbox: &str,
         port: u16,
         token_hash: &str,
     ) -> Result<(PortInfo, bool), StoreError> {
         validate_sandbox_id(sandbox)?;
-        self.write(|c| {
-            let owned: Option<i64> = c
-                .query_row("SELECT 1 FROM sandboxes WHERE id = ?1", [sandbox], |r| {
-                    r.get(0)
-                })
-                .optional()?;
+        let (sandbox, token_hash) = (sandbox.to_owned(), token_hash.to_owned());
+        self.write(move |c| {
+            let owned = one(
+                c,
+                "SELECT 1 FROM sandboxes WHERE id = $1",
+                args![sandbox.as_str()],
+                |r| r.int(0),
+            )?;
             if owned.is_none() {
                 return Err(StoreError::NotFound {
                     what: "sandbox",
-                    id: sandbox.to_owned(),
+                    id: sandbox.clone(),
                 });
             }
             let replaced = c.execute(
-                "DELETE FROM ports WHERE sandbox = ?1 AND port = ?2",
-                params![sandbox, port],
+                "DELETE FROM ports WHERE sandbox = $1 AND port = $2",
+                args![sandbox.as_str(), port],
             )? > 0;
             let info = PortInfo {
-                sandbox: sandbox.to_owned(),
+                sandbox: sandbox.clone(),
                 port,
                 created_unix_ms: now_ms(),
             };
             c.execute(
                 "INSERT INTO ports (sandbox, port, token_hash, created_unix_ms)
-                 VALUES (?1, ?2, ?3, ?4)",
-                params![sandbox, port, token_hash, to_db(info.created_unix_ms)],
+                 VALUES ($1, $2, $3, $4)",
+                args![
+                    sandbox.as_str(),
+                    port,
+                    token_hash.as_str(),
+                    to_db(info.created_unix_ms)
+                ],
             )?;
             Ok((info, replaced))
         })
+        .await
     }
 
     /// The exposed ports of `sandbox`, by port.
-    pub fn ports(&self, sandbox: &str) -> Result<Vec<PortInfo>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT sandbox, port, created_unix_ms FROM ports WHERE sandbox = ?1 ORDER BY port",
-        )?;
-        let rows = stmt.query_map([sandbox], port_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn ports(&self, sandbox: &str) -> Result<Vec<PortInfo>, StoreError> {
+        let sandbox = sandbox.to_owned();
+        self.read(move |c| {
+            rows(
+                c,
+                "SELECT sandbox, port, created_unix_ms FROM ports WHERE sandbox = $1 ORDER BY port",
+                args![sandbox.as_str()],
+                port_row,
+            )
+        })
+        .await
     }
 
     /// Revokes the URL of `port` of `sandbox`; returns whether it was exposed.
-    pub fn unexpose_port(&self, sandbox: &str, port: u16) -> Result<bool, StoreError> {
-        let n = self.conn().execute(
-            "DELETE FROM ports WHERE sandbox = ?1 AND port = ?2",
-            params![sandbox, port],
-        )?;
-        Ok(n > 0)
+    pub async fn unexpose_port(&self, sandbox: &str, port: u16) -> Result<bool, StoreError> {
+        let sandbox = sandbox.to_owned();
+        self.read(move |c| {
+            Ok(c.execute(
+                "DELETE FROM ports WHERE sandbox = $1 AND port = $2",
+                args![sandbox.as_str(), port],
+            )? > 0)
+        })
+        .await
     }
 
     /// Revokes every exposed port of `sandbox`; returns how many there were.
-    pub fn unexpose_all(&self, sandbox: &str) -> Result<usize, StoreError> {
-        Ok(self
-            .conn()
-            .execute("DELETE FROM ports WHERE sandbox = ?1", [sandbox])?)
+    pub async fn unexpose_all(&self, sandbox: &str) -> Result<usize, StoreError> {
+        let sandbox = sandbox.to_owned();
+        self.read(move |c| {
+            let n = c.execute(
+                "DELETE FROM ports WHERE sandbox = $1",
+                args![sandbox.as_str()],
+            )?;
+            Ok(usize::try_from(n).unwrap_or(usize::MAX))
+        })
+        .await
     }
 
     /// The sandbox, port and owner an ingress token (by its SHA-256, hex) opens, if any.
-    pub fn port_by_token(
+    pub async fn port_by_token(
         &self,
         token_hash: &str,
     ) -> Result<Option<(PortInfo, TenantName)>, StoreError> {
-        Ok(self
-            .conn()
-            .query_row(
+        let token_hash = token_hash.to_owned();
+        self.read(move |c| {
+            one(
+                c,
                 "SELECT p.sandbox, p.port, p.created_unix_ms, s.tenant
-                 FROM ports p JOIN sandboxes s ON s.id = p.sandbox WHERE p.token_hash = ?1",
-                [token_hash],
-                |r| Ok((port_row(r)?, tenant_from_db(r.get(3)?)?)),
+                 FROM ports p JOIN sandboxes s ON s.id = p.sandbox WHERE p.token_hash = $1",
+                args![token_hash.as_str()],
+                |r| Ok((port_row(r)?, tenant_from_db(r.text(3)?)?)),
             )
-            .optional()?)
+        })
+        .await
     }
 }

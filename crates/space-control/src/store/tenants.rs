@@ -6,50 +6,67 @@ impl Store {
     // ---- tenants ----
 
     /// Creates a tenant; `Conflict` if the name is taken.
-    pub fn create_tenant(&self, name: &TenantName, quotas: Quotas) -> Result<Tenant, StoreError> {
-        self.write(|c| insert_tenant(c, name, quotas))
+    pub async fn create_tenant(
+        &self,
+        name: &TenantName,
+        quotas: Quotas,
+    ) -> Result<Tenant, StoreError> {
+        let name = name.clone();
+        self.write(move |c| insert_tenant(c, &name, quotas)).await
     }
 
     /// Creates a tenant and its first key in one transaction, so a failure leaves neither;
     /// `Conflict` if the name is taken, `Invalid` for a bad label.
-    pub fn create_tenant_with_key(
+    pub async fn create_tenant_with_key(
         &self,
         name: &TenantName,
         quotas: Quotas,
         admin: bool,
         label: Option<&str>,
     ) -> Result<(Tenant, KeyCreated), StoreError> {
-        self.write(|c| {
-            let tenant = insert_tenant(c, name, quotas)?;
-            let key = insert_key(c, name, admin, label)?;
+        let name = name.clone();
+        let label = label.map(str::to_owned);
+        self.write(move |c| {
+            let tenant = insert_tenant(c, &name, quotas)?;
+            let key = insert_key(c, &name, admin, label.as_deref())?;
             Ok((tenant, key))
         })
+        .await
     }
 
     /// The tenant named `name`, if it exists.
-    pub fn tenant(&self, name: &TenantName) -> Result<Option<Tenant>, StoreError> {
-        get_tenant(&self.conn(), name)
+    pub async fn tenant(&self, name: &TenantName) -> Result<Option<Tenant>, StoreError> {
+        let name = name.clone();
+        self.read(move |c| get_tenant(c, &name)).await
     }
 
     /// Every tenant, by name.
-    pub fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name"
-        ))?;
-        let rows = stmt.query_map([], tenant_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn tenants(&self) -> Result<Vec<Tenant>, StoreError> {
+        self.read(|c| {
+            rows(
+                c,
+                &format!("SELECT {TENANT_COLUMNS} FROM tenants ORDER BY name"),
+                args![],
+                tenant_row,
+            )
+        })
+        .await
     }
 
     /// Replaces a tenant's quotas; `NotFound` for an unknown tenant.
-    pub fn set_quotas(&self, name: &TenantName, quotas: Quotas) -> Result<Tenant, StoreError> {
+    pub async fn set_quotas(
+        &self,
+        name: &TenantName,
+        quotas: Quotas,
+    ) -> Result<Tenant, StoreError> {
         quotas.validate()?;
-        self.write(|c| {
+        let name = name.clone();
+        self.write(move |c| {
             let n = c.execute(
-                "UPDATE tenants SET max_sandboxes = ?2, max_vcpus = ?3, max_memory_mib = ?4,
-                   max_suspended_ms = ?5
-                 WHERE name = ?1",
-                params![
+                "UPDATE tenants SET max_sandboxes = $2, max_vcpus = $3, max_memory_mib = $4,
+                   max_suspended_ms = $5
+                 WHERE name = $1",
+                args![
                     name.as_str(),
                     quotas.max_sandboxes,
                     quotas.max_vcpus,
@@ -63,11 +80,12 @@ impl Store {
                     id: name.to_string(),
                 });
             }
-            get_tenant(c, name)?.ok_or_else(|| StoreError::NotFound {
+            get_tenant(c, &name)?.ok_or_else(|| StoreError::NotFound {
                 what: "tenant",
                 id: name.to_string(),
             })
         })
+        .await
     }
 
     // ---- keys ----
@@ -75,46 +93,59 @@ impl Store {
     /// Makes a key for `tenant`; `NotFound` for an unknown tenant, `Invalid` for a label
     /// over [`MAX_LABEL_CHARS`] characters or with control characters. Only the hash of the
     /// key is stored.
-    pub fn create_key(
+    pub async fn create_key(
         &self,
         tenant: &TenantName,
         admin: bool,
         label: Option<&str>,
     ) -> Result<KeyCreated, StoreError> {
-        self.write(|c| insert_key(c, tenant, admin, label))
+        let tenant = tenant.clone();
+        let label = label.map(str::to_owned);
+        self.write(move |c| insert_key(c, &tenant, admin, label.as_deref()))
+            .await
     }
 
     /// The keys of `tenant`, oldest first, revoked ones included.
-    pub fn keys(&self, tenant: &TenantName) -> Result<Vec<KeyInfo>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {KEY_COLUMNS} FROM api_keys WHERE tenant = ?1 ORDER BY created_unix_ms, id"
-        ))?;
-        let rows = stmt.query_map([tenant.as_str()], key_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn keys(&self, tenant: &TenantName) -> Result<Vec<KeyInfo>, StoreError> {
+        let tenant = tenant.clone();
+        self.read(move |c| {
+            rows(
+                c,
+                &format!(
+                    "SELECT {KEY_COLUMNS} FROM api_keys WHERE tenant = $1 \
+                     ORDER BY created_unix_ms, id"
+                ),
+                args![tenant.as_str()],
+                key_row,
+            )
+        })
+        .await
     }
 
     /// The key with id `id`, if it exists; `Invalid` for a malformed id.
-    pub fn key(&self, id: &str) -> Result<Option<KeyInfo>, StoreError> {
+    pub async fn key(&self, id: &str) -> Result<Option<KeyInfo>, StoreError> {
         validate_key_id(id)?;
-        get_key(&self.conn(), id)
+        let id = id.to_owned();
+        self.read(move |c| get_key(c, &id)).await
     }
 
     /// Revokes a key and returns it. Revoking a revoked key changes nothing (it keeps the
     /// first revocation time). `NotFound` for an unknown key, `Invalid` for a malformed id.
-    pub fn revoke_key(&self, id: &str) -> Result<KeyInfo, StoreError> {
+    pub async fn revoke_key(&self, id: &str) -> Result<KeyInfo, StoreError> {
         validate_key_id(id)?;
-        self.write(|c| {
+        let id = id.to_owned();
+        self.write(move |c| {
             c.execute(
-                "UPDATE api_keys SET revoked_unix_ms = ?2
-                 WHERE id = ?1 AND revoked_unix_ms IS NULL",
-                params![id, to_db(now_ms())],
+                "UPDATE api_keys SET revoked_unix_ms = $2
+                 WHERE id = $1 AND revoked_unix_ms IS NULL",
+                args![id.as_str(), to_db(now_ms())],
             )?;
-            get_key(c, id)?.ok_or_else(|| StoreError::NotFound {
+            get_key(c, &id)?.ok_or_else(|| StoreError::NotFound {
                 what: "key",
-                id: id.to_owned(),
+                id: id.clone(),
             })
         })
+        .await
     }
 
     /// Checks an `Authorization` header value, which must be exactly `Bearer <key>`.
@@ -122,21 +153,27 @@ impl Store {
     /// The key is looked up by its id and its hash compared in constant time; the key itself
     /// is never stored or logged. A wrong secret is [`AuthError::Unknown`], like an unknown
     /// id; [`AuthError::Revoked`] needs the right secret.
-    pub fn authenticate(&self, authorization_header: Option<&str>) -> Result<Principal, AuthError> {
+    pub async fn authenticate(
+        &self,
+        authorization_header: Option<&str>,
+    ) -> Result<Principal, AuthError> {
         let header = authorization_header.ok_or(AuthError::Missing)?;
         let key = header.strip_prefix("Bearer ").ok_or(AuthError::Malformed)?;
-        let key_id = keys::parse(key).ok_or(AuthError::Malformed)?;
-        let row: Option<(String, bool, String, Option<i64>)> = self
-            .conn()
-            .query_row(
-                "SELECT tenant, admin, hash, revoked_unix_ms FROM api_keys WHERE id = ?1",
-                [key_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )
-            .optional()
-            .map_err(StoreError::from)?;
+        let key_id = keys::parse(key).ok_or(AuthError::Malformed)?.to_owned();
+        let id = key_id.clone();
+        let row = self
+            .read(move |c| {
+                one(
+                    c,
+                    "SELECT tenant, admin, hash, revoked_unix_ms FROM api_keys WHERE id = $1",
+                    args![id.as_str()],
+                    |r| Ok((r.text(0)?, r.boolean(1)?, r.text(2)?, r.opt_int(3)?)),
+                )
+            })
+            .await
+            .map_err(AuthError::Store)?;
         let unknown = || AuthError::Unknown {
-            key_id: key_id.to_owned(),
+            key_id: key_id.clone(),
         };
         let Some((tenant, admin, hash, revoked)) = row else {
             // Spend the same work as for a known id, so timing does not tell ids apart.
@@ -149,13 +186,13 @@ impl Store {
         let tenant = TenantName::try_from(tenant).map_err(AuthError::Store)?;
         if revoked.is_some() {
             return Err(AuthError::Revoked {
-                key_id: key_id.to_owned(),
+                key_id: key_id.clone(),
                 tenant,
             });
         }
         Ok(Principal {
             tenant,
-            key_id: key_id.to_owned(),
+            key_id,
             admin,
         })
     }
@@ -163,33 +200,41 @@ impl Store {
     /// On a store without any tenant, creates `tenant` with default quotas and an admin key
     /// labelled `bootstrap`, and returns that key; otherwise returns `None`, so restarting a
     /// server never makes another key.
-    pub fn bootstrap(&self, tenant: &TenantName) -> Result<Option<KeyCreated>, StoreError> {
-        self.write(|c| {
-            let count: i64 = c.query_row("SELECT COUNT(*) FROM tenants", [], |r| r.get(0))?;
-            if count > 0 {
+    pub async fn bootstrap(&self, tenant: &TenantName) -> Result<Option<KeyCreated>, StoreError> {
+        let tenant = tenant.clone();
+        self.write(move |c| {
+            if c.kind() == sql::Kind::Postgres {
+                // Replicas starting at once must not each make a tenant and a key.
+                c.execute("LOCK TABLE tenants IN EXCLUSIVE MODE", args![])?;
+            }
+            let count = one(c, "SELECT COUNT(*) FROM tenants", args![], |r| r.int(0))?;
+            if count.unwrap_or(0) > 0 {
                 return Ok(None);
             }
-            insert_tenant(c, tenant, Quotas::default())?;
-            insert_key(c, tenant, true, Some("bootstrap")).map(Some)
+            insert_tenant(c, &tenant, Quotas::default())?;
+            insert_key(c, &tenant, true, Some("bootstrap")).map(Some)
         })
+        .await
     }
 
     // ---- sandbox ownership ----
 
     /// Records that sandbox `id` belongs to `tenant`. `Conflict` if the id is recorded
     /// already, `NotFound` for an unknown tenant, `Invalid` for a malformed id.
-    pub fn add_sandbox(&self, id: &str, tenant: &TenantName) -> Result<(), StoreError> {
+    pub async fn add_sandbox(&self, id: &str, tenant: &TenantName) -> Result<(), StoreError> {
         validate_sandbox_id(id)?;
-        self.write(|c| {
-            if get_tenant(c, tenant)?.is_none() {
+        let (id, tenant) = (id.to_owned(), tenant.clone());
+        self.write(move |c| {
+            if get_tenant(c, &tenant)?.is_none() {
                 return Err(StoreError::NotFound {
                     what: "tenant",
                     id: tenant.to_string(),
                 });
             }
             let n = c.execute(
-                "INSERT OR IGNORE INTO sandboxes (id, tenant, created_unix_ms) VALUES (?1, ?2, ?3)",
-                params![id, tenant.as_str(), to_db(now_ms())],
+                "INSERT INTO sandboxes (id, tenant, created_unix_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT DO NOTHING",
+                args![id.as_str(), tenant.as_str(), to_db(now_ms())],
             )?;
             if n == 0 {
                 return Err(StoreError::Conflict(format!(
@@ -198,42 +243,61 @@ impl Store {
             }
             Ok(())
         })
+        .await
     }
 
     /// Forgets the owner of sandbox `id` (for a sandbox whose creation failed); returns
     /// whether it was recorded.
-    pub fn remove_sandbox(&self, id: &str) -> Result<bool, StoreError> {
-        self.write(|c| {
-            c.execute("DELETE FROM ports WHERE sandbox = ?1", [id])?;
-            Ok(c.execute("DELETE FROM sandboxes WHERE id = ?1", [id])? > 0)
+    pub async fn remove_sandbox(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.write(move |c| {
+            c.execute("DELETE FROM ports WHERE sandbox = $1", args![id.as_str()])?;
+            Ok(c.execute("DELETE FROM sandboxes WHERE id = $1", args![id.as_str()])? > 0)
         })
+        .await
     }
 
     /// The tenant that owns sandbox `id`, if it is recorded.
-    pub fn sandbox_tenant(&self, id: &str) -> Result<Option<TenantName>, StoreError> {
-        let name: Option<String> = self
-            .conn()
-            .query_row("SELECT tenant FROM sandboxes WHERE id = ?1", [id], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        Ok(name.map(tenant_from_db).transpose()?)
+    pub async fn sandbox_tenant(&self, id: &str) -> Result<Option<TenantName>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |c| {
+            one(
+                c,
+                "SELECT tenant FROM sandboxes WHERE id = $1",
+                args![id.as_str()],
+                |r| tenant_from_db(r.text(0)?),
+            )
+        })
+        .await
     }
 
     /// The sandboxes `tenant` owns, in the order they were recorded.
-    pub fn sandboxes_of(&self, tenant: &TenantName) -> Result<Vec<String>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT id FROM sandboxes WHERE tenant = ?1 ORDER BY rowid")?;
-        let rows = stmt.query_map([tenant.as_str()], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn sandboxes_of(&self, tenant: &TenantName) -> Result<Vec<String>, StoreError> {
+        let tenant = tenant.clone();
+        self.read(move |c| {
+            let seq = c.kind().seq();
+            rows(
+                c,
+                &format!("SELECT id FROM sandboxes WHERE tenant = $1 ORDER BY {seq}"),
+                args![tenant.as_str()],
+                |r| r.text(0),
+            )
+        })
+        .await
     }
 
     /// Every recorded sandbox with its owner, in the order they were recorded.
-    pub fn owned_sandboxes(&self) -> Result<Vec<(String, TenantName)>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT id, tenant FROM sandboxes ORDER BY rowid")?;
-        let rows = stmt.query_map([], |r| Ok((r.get(0)?, tenant_from_db(r.get(1)?)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+    pub async fn owned_sandboxes(&self) -> Result<Vec<(String, TenantName)>, StoreError> {
+        self.read(|c| {
+            let seq = c.kind().seq();
+            rows(
+                c,
+                &format!("SELECT id, tenant FROM sandboxes ORDER BY {seq}"),
+                args![],
+                |r| Ok((r.text(0)?, tenant_from_db(r.text(1)?)?)),
+            )
+        })
+        .await
     }
 
     // ---- audit ----
@@ -241,31 +305,22 @@ impl Store {
     /// Records an audit event stamped with the current time and returns its id. Long fields
     /// are cut (on a character boundary) rather than refused, so recording never fails for
     /// the caller's input.
-    pub fn record(&self, event: NewAuditEvent) -> Result<i64, StoreError> {
-        let conn = self.conn();
-        conn.execute(
-            "INSERT INTO audit (at_unix_ms, tenant, key_id, sandbox, operation, result, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                to_db(now_ms()),
-                event.tenant.as_ref().map(TenantName::as_str),
-                event.key_id.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),
-                event.sandbox.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),
-                bounded(event.operation, MAX_AUDIT_FIELD_BYTES),
-                bounded(event.result, MAX_AUDIT_FIELD_BYTES),
-                event.detail.map(|s| bounded(s, MAX_DETAIL_BYTES)),
-            ],
-        )?;
-        Ok(conn.last_insert_rowid())
+    pub async fn record(&self, event: NewAuditEvent) -> Result<i64, StoreError> {
+        self.read(move |c| insert_audit(c, event)).await
+    }
+
+    /// [`Store::record`] for a thread outside the runtime.
+    pub fn record_blocking(&self, event: NewAuditEvent) -> Result<i64, StoreError> {
+        self.read_blocking(move |c| insert_audit(c, event))
     }
 
     /// Audit events matching `filter`, newest first.
-    pub fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEvent>, StoreError> {
+    pub async fn audit(&self, filter: &AuditFilter) -> Result<Vec<AuditEvent>, StoreError> {
         let mut conds: Vec<String> = Vec::new();
         let mut args: Vec<Value> = Vec::new();
         let mut add = |column: &str, op: &str, v: Value| {
             args.push(v);
-            conds.push(format!("{column} {op} ?{}", args.len()));
+            conds.push(format!("{column} {op} ${}", args.len()));
         };
         if let Some(t) = &filter.tenant {
             add("tenant", "=", Value::Text(t.to_string()));
@@ -277,10 +332,10 @@ impl Store {
             add("operation", "=", Value::Text(o.clone()));
         }
         if let Some(t) = filter.since_unix_ms {
-            add("at_unix_ms", ">=", Value::Integer(to_db(t)));
+            add("at_unix_ms", ">=", Value::Int(to_db(t)));
         }
         let limit = filter.limit.clamp(1, MAX_AUDIT_LIMIT);
-        args.push(Value::Integer(i64::from(limit)));
+        args.push(Value::Int(i64::from(limit)));
         let mut sql = String::from(
             "SELECT id, at_unix_ms, tenant, key_id, sandbox, operation, result, detail FROM audit",
         );
@@ -288,10 +343,26 @@ impl Store {
             sql.push_str(" WHERE ");
             sql.push_str(&conds.join(" AND "));
         }
-        sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
-        let conn = self.conn();
-        let mut stmt = conn.prepare(&sql)?;
-        let rows = stmt.query_map(rusqlite::params_from_iter(args), audit_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
+        self.read(move |c| rows(c, &sql, &args, audit_row)).await
     }
+}
+
+fn insert_audit(c: &mut dyn Sql, event: NewAuditEvent) -> Result<i64, StoreError> {
+    let id = one(
+        c,
+        "INSERT INTO audit (at_unix_ms, tenant, key_id, sandbox, operation, result, detail)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+        args![
+            to_db(now_ms()),
+            event.tenant.as_ref().map(TenantName::as_str),
+            event.key_id.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),
+            event.sandbox.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),
+            bounded(event.operation, MAX_AUDIT_FIELD_BYTES),
+            bounded(event.result, MAX_AUDIT_FIELD_BYTES),
+            event.detail.map(|s| bounded(s, MAX_DETAIL_BYTES)),
+        ],
+        |r| r.int(0),
+    )?;
+    id.ok_or_else(|| StoreError::Database("an audit insert returned no id".into()))
 }

@@ -15,6 +15,78 @@ fn temp_store() -> (tempfile::TempDir, std::path::PathBuf, Store) {
     (dir, path, store)
 }
 
+#[path = "../../tests/common/postgres.rs"]
+mod test_postgres;
+
+/// A database the tests that hold for both backends run against; it can be opened again, as
+/// a restarted server (or another replica) would.
+enum Db {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: std::path::PathBuf,
+    },
+    Postgres(String),
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state").join("space.db");
+        Db::Sqlite { _dir: dir, path }
+    }
+
+    fn postgres() -> Db {
+        Db::Postgres(test_postgres::database())
+    }
+
+    /// Another, empty database of the same kind.
+    fn another(&self) -> Db {
+        match self {
+            Db::Sqlite { .. } => Db::sqlite(),
+            Db::Postgres(_) => Db::postgres(),
+        }
+    }
+
+    async fn open(&self) -> Store {
+        match self {
+            Db::Sqlite { path, .. } => Store::open(path).unwrap(),
+            Db::Postgres(url) => Store::connect(url).await.unwrap(),
+        }
+    }
+}
+
+/// Runs each named `async fn(Db)` once on SQLite and once on PostgreSQL.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Db::sqlite()).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Db::postgres()).await
+            }
+        }
+    )*};
+}
+
+on_both!(
+    json_shapes_follow_the_api,
+    reopen_keeps_everything,
+    tenants_create_list_update,
+    tenant_with_key_is_all_or_nothing,
+    keys_authenticate_and_fail_with_the_right_variant,
+    labels_are_bounded,
+    bootstrap_happens_once,
+    sandbox_ownership_is_per_tenant,
+    audit_queries_are_isolated_and_filtered,
+    audit_limit_caps_at_1000,
+    audit_fields_are_bounded,
+    concurrent_writers_share_one_store,
+    ports_are_looked_up_by_token_hash_and_replaced,
+);
+
 #[test]
 fn tenant_names_are_validated() {
     for ok in ["a", "0", "acme", "a-b-c", "9lives", &"a".repeat(40)] {
@@ -43,10 +115,12 @@ fn tenant_names_are_validated() {
     assert!(serde_json::from_str::<TenantName>("\"Acme\"").is_err());
 }
 
-#[test]
-fn json_shapes_follow_the_api() {
-    let store = Store::open_in_memory().unwrap();
-    let tenant = store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+async fn json_shapes_follow_the_api(db: Db) {
+    let store = db.open().await;
+    let tenant = store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
     let v = serde_json::to_value(&tenant).unwrap();
     assert_eq!(v["name"], "acme");
     assert_eq!(v["quotas"]["max_sandboxes"], 100);
@@ -54,7 +128,10 @@ fn json_shapes_follow_the_api() {
     assert_eq!(v["quotas"]["max_memory_mib"], 65536);
     assert!(v["created_unix_ms"].as_u64().unwrap() > 0);
 
-    let created = store.create_key(&t("acme"), false, Some("ci")).unwrap();
+    let created = store
+        .create_key(&t("acme"), false, Some("ci"))
+        .await
+        .unwrap();
     let v = serde_json::to_value(&created).unwrap();
     let obj = v.as_object().unwrap();
     let mut fields: Vec<&str> = obj.keys().map(String::as_str).collect();
@@ -79,9 +156,8 @@ fn json_shapes_follow_the_api() {
     assert!(listed.get("key").is_none());
 }
 
-#[test]
-fn reopen_keeps_everything() {
-    let (_dir, path, store) = temp_store();
+async fn reopen_keeps_everything(db: Db) {
+    let store = db.open().await;
     let acme = t("acme");
     let quotas = Quotas {
         max_sandboxes: 3,
@@ -89,11 +165,14 @@ fn reopen_keeps_everything() {
         max_memory_mib: 2048,
         max_suspended_ms: None,
     };
-    store.create_tenant(&acme, quotas).unwrap();
-    let key = store.create_key(&acme, true, Some("ops")).unwrap();
-    let other = store.create_key(&acme, false, None).unwrap();
-    store.revoke_key(&other.info.id).unwrap();
-    store.add_sandbox("sb-0123456789abcdefghij", &acme).unwrap();
+    store.create_tenant(&acme, quotas).await.unwrap();
+    let key = store.create_key(&acme, true, Some("ops")).await.unwrap();
+    let other = store.create_key(&acme, false, None).await.unwrap();
+    store.revoke_key(&other.info.id).await.unwrap();
+    store
+        .add_sandbox("sb-0123456789abcdefghij", &acme)
+        .await
+        .unwrap();
     let ev = store
         .record(NewAuditEvent {
             tenant: Some(acme.clone()),
@@ -103,18 +182,19 @@ fn reopen_keeps_everything() {
             result: "ok".into(),
             detail: Some("template minimal".into()),
         })
+        .await
         .unwrap();
-    let tenants_before = store.tenants().unwrap();
-    let keys_before = store.keys(&acme).unwrap();
-    let audit_before = store.audit(&AuditFilter::default()).unwrap();
+    let tenants_before = store.tenants().await.unwrap();
+    let keys_before = store.keys(&acme).await.unwrap();
+    let audit_before = store.audit(&AuditFilter::default()).await.unwrap();
     drop(store);
 
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.tenants().unwrap(), tenants_before);
-    assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas, quotas);
-    assert_eq!(store.keys(&acme).unwrap(), keys_before);
+    let store = db.open().await;
+    assert_eq!(store.tenants().await.unwrap(), tenants_before);
+    assert_eq!(store.tenant(&acme).await.unwrap().unwrap().quotas, quotas);
+    assert_eq!(store.keys(&acme).await.unwrap(), keys_before);
     assert_eq!(keys_before.len(), 2);
-    let p = store.authenticate(Some(&bearer(&key.key))).unwrap();
+    let p = store.authenticate(Some(&bearer(&key.key))).await.unwrap();
     assert_eq!(
         p,
         Principal {
@@ -124,14 +204,17 @@ fn reopen_keeps_everything() {
         }
     );
     assert!(matches!(
-        store.authenticate(Some(&bearer(&other.key))),
+        store.authenticate(Some(&bearer(&other.key))).await,
         Err(AuthError::Revoked { .. })
     ));
     assert_eq!(
-        store.sandbox_tenant("sb-0123456789abcdefghij").unwrap(),
+        store
+            .sandbox_tenant("sb-0123456789abcdefghij")
+            .await
+            .unwrap(),
         Some(acme.clone())
     );
-    let audit = store.audit(&AuditFilter::default()).unwrap();
+    let audit = store.audit(&AuditFilter::default()).await.unwrap();
     assert_eq!(audit, audit_before);
     assert_eq!(audit[0].id, ev);
     // Ids keep increasing after a reopen.
@@ -141,14 +224,18 @@ fn reopen_keeps_everything() {
             result: "unauthorized".into(),
             ..Default::default()
         })
+        .await
         .unwrap();
     assert!(ev2 > ev);
 }
 
-#[test]
-fn database_file_is_private() {
+#[tokio::test]
+async fn database_file_is_private() {
     let (_dir, path, store) = temp_store();
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
     let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600);
     let wal = path.with_extension("db-wal");
@@ -167,10 +254,10 @@ fn database_file_is_private() {
     assert_eq!(mode, 0o600);
 }
 
-#[test]
-fn database_settings() {
+#[tokio::test]
+async fn database_settings() {
     let (_dir, _path, store) = temp_store();
-    let conn = store.conn();
+    let conn = store.sqlite_conn();
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .unwrap();
@@ -189,10 +276,13 @@ fn database_settings() {
     assert_eq!(version, i64::from(SCHEMA_VERSION));
 }
 
-#[test]
-fn newer_schema_is_refused_and_left_alone() {
+#[tokio::test]
+async fn newer_schema_is_refused_and_left_alone() {
     let (_dir, path, store) = temp_store();
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
     drop(store);
     let newer = SCHEMA_VERSION + 1;
     {
@@ -216,8 +306,8 @@ fn newer_schema_is_refused_and_left_alone() {
     assert_eq!(n, 1);
 }
 
-#[test]
-fn a_file_that_is_not_a_database_is_an_error() {
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("space.db");
     fs::write(&path, vec![0x55u8; 8192]).unwrap();
@@ -226,19 +316,25 @@ fn a_file_that_is_not_a_database_is_an_error() {
     assert_eq!(fs::read(&path).unwrap(), vec![0x55u8; 8192]);
 }
 
-#[test]
-fn tenants_create_list_update() {
-    let store = Store::open_in_memory().unwrap();
-    assert!(store.tenants().unwrap().is_empty());
-    assert_eq!(store.tenant(&t("acme")).unwrap(), None);
-    let acme = store.create_tenant(&t("acme"), Quotas::default()).unwrap();
-    store.create_tenant(&t("beta"), Quotas::default()).unwrap();
+async fn tenants_create_list_update(db: Db) {
+    let store = db.open().await;
+    assert!(store.tenants().await.unwrap().is_empty());
+    assert_eq!(store.tenant(&t("acme")).await.unwrap(), None);
+    let acme = store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    store
+        .create_tenant(&t("beta"), Quotas::default())
+        .await
+        .unwrap();
     assert!(matches!(
-        store.create_tenant(&t("acme"), Quotas::default()),
+        store.create_tenant(&t("acme"), Quotas::default()).await,
         Err(StoreError::Conflict(_))
     ));
     let names: Vec<String> = store
         .tenants()
+        .await
         .unwrap()
         .into_iter()
         .map(|t| t.name.to_string())
@@ -250,12 +346,12 @@ fn tenants_create_list_update() {
         max_memory_mib: 512,
         max_suspended_ms: None,
     };
-    let updated = store.set_quotas(&t("acme"), q).unwrap();
+    let updated = store.set_quotas(&t("acme"), q).await.unwrap();
     assert_eq!(updated.quotas, q);
     assert_eq!(updated.created_unix_ms, acme.created_unix_ms);
-    assert_eq!(store.tenant(&t("acme")).unwrap().unwrap().quotas, q);
+    assert_eq!(store.tenant(&t("acme")).await.unwrap().unwrap().quotas, q);
     assert!(matches!(
-        store.set_quotas(&t("nobody"), q),
+        store.set_quotas(&t("nobody"), q).await,
         Err(StoreError::NotFound { what: "tenant", .. })
     ));
     let huge = Quotas {
@@ -263,61 +359,67 @@ fn tenants_create_list_update() {
         ..q
     };
     assert!(matches!(
-        store.set_quotas(&t("acme"), huge),
+        store.set_quotas(&t("acme"), huge).await,
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        store.create_tenant(&t("gamma"), huge),
+        store.create_tenant(&t("gamma"), huge).await,
         Err(StoreError::Invalid(_))
     ));
-    assert_eq!(store.tenant(&t("acme")).unwrap().unwrap().quotas, q);
-    assert_eq!(store.tenant(&t("gamma")).unwrap(), None);
+    assert_eq!(store.tenant(&t("acme")).await.unwrap().unwrap().quotas, q);
+    assert_eq!(store.tenant(&t("gamma")).await.unwrap(), None);
 }
 
-#[test]
-fn tenant_with_key_is_all_or_nothing() {
-    let store = Store::open_in_memory().unwrap();
+async fn tenant_with_key_is_all_or_nothing(db: Db) {
+    let store = db.open().await;
     let (tenant, key) = store
         .create_tenant_with_key(&t("acme"), Quotas::default(), false, Some("first"))
+        .await
         .unwrap();
     assert_eq!(tenant.name, t("acme"));
     assert_eq!(key.info.tenant, t("acme"));
     assert!(!key.info.admin);
-    let p = store.authenticate(Some(&bearer(&key.key))).unwrap();
+    let p = store.authenticate(Some(&bearer(&key.key))).await.unwrap();
     assert_eq!(p.tenant, t("acme"));
     // A bad label fails the key, and the tenant is not left behind without one.
     assert!(matches!(
-        store.create_tenant_with_key(&t("beta"), Quotas::default(), false, Some("a\nb")),
+        store
+            .create_tenant_with_key(&t("beta"), Quotas::default(), false, Some("a\nb"))
+            .await,
         Err(StoreError::Invalid(_))
     ));
-    assert_eq!(store.tenant(&t("beta")).unwrap(), None);
+    assert_eq!(store.tenant(&t("beta")).await.unwrap(), None);
     assert!(matches!(
-        store.create_tenant_with_key(&t("acme"), Quotas::default(), false, None),
+        store
+            .create_tenant_with_key(&t("acme"), Quotas::default(), false, None)
+            .await,
         Err(StoreError::Conflict(_))
     ));
-    assert_eq!(store.keys(&t("acme")).unwrap().len(), 1);
+    assert_eq!(store.keys(&t("acme")).await.unwrap().len(), 1);
 }
 
-#[test]
-fn keys_authenticate_and_fail_with_the_right_variant() {
-    let store = Store::open_in_memory().unwrap();
+async fn keys_authenticate_and_fail_with_the_right_variant(db: Db) {
+    let store = db.open().await;
     let acme = t("acme");
-    store.create_tenant(&acme, Quotas::default()).unwrap();
+    store.create_tenant(&acme, Quotas::default()).await.unwrap();
     assert!(matches!(
-        store.create_key(&t("nobody"), false, None),
+        store.create_key(&t("nobody"), false, None).await,
         Err(StoreError::NotFound { what: "tenant", .. })
     ));
-    let k = store.create_key(&acme, false, Some("laptop")).unwrap();
+    let k = store
+        .create_key(&acme, false, Some("laptop"))
+        .await
+        .unwrap();
     assert_eq!(keys::parse(&k.key), Some(k.info.id.as_str()));
     assert!(!k.info.admin);
 
-    let p = store.authenticate(Some(&bearer(&k.key))).unwrap();
+    let p = store.authenticate(Some(&bearer(&k.key))).await.unwrap();
     assert_eq!(p.tenant, acme);
     assert_eq!(p.key_id, k.info.id);
     assert!(!p.admin);
 
     // Missing.
-    let e = store.authenticate(None).unwrap_err();
+    let e = store.authenticate(None).await.unwrap_err();
     assert!(matches!(e, AuthError::Missing));
     assert_eq!((e.key_id(), e.tenant()), (None, None));
     // Malformed: not exactly "Bearer <key>".
@@ -332,13 +434,16 @@ fn keys_authenticate_and_fail_with_the_right_variant() {
         "Bearer space_".to_string(),
         format!("Bearer {}", &k.key[..k.key.len() - 1]),
     ] {
-        let e = store.authenticate(Some(&h)).unwrap_err();
+        let e = store.authenticate(Some(&h)).await.unwrap_err();
         assert!(matches!(e, AuthError::Malformed), "{h:?}: {e:?}");
         assert_eq!(e.key_id(), None);
     }
     // Unknown id.
     let (stranger_id, stranger) = keys::generate();
-    let e = store.authenticate(Some(&bearer(&stranger))).unwrap_err();
+    let e = store
+        .authenticate(Some(&bearer(&stranger)))
+        .await
+        .unwrap_err();
     assert!(matches!(&e, AuthError::Unknown { key_id } if *key_id == stranger_id));
     assert_eq!(e.key_id(), Some(stranger_id.as_str()));
     assert_eq!(e.tenant(), None);
@@ -346,49 +451,61 @@ fn keys_authenticate_and_fail_with_the_right_variant() {
     let mut wrong = k.key.clone();
     let last = wrong.pop().unwrap();
     wrong.push(if last == 'a' { 'b' } else { 'a' });
-    let e = store.authenticate(Some(&bearer(&wrong))).unwrap_err();
+    let e = store.authenticate(Some(&bearer(&wrong))).await.unwrap_err();
     assert!(matches!(&e, AuthError::Unknown { key_id } if *key_id == k.info.id));
     assert_eq!(e.tenant(), None);
 
     // Revoked: the right key stops working; revoking again keeps the first time.
-    let revoked = store.revoke_key(&k.info.id).unwrap();
+    let revoked = store.revoke_key(&k.info.id).await.unwrap();
     let at = revoked.revoked_unix_ms.expect("revocation time");
-    let e = store.authenticate(Some(&bearer(&k.key))).unwrap_err();
+    let e = store.authenticate(Some(&bearer(&k.key))).await.unwrap_err();
     assert!(matches!(&e, AuthError::Revoked { .. }));
     assert_eq!(e.key_id(), Some(k.info.id.as_str()));
     assert_eq!(e.tenant(), Some(&acme));
     std::thread::sleep(Duration::from_millis(5));
-    let again = store.revoke_key(&k.info.id).unwrap();
+    let again = store.revoke_key(&k.info.id).await.unwrap();
     assert_eq!(again.revoked_unix_ms, Some(at));
-    assert_eq!(store.key(&k.info.id).unwrap().unwrap(), again);
+    assert_eq!(store.key(&k.info.id).await.unwrap().unwrap(), again);
     // A wrong secret for a revoked key is still just unknown.
-    let e = store.authenticate(Some(&bearer(&wrong))).unwrap_err();
+    let e = store.authenticate(Some(&bearer(&wrong))).await.unwrap_err();
     assert!(matches!(e, AuthError::Unknown { .. }));
 
     // Other keys of the tenant are unaffected.
-    let admin = store.create_key(&acme, true, None).unwrap();
-    assert!(store.authenticate(Some(&bearer(&admin.key))).unwrap().admin);
-    let listed = store.keys(&acme).unwrap();
+    let admin = store.create_key(&acme, true, None).await.unwrap();
+    assert!(
+        store
+            .authenticate(Some(&bearer(&admin.key)))
+            .await
+            .unwrap()
+            .admin
+    );
+    let listed = store.keys(&acme).await.unwrap();
     assert_eq!(listed, vec![again, admin.info.clone()]);
 
     // Lookups of unknown and malformed ids.
-    assert_eq!(store.key(&stranger_id).unwrap(), None);
+    assert_eq!(store.key(&stranger_id).await.unwrap(), None);
     assert!(matches!(
-        store.revoke_key(&stranger_id),
+        store.revoke_key(&stranger_id).await,
         Err(StoreError::NotFound { what: "key", .. })
     ));
-    assert!(matches!(store.key("K123"), Err(StoreError::Invalid(_))));
     assert!(matches!(
-        store.revoke_key("k' OR 1=1 --xxxx"),
+        store.key("K123").await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        store.revoke_key("k' OR 1=1 --xxxx").await,
         Err(StoreError::Invalid(_))
     ));
 }
 
-#[test]
-fn the_key_is_never_stored() {
+#[tokio::test]
+async fn the_key_is_never_stored() {
     let (_dir, path, store) = temp_store();
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
-    let k = store.create_key(&t("acme"), false, None).unwrap();
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    let k = store.create_key(&t("acme"), false, None).await.unwrap();
     let secret = &k.key[k.key.len() - keys::SECRET_LEN..];
     drop(store);
     let mut bytes = fs::read(&path).unwrap();
@@ -401,93 +518,120 @@ fn the_key_is_never_stored() {
     assert!(bytes.windows(hash.len()).any(|w| w == hash.as_bytes()));
 }
 
-#[test]
-fn labels_are_bounded() {
-    let store = Store::open_in_memory().unwrap();
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
+async fn labels_are_bounded(db: Db) {
+    let store = db.open().await;
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
     let long = "é".repeat(MAX_LABEL_CHARS);
-    let k = store.create_key(&t("acme"), false, Some(&long)).unwrap();
+    let k = store
+        .create_key(&t("acme"), false, Some(&long))
+        .await
+        .unwrap();
     assert_eq!(k.info.label.as_deref(), Some(long.as_str()));
     let too_long = "x".repeat(MAX_LABEL_CHARS + 1);
     assert!(matches!(
-        store.create_key(&t("acme"), false, Some(&too_long)),
+        store.create_key(&t("acme"), false, Some(&too_long)).await,
         Err(StoreError::Invalid(_))
     ));
     assert!(matches!(
-        store.create_key(&t("acme"), false, Some("a\u{1b}[2J")),
+        store
+            .create_key(&t("acme"), false, Some("a\u{1b}[2J"))
+            .await,
         Err(StoreError::Invalid(_))
     ));
-    assert_eq!(store.keys(&t("acme")).unwrap().len(), 1);
+    assert_eq!(store.keys(&t("acme")).await.unwrap().len(), 1);
 }
 
-#[test]
-fn bootstrap_happens_once() {
-    let (_dir, path, store) = temp_store();
+async fn bootstrap_happens_once(db: Db) {
+    let store = db.open().await;
     let default = t("default");
-    let first = store.bootstrap(&default).unwrap().expect("first bootstrap");
+    let first = store
+        .bootstrap(&default)
+        .await
+        .unwrap()
+        .expect("first bootstrap");
     assert!(first.info.admin);
     assert_eq!(first.info.label.as_deref(), Some("bootstrap"));
     assert_eq!(first.info.tenant, default);
     assert_eq!(
-        store.tenant(&default).unwrap().unwrap().quotas,
+        store.tenant(&default).await.unwrap().unwrap().quotas,
         Quotas::default()
     );
-    assert!(store.authenticate(Some(&bearer(&first.key))).unwrap().admin);
-    assert_eq!(store.bootstrap(&default).unwrap(), None);
+    assert!(
+        store
+            .authenticate(Some(&bearer(&first.key)))
+            .await
+            .unwrap()
+            .admin
+    );
+    assert_eq!(store.bootstrap(&default).await.unwrap(), None);
     drop(store);
-    let store = Store::open(&path).unwrap();
-    assert_eq!(store.bootstrap(&default).unwrap(), None);
-    assert_eq!(store.bootstrap(&t("other")).unwrap(), None);
-    assert_eq!(store.tenants().unwrap().len(), 1);
-    assert_eq!(store.keys(&default).unwrap().len(), 1);
+    let store = db.open().await;
+    assert_eq!(store.bootstrap(&default).await.unwrap(), None);
+    assert_eq!(store.bootstrap(&t("other")).await.unwrap(), None);
+    assert_eq!(store.tenants().await.unwrap().len(), 1);
+    assert_eq!(store.keys(&default).await.unwrap().len(), 1);
 
     // A store that already has a tenant, but not the bootstrap one, is left alone too.
-    let store = Store::open_in_memory().unwrap();
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
-    assert_eq!(store.bootstrap(&default).unwrap(), None);
-    assert_eq!(store.tenant(&default).unwrap(), None);
+    let store = db.another().open().await;
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    assert_eq!(store.bootstrap(&default).await.unwrap(), None);
+    assert_eq!(store.tenant(&default).await.unwrap(), None);
 }
 
-#[test]
-fn sandbox_ownership_is_per_tenant() {
-    let store = Store::open_in_memory().unwrap();
+async fn sandbox_ownership_is_per_tenant(db: Db) {
+    let store = db.open().await;
     let (a, b) = (t("a"), t("b"));
-    store.create_tenant(&a, Quotas::default()).unwrap();
-    store.create_tenant(&b, Quotas::default()).unwrap();
-    store.add_sandbox("sb-a1", &a).unwrap();
-    store.add_sandbox("sb-b1", &b).unwrap();
-    store.add_sandbox("sb-a2", &a).unwrap();
+    store.create_tenant(&a, Quotas::default()).await.unwrap();
+    store.create_tenant(&b, Quotas::default()).await.unwrap();
+    store.add_sandbox("sb-a1", &a).await.unwrap();
+    store.add_sandbox("sb-b1", &b).await.unwrap();
+    store.add_sandbox("sb-a2", &a).await.unwrap();
     assert!(matches!(
-        store.add_sandbox("sb-a1", &b),
+        store.add_sandbox("sb-a1", &b).await,
         Err(StoreError::Conflict(_))
     ));
     assert!(matches!(
-        store.add_sandbox("sb-x", &t("nobody")),
+        store.add_sandbox("sb-x", &t("nobody")).await,
         Err(StoreError::NotFound { what: "tenant", .. })
     ));
     for bad in ["", "sb/../x", "sb x", &"a".repeat(MAX_SANDBOX_ID_BYTES + 1)] {
         assert!(
-            matches!(store.add_sandbox(bad, &a), Err(StoreError::Invalid(_))),
+            matches!(
+                store.add_sandbox(bad, &a).await,
+                Err(StoreError::Invalid(_))
+            ),
             "{bad:?}"
         );
     }
-    assert_eq!(store.sandbox_tenant("sb-a1").unwrap(), Some(a.clone()));
-    assert_eq!(store.sandbox_tenant("sb-b1").unwrap(), Some(b.clone()));
-    assert_eq!(store.sandbox_tenant("sb-none").unwrap(), None);
-    assert_eq!(store.sandboxes_of(&a).unwrap(), ["sb-a1", "sb-a2"]);
-    assert_eq!(store.sandboxes_of(&b).unwrap(), ["sb-b1"]);
-    assert!(store.sandboxes_of(&t("nobody")).unwrap().is_empty());
     assert_eq!(
-        store.owned_sandboxes().unwrap(),
+        store.sandbox_tenant("sb-a1").await.unwrap(),
+        Some(a.clone())
+    );
+    assert_eq!(
+        store.sandbox_tenant("sb-b1").await.unwrap(),
+        Some(b.clone())
+    );
+    assert_eq!(store.sandbox_tenant("sb-none").await.unwrap(), None);
+    assert_eq!(store.sandboxes_of(&a).await.unwrap(), ["sb-a1", "sb-a2"]);
+    assert_eq!(store.sandboxes_of(&b).await.unwrap(), ["sb-b1"]);
+    assert!(store.sandboxes_of(&t("nobody")).await.unwrap().is_empty());
+    assert_eq!(
+        store.owned_sandboxes().await.unwrap(),
         vec![
             ("sb-a1".to_string(), a.clone()),
             ("sb-b1".to_string(), b.clone()),
             ("sb-a2".to_string(), a.clone()),
         ]
     );
-    assert!(store.remove_sandbox("sb-a1").unwrap());
-    assert!(!store.remove_sandbox("sb-a1").unwrap());
-    assert_eq!(store.sandboxes_of(&a).unwrap(), ["sb-a2"]);
+    assert!(store.remove_sandbox("sb-a1").await.unwrap());
+    assert!(!store.remove_sandbox("sb-a1").await.unwrap());
+    assert_eq!(store.sandboxes_of(&a).await.unwrap(), ["sb-a2"]);
 }
 
 fn event(tenant: Option<&TenantName>, sandbox: Option<&str>, op: &str) -> NewAuditEvent {
@@ -501,39 +645,45 @@ fn event(tenant: Option<&TenantName>, sandbox: Option<&str>, op: &str) -> NewAud
     }
 }
 
-#[test]
-fn audit_queries_are_isolated_and_filtered() {
-    let store = Store::open_in_memory().unwrap();
+async fn audit_queries_are_isolated_and_filtered(db: Db) {
+    let store = db.open().await;
     let (a, b) = (t("a"), t("b"));
     let e1 = store
         .record(event(Some(&a), Some("sb-1"), "sandbox.create"))
+        .await
         .unwrap();
     let e2 = store
         .record(event(Some(&b), Some("sb-2"), "sandbox.create"))
+        .await
         .unwrap();
-    let e3 = store.record(event(None, None, "auth")).unwrap();
+    let e3 = store.record(event(None, None, "auth")).await.unwrap();
     let e4 = store
         .record(event(Some(&a), Some("sb-1"), "sandbox.pause"))
+        .await
         .unwrap();
     let e5 = store
         .record(event(Some(&a), Some("sb-3"), "sandbox.create"))
+        .await
         .unwrap();
-    let ids = |f: AuditFilter| -> Vec<i64> {
-        store.audit(&f).unwrap().into_iter().map(|e| e.id).collect()
+    let store = &store;
+    let ids = |f: AuditFilter| async move {
+        let got = store.audit(&f).await.unwrap();
+        got.into_iter().map(|e| e.id).collect::<Vec<i64>>()
     };
     // Admin: everything, newest first, including tenantless events.
-    assert_eq!(ids(AuditFilter::default()), [e5, e4, e3, e2, e1]);
+    assert_eq!(ids(AuditFilter::default()).await, [e5, e4, e3, e2, e1]);
     // A tenant sees only its own.
     let of_a = AuditFilter {
         tenant: Some(a.clone()),
         ..Default::default()
     };
-    assert_eq!(ids(of_a.clone()), [e5, e4, e1]);
+    assert_eq!(ids(of_a.clone()).await, [e5, e4, e1]);
     assert_eq!(
         ids(AuditFilter {
             tenant: Some(b.clone()),
             ..Default::default()
-        }),
+        })
+        .await,
         [e2]
     );
     // Another tenant's sandbox id does not leak through the sandbox filter.
@@ -541,26 +691,30 @@ fn audit_queries_are_isolated_and_filtered() {
         sandbox: Some("sb-2".into()),
         ..of_a.clone()
     })
+    .await
     .is_empty());
     assert_eq!(
         ids(AuditFilter {
             sandbox: Some("sb-1".into()),
             ..of_a.clone()
-        }),
+        })
+        .await,
         [e4, e1]
     );
     assert_eq!(
         ids(AuditFilter {
             operation: Some("sandbox.create".into()),
             ..of_a.clone()
-        }),
+        })
+        .await,
         [e5, e1]
     );
     assert_eq!(
         ids(AuditFilter {
             operation: Some("auth".into()),
             ..Default::default()
-        }),
+        })
+        .await,
         [e3]
     );
     // Limits are clamped to 1..=1000.
@@ -568,14 +722,16 @@ fn audit_queries_are_isolated_and_filtered() {
         ids(AuditFilter {
             limit: 2,
             ..Default::default()
-        }),
+        })
+        .await,
         [e5, e4]
     );
     assert_eq!(
         ids(AuditFilter {
             limit: 0,
             ..Default::default()
-        }),
+        })
+        .await,
         [e5]
     );
     // since: everything is at or after "now minus a minute", nothing is in the future.
@@ -585,6 +741,7 @@ fn audit_queries_are_isolated_and_filtered() {
             since_unix_ms: Some(now - 60_000),
             ..of_a.clone()
         })
+        .await
         .len(),
         3
     );
@@ -592,32 +749,32 @@ fn audit_queries_are_isolated_and_filtered() {
         since_unix_ms: Some(now + 60_000),
         ..Default::default()
     })
+    .await
     .is_empty());
-    let all = store.audit(&AuditFilter::default()).unwrap();
+    let all = store.audit(&AuditFilter::default()).await.unwrap();
     assert!(all
         .iter()
         .all(|e| e.at_unix_ms <= now_ms() && e.at_unix_ms + 60_000 > now));
 }
 
-#[test]
-fn audit_limit_caps_at_1000() {
-    let store = Store::open_in_memory().unwrap();
+async fn audit_limit_caps_at_1000(db: Db) {
+    let store = db.open().await;
     for _ in 0..1005 {
-        store.record(event(None, None, "auth")).unwrap();
+        store.record(event(None, None, "auth")).await.unwrap();
     }
     let got = store
         .audit(&AuditFilter {
             limit: u32::MAX,
             ..Default::default()
         })
+        .await
         .unwrap();
     assert_eq!(got.len(), 1000);
     assert!(got.windows(2).all(|w| w[0].id > w[1].id));
 }
 
-#[test]
-fn audit_fields_are_bounded() {
-    let store = Store::open_in_memory().unwrap();
+async fn audit_fields_are_bounded(db: Db) {
+    let store = db.open().await;
     // 'é' is two bytes, so a cut at 4096 bytes falls between characters of "xé…".
     let detail = format!("x{}", "é".repeat(MAX_DETAIL_BYTES));
     let id = store
@@ -629,8 +786,9 @@ fn audit_fields_are_bounded() {
             result: "r".repeat(1000),
             detail: Some(detail.clone()),
         })
+        .await
         .unwrap();
-    let got = store.audit(&AuditFilter::default()).unwrap();
+    let got = store.audit(&AuditFilter::default()).await.unwrap();
     assert_eq!(got.len(), 1);
     let e = &got[0];
     assert_eq!(e.id, id);
@@ -656,44 +814,48 @@ fn audit_fields_are_bounded() {
     }
 }
 
-#[test]
-fn concurrent_writers_share_one_store() {
-    let (_dir, _path, store) = temp_store();
-    let store = std::sync::Arc::new(store);
-    store.create_tenant(&t("acme"), Quotas::default()).unwrap();
-    let threads: Vec<_> = (0..8)
+async fn concurrent_writers_share_one_store(db: Db) {
+    let store = std::sync::Arc::new(db.open().await);
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..8)
         .map(|i| {
             let store = store.clone();
-            std::thread::spawn(move || {
+            tokio::spawn(async move {
                 for j in 0..25 {
                     store
                         .add_sandbox(&format!("sb-{i}-{j}"), &t("acme"))
+                        .await
                         .unwrap();
                     store
                         .record(event(Some(&t("acme")), None, "sandbox.create"))
+                        .await
                         .unwrap();
                 }
             })
         })
         .collect();
-    for th in threads {
-        th.join().unwrap();
+    for task in tasks {
+        task.await.unwrap();
     }
-    assert_eq!(store.sandboxes_of(&t("acme")).unwrap().len(), 200);
+    assert_eq!(store.sandboxes_of(&t("acme")).await.unwrap().len(), 200);
     assert_eq!(
         store
             .audit(&AuditFilter {
                 limit: 1000,
                 ..Default::default()
             })
+            .await
             .unwrap()
             .len(),
         200
     );
 }
 
-#[test]
-fn a_version_1_database_migrates_and_keeps_its_rows() {
+#[tokio::test]
+async fn a_version_1_database_migrates_and_keeps_its_rows() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("control.db");
     {
@@ -710,62 +872,153 @@ fn a_version_1_database_migrates_and_keeps_its_rows() {
     }
     let store = Store::open(&path).unwrap();
     let version: i64 = store
-        .conn()
+        .sqlite_conn()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
     assert_eq!(SCHEMA_VERSION, 4);
     let acme = t("acme");
-    assert_eq!(store.tenant(&acme).unwrap().unwrap().quotas.max_vcpus, 6);
     assert_eq!(
-        store.sandbox_tenant("sbx-0011223344556677").unwrap(),
+        store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
+        6
+    );
+    assert_eq!(
+        store.sandbox_tenant("sbx-0011223344556677").await.unwrap(),
         Some(acme.clone())
     );
     // The new tables work.
     let (p, replaced) = store
         .expose_port("sbx-0011223344556677", 8000, "h1")
+        .await
         .unwrap();
     assert!(!replaced);
     assert_eq!(p.port, 8000);
-    assert!(store.secrets(&acme).unwrap().is_empty());
+    assert!(store.secrets(&acme).await.unwrap().is_empty());
 }
 
-#[test]
-fn ports_are_looked_up_by_token_hash_and_replaced() {
-    let store = Store::open_in_memory().unwrap();
+async fn ports_are_looked_up_by_token_hash_and_replaced(db: Db) {
+    let store = db.open().await;
     let a = t("a");
-    store.create_tenant(&a, Quotas::default()).unwrap();
-    store.add_sandbox("sbx-1", &a).unwrap();
+    store.create_tenant(&a, Quotas::default()).await.unwrap();
+    store.add_sandbox("sbx-1", &a).await.unwrap();
     assert!(matches!(
-        store.expose_port("sbx-2", 80, "x"),
+        store.expose_port("sbx-2", 80, "x").await,
         Err(StoreError::NotFound {
             what: "sandbox",
             ..
         })
     ));
-    store.expose_port("sbx-1", 8000, "h1").unwrap();
-    store.expose_port("sbx-1", 80, "h2").unwrap();
-    let (p, owner) = store.port_by_token("h1").unwrap().unwrap();
+    store.expose_port("sbx-1", 8000, "h1").await.unwrap();
+    store.expose_port("sbx-1", 80, "h2").await.unwrap();
+    let (p, owner) = store.port_by_token("h1").await.unwrap().unwrap();
     assert_eq!(
         (p.sandbox.as_str(), p.port, owner),
         ("sbx-1", 8000, a.clone())
     );
     // Exposing again replaces the token: the old one stops working.
-    let (_, replaced) = store.expose_port("sbx-1", 8000, "h3").unwrap();
+    let (_, replaced) = store.expose_port("sbx-1", 8000, "h3").await.unwrap();
     assert!(replaced);
-    assert_eq!(store.port_by_token("h1").unwrap(), None);
-    assert!(store.port_by_token("h3").unwrap().is_some());
+    assert_eq!(store.port_by_token("h1").await.unwrap(), None);
+    assert!(store.port_by_token("h3").await.unwrap().is_some());
     let ports: Vec<u16> = store
         .ports("sbx-1")
+        .await
         .unwrap()
         .iter()
         .map(|p| p.port)
         .collect();
     assert_eq!(ports, [80, 8000]);
-    assert!(store.unexpose_port("sbx-1", 80).unwrap());
-    assert!(!store.unexpose_port("sbx-1", 80).unwrap());
-    assert_eq!(store.port_by_token("h2").unwrap(), None);
+    assert!(store.unexpose_port("sbx-1", 80).await.unwrap());
+    assert!(!store.unexpose_port("sbx-1", 80).await.unwrap());
+    assert_eq!(store.port_by_token("h2").await.unwrap(), None);
     // Forgetting the sandbox drops its ports.
-    assert!(store.remove_sandbox("sbx-1").unwrap());
-    assert_eq!(store.port_by_token("h3").unwrap(), None);
+    assert!(store.remove_sandbox("sbx-1").await.unwrap());
+    assert_eq!(store.port_by_token("h3").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_replicas_migrate_at_once_and_a_newer_schema_is_refused() {
+    let url = test_postgres::database();
+    // Replicas starting together: the advisory lock makes one of them migrate.
+    let opens: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { Store::connect(&url).await })
+        })
+        .collect();
+    for o in opens {
+        o.await.unwrap().unwrap();
+    }
+    let store = Store::connect(&url).await.unwrap();
+    assert_eq!(store.backend(), "postgres");
+    let versions = store
+        .read(|c| {
+            rows(c, "SELECT version FROM schema_version", args![], |r| {
+                r.int(0)
+            })
+        })
+        .await
+        .unwrap();
+    assert_eq!(versions, [i64::from(schema::PG_SCHEMA_VERSION)]);
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    store
+        .write(|c| {
+            c.execute("UPDATE schema_version SET version = version + 1", args![])?;
+            Ok(())
+        })
+        .await
+        .unwrap();
+    let err = Store::connect(&url).await.map(|_| ()).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+    assert!(msg.contains("newer"), "{msg}");
+    // Nothing was changed by the refused open.
+    assert_eq!(store.tenants().await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_connections_cut_by_the_server_are_replaced() {
+    let url = test_postgres::database();
+    let store = Store::connect(&url).await.unwrap();
+    store
+        .create_tenant(&t("acme"), Quotas::default())
+        .await
+        .unwrap();
+    // Every connection of the store is cut, as a database restart would.
+    let killer = Store::connect(&url).await.unwrap();
+    let cut = killer
+        .read(|c| {
+            rows(
+                c,
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                args![],
+                |r| r.boolean(0),
+            )
+        })
+        .await
+        .unwrap();
+    assert!(!cut.is_empty());
+    // A call soon after may meet a cut connection and fail; calls after it work.
+    let soon = store.tenants().await;
+    if let Err(e) = &soon {
+        assert!(matches!(e, StoreError::Postgres(_)), "{e:?}");
+    }
+    assert_eq!(store.tenants().await.unwrap().len(), 1);
+    // Connections idle for a while are checked before use, so a cut one never reaches a call.
+    killer
+        .read(|c| {
+            c.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                args![],
+            )
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(store.tenants().await.unwrap().len(), 1);
 }

@@ -15,6 +15,19 @@ use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{Node, NodeConfig};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
+pub mod postgres;
+
+/// Which database the test servers keep their state in: `SPACE_TEST_STORE=postgres` runs the
+/// suite against a throwaway PostgreSQL server, anything else (or unset) against SQLite in
+/// the data directory, as `space up` does.
+pub fn test_database() -> Option<String> {
+    match std::env::var("SPACE_TEST_STORE").as_deref() {
+        Ok("postgres") => Some(postgres::database()),
+        Ok("sqlite") | Ok("") | Err(_) => None,
+        Ok(other) => panic!("SPACE_TEST_STORE={other}: expected sqlite or postgres"),
+    }
+}
+
 /// Uploads above this are refused by the test server.
 pub const MAX_UPLOAD: u64 = 2 << 20;
 
@@ -29,16 +42,7 @@ pub fn env_path(var: &str) -> PathBuf {
 }
 
 pub fn server_config(data: &Path) -> ServerConfig {
-    let mut node = NodeConfig::new(data);
-    node.storage = StorageOptions {
-        driver: Some(DriverKind::Btrfs),
-        loop_image_size: 8 << 30,
-        loop_image: true,
-    };
-    node.ready_timeout = Duration::from_secs(120);
-    node.pools = space_node::PoolConfig::disabled();
-    node.rolling.enabled = false;
-    let mut cfg = ServerConfig::new(node, env_path("SPACE_KERNEL"));
+    let mut cfg = ServerConfig::new(node_config(data), env_path("SPACE_KERNEL"));
     cfg.listen = "127.0.0.1:0".parse().unwrap();
     cfg.images = BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]);
     cfg.stock_templates = vec!["minimal".into()];
@@ -51,7 +55,22 @@ pub fn server_config(data: &Path) -> ServerConfig {
     archive.cache_max_bytes = Some(0);
     archive.upload_interval = None;
     cfg.archive = Some(archive);
+    cfg.database = test_database();
     cfg
+}
+
+/// The test server's node: btrfs on a loop image, no pools, no rolling snapshots.
+pub fn node_config(data: &Path) -> NodeConfig {
+    let mut node = NodeConfig::new(data);
+    node.storage = StorageOptions {
+        driver: Some(DriverKind::Btrfs),
+        loop_image_size: 8 << 30,
+        loop_image: true,
+    };
+    node.ready_timeout = Duration::from_secs(120);
+    node.pools = space_node::PoolConfig::disabled();
+    node.rolling.enabled = false;
+    node
 }
 
 /// Runs `test` on its own runtime, then tears down in an order that works after a panic
@@ -88,7 +107,7 @@ where
     }));
     drop(runtime);
     if data.join("state").exists() {
-        let mut cfg = server_config(&data).node;
+        let mut cfg = node_config(&data);
         cfg.auto_restore = false;
         cfg.timeout_tick = None;
         rt().block_on(async {
