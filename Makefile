@@ -37,8 +37,8 @@ test: artifacts tools lint
 	@scripts/python-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
-	@echo "[test] the control plane's integration tests again, with their state in PostgreSQL"
-	@source $(ENV) && source $(TOOLS) && SPACE_TEST_STORE=postgres $(CARGO) test -p space-control --test '*'
+	@echo "[test] the control plane's integration tests again: state in PostgreSQL, node over mutual TLS"
+	@source $(ENV) && source $(TOOLS) && SPACE_TEST_STORE=postgres SPACE_TEST_NODE=remote $(CARGO) test -p space-control --test '*'
 
 # Long runs kept out of `make test`, which runs a short version of each.
 soak: artifacts tools

@@ -122,6 +122,7 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
         max_upload_bytes: 1 << 30,
         max_body_bytes: 1 << 20,
         database: None,
+        node_over_network: false,
     };
     progress("starting the server (builds the minimal template)");
     let server = Server::start(config)

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use space_node::{NodeError, SandboxId};
+use space_node::{Fault, FaultCode, NodeError, SandboxId};
 use space_proto::{ClientError, ErrorKind};
 
 use crate::store::{AuthError, StoreError};
@@ -200,12 +200,48 @@ impl From<NodeError> for ApiError {
     }
 }
 
-/// Maps a node error of a request about sandbox `id`, so that a sandbox the node does not
+impl From<Fault> for ApiError {
+    fn from(f: Fault) -> Self {
+        let m = f.message.clone();
+        match f.code {
+            FaultCode::NotFound => {
+                ApiError::sandbox_not_found(f.sandbox.as_ref().map_or("?", |s| s.as_str()))
+            }
+            FaultCode::IllegalState => ApiError::new(StatusCode::CONFLICT, "illegal_state", m),
+            // Never a note about the snapshot's owner: it may be another tenant's sandbox.
+            FaultCode::SnapshotNotFound => ApiError::snapshot_not_found(
+                f.sandbox.as_ref().map_or("?", |s| s.as_str()),
+                f.snapshot.as_ref().map_or("?", |s| s.as_str()),
+            ),
+            FaultCode::TemplateNotFound => {
+                ApiError::new(StatusCode::NOT_FOUND, "template_not_found", m)
+            }
+            FaultCode::TemplateExists | FaultCode::TemplateStale | FaultCode::TemplateInUse => {
+                ApiError::conflict(m)
+            }
+            FaultCode::InvalidId => ApiError::invalid_id(m),
+            FaultCode::Invalid => ApiError::invalid(m),
+            FaultCode::Capacity => ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "capacity", m),
+            FaultCode::ShuttingDown => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", m)
+            }
+            FaultCode::Guest => ApiError::guest(m),
+            FaultCode::Archive => ApiError::new(StatusCode::BAD_GATEWAY, "archive_unavailable", m),
+            FaultCode::Key => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", m),
+            FaultCode::Unavailable => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "node_unavailable", m)
+            }
+            FaultCode::Internal => ApiError::internal(format!("node: {m}")),
+        }
+    }
+}
+
+/// Maps a node fault of a request about sandbox `id`, so that a sandbox the node does not
 /// know answers exactly like another tenant's.
-pub fn node_error(id: &SandboxId) -> impl Fn(NodeError) -> ApiError + '_ {
-    move |e| match e {
-        NodeError::NotFound(_) => ApiError::sandbox_not_found(id.as_str()),
-        other => other.into(),
+pub fn node_error(id: &SandboxId) -> impl Fn(Fault) -> ApiError + '_ {
+    move |f| match f.code {
+        FaultCode::NotFound => ApiError::sandbox_not_found(id.as_str()),
+        _ => f.into(),
     }
 }
 

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use space_node::PoolStats;
+use space_node::api::Pool;
 
 /// Upper bounds of the duration buckets, in seconds: 1 ms to 60 s.
 pub const BUCKETS: [f64; 15] = [
@@ -91,7 +91,7 @@ impl Metrics {
     }
 
     /// The exposition text: the request metrics plus the given sandbox and pool gauges.
-    pub fn render(&self, sandboxes: &BTreeMap<String, u64>, pools: &[PoolStats]) -> String {
+    pub fn render(&self, sandboxes: &BTreeMap<String, u64>, pools: &[Pool]) -> String {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
         out.push_str("# HELP space_api_requests_total API requests answered.\n");

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use space_node::{Node, State};
+use space_node::{NodeApi, State};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::error::{ApiError, ApiResult};
@@ -68,10 +68,10 @@ impl Usage {
 /// Counts what `tenant`'s sandboxes hold: the node's live view of its sandboxes that are not
 /// terminated, restricted to the ones the tenant owns (terminated ones cost nothing to skip,
 /// however many a tenant has made).
-pub async fn usage(node: &Node, store: &Store, tenant: &TenantName) -> ApiResult<Usage> {
+pub async fn usage(node: &dyn NodeApi, store: &Store, tenant: &TenantName) -> ApiResult<Usage> {
     let owned: HashSet<String> = store.sandboxes_of(tenant).await?.into_iter().collect();
     let mut usage = Usage::default();
-    for u in node.usage() {
+    for u in node.usage().await? {
         if owned.contains(u.id.as_str()) {
             usage.add(u.state, u.vcpus, u.memory_mib);
         }
@@ -124,7 +124,7 @@ pub fn check(tenant: &TenantName, quotas: &Quotas, used: &Usage, need: &Usage) -
 /// VM runs and (for a new sandbox) its ownership is recorded.
 pub async fn admit(
     locks: &QuotaLocks,
-    node: &Node,
+    node: &dyn NodeApi,
     store: &Store,
     tenant: &TenantName,
     need: Usage,

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use space_node::api::{ClusterCa, Identity, NodeServer, RemoteNode};
+use space_node::{LocalNode, NodeApi};
 use space_node::{
     Node, NodeConfig, NodeError, State, TemplateName, TemplateRef, TemplateSpec, VersionReq,
 };
@@ -54,6 +56,10 @@ pub struct ServerConfig {
     /// The state database: a PostgreSQL URL or a SQLite file; `None`:
     /// `<data dir>/state/control.db`.
     pub database: Option<String>,
+    /// Reach the node through the network node API (mutual TLS on loopback, from a cluster
+    /// CA made for the process) instead of in process: every call and guest stream then
+    /// takes the path a control replica's takes to a remote node. For tests and benchmarks.
+    pub node_over_network: bool,
 }
 
 /// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
@@ -73,6 +79,7 @@ impl ServerConfig {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             archive: None,
             database: None,
+            node_over_network: false,
         }
     }
 }
@@ -89,6 +96,7 @@ struct Parts {
 /// A running API server.
 pub struct Server {
     node: Node,
+    node_server: Option<NodeServer>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
     addr: SocketAddr,
@@ -231,19 +239,34 @@ impl Server {
             .ok()
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
+        let local: Arc<dyn NodeApi> = Arc::new(LocalNode::new(
+            node.clone(),
+            config.kernel.clone(),
+            config.images.clone(),
+        ));
+        let (api, node_server) = if config.node_over_network {
+            match loopback_node(local).await {
+                Ok((api, server)) => (api, Some(server)),
+                Err(e) => {
+                    node.shutdown_detach().await;
+                    return Err(e.context("serving the node API on loopback"));
+                }
+            }
+        } else {
+            (local, None)
+        };
         let state = Arc::new(AppState {
             vault,
             public_url,
-            node: node.clone(),
+            node: api,
             store: store.clone(),
             metrics: metrics.clone(),
             quotas: QuotaLocks::new(),
-            kernel: config.kernel.clone(),
-            images: config.images.clone(),
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.node.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
             masters,
+            keyring: node.archive().map(|a| a.keyring.clone()),
         });
         let app = api::router(state, config.max_body_bytes);
         let (stop, stopped) = oneshot::channel::<()>();
@@ -280,6 +303,7 @@ impl Server {
         tracing::info!(%addr, store = store.backend(), "serving the API");
         Ok(Server {
             node,
+            node_server,
             store,
             metrics,
             addr,
@@ -341,8 +365,22 @@ impl Server {
             abort.abort();
             let _ = (&mut self.task).await;
         }
+        if let Some(s) = self.node_server.take() {
+            s.stop().await;
+        }
         self.node.shutdown_detach().await;
     }
+}
+
+/// Serves `local` on a loopback port with mutual TLS and returns the network client of it.
+async fn loopback_node(local: Arc<dyn NodeApi>) -> anyhow::Result<(Arc<dyn NodeApi>, NodeServer)> {
+    let ca = ClusterCa::generate()?;
+    let node_id = "local";
+    let node_identity = Identity::new(&ca.issue_node(node_id, 1)?, ca.cert_pem())?;
+    let server = NodeServer::start(local, "127.0.0.1:0".parse()?, &node_identity).await?;
+    let control = Identity::new(&ca.issue_control(1)?, ca.cert_pem())?;
+    let remote = RemoteNode::new(node_id, &server.local_addr().to_string(), &control)?;
+    Ok((Arc::new(remote), server))
 }
 
 /// Kills every sandbox no tenant owns: left by a crash between the node's create and the

@@ -16,6 +16,7 @@
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
 pub mod admission;
+pub mod api;
 pub mod archive;
 pub mod error;
 pub mod gateway;
@@ -31,6 +32,7 @@ pub mod storage;
 pub mod template;
 
 pub use admission::AdmissionConfig;
+pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
 pub use archive::{ArchiveConfig, ArchiveReport};
 pub use error::{NodeError, Result};
 pub use gateway::{

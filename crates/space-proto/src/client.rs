@@ -37,7 +37,13 @@ use crate::routes;
 use crate::types::*;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
-type ReqBody = UnsyncBoxBody<Bytes, BoxError>;
+/// The body of a request to the guest.
+pub type GuestBody = UnsyncBoxBody<Bytes, BoxError>;
+type ReqBody = GuestBody;
+
+/// Where requests go on a direct connection: the authority is required by HTTP/2 but means
+/// nothing here, the stream is the address.
+const DIRECT_BASE: &str = "http://guest";
 
 /// Every way a call can fail.
 #[derive(Debug, thiserror::Error)]
@@ -118,6 +124,10 @@ impl Default for ClientConfig {
 #[derive(Clone)]
 pub struct GuestClient {
     sender: SendRequest<ReqBody>,
+    /// Scheme, authority and path prefix of every request: [`DIRECT_BASE`] on a connection
+    /// to the guest itself, a node's prefix for the sandbox when its requests go through a
+    /// node (`GuestClient::over`).
+    base: std::sync::Arc<str>,
 }
 
 impl std::fmt::Debug for GuestClient {
@@ -141,11 +151,6 @@ pub struct Output {
 pub enum ExecOutput {
     Stdout(Bytes),
     Stderr(Bytes),
-}
-
-fn uri(path_and_query: &str) -> String {
-    // The authority is required by HTTP/2 but means nothing here: the stream is the address.
-    format!("http://guest{path_and_query}")
 }
 
 fn path_query(route: &str, path: &str, extra: &[(&str, String)]) -> Result<String> {
@@ -275,7 +280,46 @@ impl GuestClient {
             // is nobody else to tell.
             let _ = conn.await;
         });
-        Ok(GuestClient { sender })
+        Ok(GuestClient {
+            sender,
+            base: DIRECT_BASE.into(),
+        })
+    }
+
+    /// A client whose requests go over `sender`, an HTTP/2 connection made elsewhere, under
+    /// `base` (scheme, authority and path prefix): a node that serves the guest protocol on a
+    /// sandbox's behalf.
+    pub fn over(sender: SendRequest<GuestBody>, base: impl Into<std::sync::Arc<str>>) -> Self {
+        GuestClient {
+            sender,
+            base: base.into(),
+        }
+    }
+
+    fn uri(&self, path_and_query: &str) -> String {
+        format!("{}{path_and_query}", self.base)
+    }
+
+    /// Sends a request as it is (its URI's path and query are the guest's) and returns the
+    /// guest's answer as it is, errors included: how a node serves the guest protocol for a
+    /// sandbox.
+    pub async fn forward(&self, req: Request<GuestBody>) -> Result<Response<Incoming>> {
+        let (mut parts, body) = req.into_parts();
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        parts.uri = self
+            .uri(&pq)
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| ClientError::Protocol(e.to_string()))?;
+        let mut sender = self.sender.clone();
+        sender.ready().await.map_err(ClientError::from_hyper)?;
+        sender
+            .send_request(Request::from_parts(parts, body))
+            .await
+            .map_err(ClientError::from_hyper)
     }
 
     /// True once the connection is known to be gone.
@@ -304,7 +348,7 @@ impl GuestClient {
     ) -> Result<T> {
         let req = Request::builder()
             .method(method)
-            .uri(uri(path_and_query))
+            .uri(self.uri(path_and_query))
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(body)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -384,7 +428,7 @@ impl GuestClient {
         let _ = tx.try_send(spec.encode());
         let req = Request::builder()
             .method(Method::POST)
-            .uri(uri(route))
+            .uri(self.uri(route))
             .header(http::header::CONTENT_TYPE, "application/x-space-frames")
             .body(ChannelBody { rx }.boxed_unsync())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -425,7 +469,7 @@ impl GuestClient {
         let pq = path_query(routes::FILES, path, &[])?;
         let req = Request::builder()
             .method(Method::GET)
-            .uri(uri(&pq))
+            .uri(self.uri(&pq))
             .body(empty_body())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
@@ -488,7 +532,7 @@ impl GuestClient {
         let pq = path_query(routes::FILES, path, &extra)?;
         let req = Request::builder()
             .method(Method::PUT)
-            .uri(uri(&pq))
+            .uri(self.uri(&pq))
             .header(http::header::CONTENT_TYPE, "application/octet-stream")
             .body(body)
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
@@ -554,7 +598,7 @@ impl GuestClient {
         let pq = path_query(routes::WATCH, path, &[("recursive", recursive.to_string())])?;
         let req = Request::builder()
             .method(Method::GET)
-            .uri(uri(&pq))
+            .uri(self.uri(&pq))
             .body(empty_body())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
@@ -594,7 +638,7 @@ impl GuestClient {
         let body = StreamBody::new(rx.map(|b| Ok::<_, BoxError>(BodyFrame::data(b))));
         let req = Request::builder()
             .method(Method::POST)
-            .uri(uri(&routes::tcp_path(port)))
+            .uri(self.uri(&routes::tcp_path(port)))
             .body(BodyExt::boxed_unsync(body))
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;

@@ -22,8 +22,8 @@ pub use types::*;
 
 #[cfg(feature = "client")]
 pub use client::{
-    ClientConfig, ClientError, ExecHandle, ExecOutput, ExecStdin, FileReader, GuestClient, Output,
-    PtyHandle, PtyInput, TcpTunnel, WatchStream,
+    ClientConfig, ClientError, ExecHandle, ExecOutput, ExecStdin, FileReader, GuestBody,
+    GuestClient, Output, PtyHandle, PtyInput, TcpTunnel, WatchStream,
 };
 
 /// Version of the wire protocol. Bumped on any incompatible change; the daemon reports it in

@@ -138,6 +138,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         archive,
         database: None,
+        node_over_network: false,
     };
     eprintln!(
         "space: starting on {} with data in {} (stock templates: {})",

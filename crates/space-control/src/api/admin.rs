@@ -1,15 +1,14 @@
 //! Templates (list for everyone; build and delete with an admin key), tenants and keys
 //! (admin), and the audit log.
 
-use std::path::Path;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::{Template, TemplateRef, TemplateSpec};
+use space_node::api::{TemplateBuild, TemplateInfo};
+use space_node::TemplateRef;
 
 use super::{AdminCaller, ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
 use crate::error::{ApiError, ApiResult};
@@ -22,32 +21,16 @@ pub const DEFAULT_TEMPLATE_VCPUS: u32 = 1;
 /// Memory of a template build when the request names none.
 pub const DEFAULT_TEMPLATE_MEMORY_MIB: u64 = 256;
 
-/// The name of the image `t` was built from: the configured image with that root file, or
-/// the file's stem.
-fn image_name(st: &Shared, t: &Template) -> String {
-    let path = &t.manifest.rootfs.path;
-    st.images
-        .iter()
-        .find(|(_, p)| *p == path)
-        .map(|(n, _)| n.clone())
-        .unwrap_or_else(|| {
-            Path::new(path)
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_default()
-        })
-}
-
 /// The API's JSON form of a template build.
-pub fn template_json(st: &Shared, t: &Template) -> Value {
+pub fn template_json(t: &TemplateInfo) -> Value {
     json!({
-        "name": t.manifest.template.name.as_str(),
-        "version": t.manifest.template.version.as_str(),
-        "vcpus": t.manifest.vcpus,
-        "memory_mib": t.manifest.memory_mib,
+        "name": t.template.name.as_str(),
+        "version": t.template.version.as_str(),
+        "vcpus": t.vcpus,
+        "memory_mib": t.memory_mib,
         "image_mib": t.image_mib(),
-        "image": image_name(st, t),
-        "created_unix_ms": t.manifest.created_unix_ms,
+        "image": t.image,
+        "created_unix_ms": t.created_unix_ms,
     })
 }
 
@@ -56,8 +39,8 @@ pub async fn list_templates(
     State(st): State<Shared>,
     Caller(_who): Caller,
 ) -> ApiResult<Json<Value>> {
-    let all = st.node.templates()?;
-    let list: Vec<Value> = all.iter().map(|t| template_json(&st, t)).collect();
+    let all = st.node.templates().await?;
+    let list: Vec<Value> = all.iter().map(template_json).collect();
     Ok(Json(json!({ "templates": list })))
 }
 
@@ -111,24 +94,24 @@ async fn build_inner(st: &Shared, body: BuildBody) -> ApiResult<Value> {
             body.name.chars().take(64).collect::<String>()
         )));
     }
-    let Some(rootfs) = st.images.get(&body.image) else {
-        let known: Vec<&str> = st.images.keys().map(String::as_str).collect();
+    let images = st.node.images().await?;
+    if !images.contains(&body.image) {
         return Err(ApiError::invalid(format!(
             "no image {:?} on this server; it has: {}",
             body.image.chars().take(64).collect::<String>(),
-            known.join(", ")
+            images.join(", ")
         )));
-    };
+    }
     // One build at a time: each boots a VM, and the default version must not race.
     let _one = st.builds.lock().await;
     let version = match body.version {
         Some(v) => v,
         None => {
-            let all = st.node.templates()?;
+            let all = st.node.templates().await?;
             next_version(
                 all.iter()
-                    .filter(|t| t.manifest.template.name.as_str() == body.name)
-                    .map(|t| t.manifest.template.version.as_str()),
+                    .filter(|t| t.template.name.as_str() == body.name)
+                    .map(|t| t.template.version.as_str()),
             )
         }
     };
@@ -136,17 +119,15 @@ async fn build_inner(st: &Shared, body: BuildBody) -> ApiResult<Value> {
         TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
     let t = st
         .node
-        .build_template(TemplateSpec {
+        .build_template(TemplateBuild {
             template,
-            kernel: st.kernel.clone(),
-            rootfs: rootfs.clone(),
+            image: body.image,
             vcpus: body.vcpus.unwrap_or(DEFAULT_TEMPLATE_VCPUS),
             memory_mib: body.memory_mib.unwrap_or(DEFAULT_TEMPLATE_MEMORY_MIB),
-            kernel_cmdline: None,
-            ready_timeout: st.ready_timeout,
+            ready_timeout_ms: u64::try_from(st.ready_timeout.as_millis()).unwrap_or(u64::MAX),
         })
         .await?;
-    Ok(template_json(st, &t))
+    Ok(template_json(&t))
 }
 
 /// `DELETE /v1/templates/{name}/{version}`
@@ -353,11 +334,7 @@ pub async fn put_master_key(
         }
         body.validate().map_err(ApiError::invalid)?;
         let masters = st.masters.as_ref().ok_or_else(archive_needed)?;
-        let keyring = st
-            .node
-            .archive()
-            .map(|a| a.keyring.clone())
-            .ok_or_else(archive_needed)?;
+        let keyring = st.keyring.clone().ok_or_else(archive_needed)?;
         let old = masters
             .build(&st.store.master_key_config(&name).await?)
             .map_err(key_error)?;

@@ -14,7 +14,6 @@ pub mod sandboxes;
 pub mod streams;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -26,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use space_node::{Node, SandboxId};
+use space_node::{NodeApi, SandboxId};
 
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
@@ -137,18 +136,14 @@ pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// Everything the handlers share.
 pub struct AppState {
-    /// The node doing the sandbox work.
-    pub node: Node,
+    /// The node doing the sandbox work, through the node API.
+    pub node: Arc<dyn NodeApi>,
     /// Tenants, keys, ownership, audit.
     pub store: Arc<Store>,
     /// Request counters and latencies.
     pub metrics: Arc<Metrics>,
     /// Per-tenant quota locks.
     pub quotas: QuotaLocks,
-    /// The kernel templates are built with.
-    pub kernel: PathBuf,
-    /// Root images templates can be built from, by name.
-    pub images: BTreeMap<String, PathBuf>,
     /// Largest file upload, in bytes.
     pub max_upload_bytes: u64,
     /// How long a template build VM may take to report ready.
@@ -162,6 +157,9 @@ pub struct AppState {
     pub public_url: Option<String>,
     /// Each tenant's master key (with an object store only).
     pub masters: Option<Arc<crate::masters::TenantMasters>>,
+    /// The tenant keys in the object store, for rotation onto another master (with an object
+    /// store only).
+    pub keyring: Option<Arc<space_archive::Keyring>>,
 }
 
 /// The shared state as handlers see it.
@@ -216,7 +214,7 @@ impl AppState {
         let started = std::time::Instant::now();
         let (client, woke) = self
             .node
-            .guest_waking(id)
+            .guest(id)
             .await
             .map_err(crate::error::node_error(id))?;
         if let Some(w) = woke {
@@ -449,12 +447,15 @@ async fn wrong_method(method: Method, uri: Uri) -> ApiError {
 }
 
 async fn health(State(state): State<Shared>) -> Response {
-    Json(serde_json::json!({
-        "status": "ok",
-        "version": env!("CARGO_PKG_VERSION"),
-        "accelerator": state.node.runtime().accel().as_str(),
-    }))
-    .into_response()
+    match state.node.status().await {
+        Ok(s) => Json(serde_json::json!({
+            "status": "ok",
+            "version": env!("CARGO_PKG_VERSION"),
+            "accelerator": s.accelerator,
+        }))
+        .into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
 }
 
 async fn openapi() -> Response {
@@ -471,7 +472,14 @@ async fn metrics(State(state): State<Shared>) -> Response {
         }
         Err(e) => tracing::warn!(error = %e, "listing sandboxes for metrics"),
     }
-    let text = state.metrics.render(&by_state, &state.node.pool_stats());
+    let pools = match state.node.pools().await {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing pools for metrics");
+            Vec::new()
+        }
+    };
+    let text = state.metrics.render(&by_state, &pools);
     (
         [(
             header::CONTENT_TYPE,
@@ -601,7 +609,7 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
 mod tests {
     use super::*;
     use space_node::storage::{DriverKind, StorageOptions};
-    use space_node::NodeConfig;
+    use space_node::{Node, NodeConfig};
     use tower::ServiceExt;
 
     #[test]
@@ -616,7 +624,7 @@ mod tests {
     }
 
     /// A real node (copy driver, no VMs started) and a real store in a temp dir.
-    async fn state(dir: &std::path::Path) -> Shared {
+    async fn state(dir: &std::path::Path) -> (Shared, Node) {
         let mut cfg = NodeConfig::new(dir.join("data"));
         cfg.storage = StorageOptions {
             driver: Some(DriverKind::Copy),
@@ -626,25 +634,30 @@ mod tests {
         cfg.pools = space_node::PoolConfig::disabled();
         cfg.rolling.enabled = false;
         cfg.timeout_tick = None;
-        let node = Node::open(cfg).await.expect("opening a node");
+        let local = Node::open(cfg).await.expect("opening a node");
+        let node: Arc<dyn NodeApi> = Arc::new(space_node::LocalNode::new(
+            local.clone(),
+            std::path::PathBuf::from("/nonexistent"),
+            BTreeMap::new(),
+        ));
         let store = Arc::new(Store::open(&dir.join("control.db")).expect("opening the store"));
         let vault = crate::vault::Vault::open(store.clone(), &crate::vault::VaultKey::generate())
             .await
             .expect("opening the vault");
-        Arc::new(AppState {
+        let st = Arc::new(AppState {
             node,
             vault: Arc::new(vault),
             public_url: None,
             store,
             metrics: Arc::new(Metrics::new()),
             quotas: QuotaLocks::new(),
-            kernel: PathBuf::from("/nonexistent"),
-            images: BTreeMap::new(),
             max_upload_bytes: 1 << 20,
             ready_timeout: Duration::from_secs(1),
             builds: tokio::sync::Mutex::new(()),
             masters: None,
-        })
+            keyring: None,
+        });
+        (st, local)
     }
 
     async fn call(app: &Router, method: &str, path: &str) -> (StatusCode, serde_json::Value) {
@@ -665,7 +678,7 @@ mod tests {
     #[tokio::test]
     async fn every_route_is_routed_and_the_rest_is_json() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let st = state(dir.path()).await;
+        let (st, local) = state(dir.path()).await;
         let app = router(st.clone(), 1 << 20);
         for r in ROUTES {
             let path = r
@@ -722,6 +735,6 @@ mod tests {
             .count();
         assert_eq!(events.len(), ROUTES.len() - open);
         assert!(events.iter().all(|e| e.result == "unauthorized"));
-        st.node.shutdown().await;
+        local.shutdown().await;
     }
 }

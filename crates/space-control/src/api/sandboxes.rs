@@ -10,9 +10,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
+use space_node::api::Sandbox;
 use space_node::{
-    CreateRequest, SandboxId, SandboxOptions, SandboxRecord, SnapshotId, SnapshotKind,
-    State as SbState, TemplateName, TimeoutAction, TimeoutPolicy, VersionReq,
+    CreateRequest, SandboxId, SandboxOptions, SnapshotId, SnapshotKind, State as SbState,
+    TemplateName, TimeoutAction, TimeoutPolicy, VersionReq,
 };
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
@@ -26,7 +27,7 @@ pub const DEFAULT_LOG_TAIL: usize = 64 * 1024;
 pub const MAX_LOG_TAIL: usize = 1024 * 1024;
 
 /// The API's JSON form of a sandbox.
-pub fn sandbox_json(r: &SandboxRecord, tenant: &TenantName) -> Value {
+pub fn sandbox_json(r: &Sandbox, tenant: &TenantName) -> Value {
     let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let t = &r.options.timeouts;
     json!({
@@ -177,7 +178,8 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
             .parse()
             .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?,
     };
-    let t = st.node.template(&name, &version)?;
+    // The template is resolved once: the create names the exact build it was sized by.
+    let t = st.node.template(&name, &version).await?;
     let timeouts = body
         .timeouts
         .as_ref()
@@ -186,15 +188,15 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
         })?;
     let need = Usage {
         sandboxes: 1,
-        vcpus: body.vcpus.unwrap_or(t.manifest.vcpus),
-        memory_mib: body.memory_mib.unwrap_or(t.manifest.memory_mib),
+        vcpus: body.vcpus.unwrap_or(t.vcpus),
+        memory_mib: body.memory_mib.unwrap_or(t.memory_mib),
     };
     let egress = body.egress.unwrap_or_default();
     egress.validate().map_err(ApiError::invalid)?;
     let secrets = super::net::bindings(st, tenant, &body.secrets).await?;
     let req = CreateRequest {
-        template: name,
-        version,
+        template: t.template.name.clone(),
+        version: VersionReq::Exact(t.template.version.clone()),
         options: SandboxOptions {
             vcpus: body.vcpus,
             memory_mib: body.memory_mib,
@@ -208,7 +210,7 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
         },
         tenant: tenant.to_string(),
     };
-    let guard = quota::admit(&st.quotas, &st.node, &st.store, tenant, need).await?;
+    let guard = quota::admit(&st.quotas, st.node.as_ref(), &st.store, tenant, need).await?;
     let info = st.node.create(req).await?;
     own(st, &info.id, tenant).await?;
     drop(guard);
@@ -268,13 +270,13 @@ pub async fn list(
             )));
         }
     }
-    let mut out: Vec<SandboxRecord> = Vec::new();
+    let mut out: Vec<Sandbox> = Vec::new();
     // Terminated sandboxes are listed only when asked for: the others are the node's live
     // ones, so a tenant's history does not make every listing read its records.
     let live: std::collections::HashSet<SandboxId> = if state == Some(SbState::Terminated) {
         Default::default()
     } else {
-        st.node.usage().into_iter().map(|u| u.id).collect()
+        st.node.usage().await?.into_iter().map(|u| u.id).collect()
     };
     for id in st.store.sandboxes_of(&who.tenant).await? {
         let Ok(id) = id.parse::<SandboxId>() else {
@@ -285,7 +287,7 @@ pub async fn list(
         }
         let info = match st.node.info(&id).await {
             Ok(i) => i,
-            Err(space_node::NodeError::NotFound(_)) => continue,
+            Err(f) if f.code == space_node::FaultCode::NotFound => continue,
             Err(e) => return Err(e.into()),
         };
         let state_ok = match state {
@@ -429,7 +431,7 @@ pub async fn restore(
         } else {
             Usage::default()
         };
-        let _guard = quota::admit(&st.quotas, &st.node, &st.store, &tenant, need).await?;
+        let _guard = quota::admit(&st.quotas, st.node.as_ref(), &st.store, &tenant, need).await?;
         st.node.restore(&id).await.map_err(node_error(&id))
     })
     .await
@@ -449,7 +451,8 @@ pub async fn fork(
             vcpus: parent.vcpus,
             memory_mib: parent.memory_mib,
         };
-        let guard = quota::admit(&st.quotas, &st.node, &st.store, &who.tenant, need).await?;
+        let guard =
+            quota::admit(&st.quotas, st.node.as_ref(), &st.store, &who.tenant, need).await?;
         let child = st.node.fork(&id).await.map_err(node_error(&id))?;
         own(&st, &child.id, &who.tenant).await?;
         drop(guard);
@@ -528,7 +531,7 @@ pub async fn snapshots(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     let id = st.scope(&who, &raw).await?;
-    let list = st.node.snapshots(&id).await.map_err(node_error(&id))?;
+    let list = st.node.info(&id).await.map_err(node_error(&id))?.snapshots;
     Ok(Json(json!({ "snapshots": list })))
 }
 

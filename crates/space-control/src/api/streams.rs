@@ -8,6 +8,7 @@
 //! goes away the process is ended: SIGKILL for exec, SIGHUP for a terminal.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -20,7 +21,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::{Node, SandboxId};
+use space_node::{NodeApi, SandboxId};
 use space_proto::{Command, ExecOutput, ExecSpec, ExitStatus, GuestClient, PtySpec};
 use tokio::sync::mpsc;
 
@@ -83,7 +84,7 @@ impl ExecRequest {
 struct KeepActive(tokio::task::JoinHandle<()>);
 
 impl KeepActive {
-    fn start(node: Node, id: SandboxId) -> Self {
+    fn start(node: Arc<dyn NodeApi>, id: SandboxId) -> Self {
         KeepActive(tokio::spawn(async move {
             let mut tick = tokio::time::interval(TOUCH_EVERY);
             tick.tick().await;
@@ -329,7 +330,12 @@ pub async fn exec_ws(
     Ok(ws.on_upgrade(move |socket| exec_session(socket, node, id, guest)))
 }
 
-async fn exec_session(mut socket: WebSocket, node: Node, id: SandboxId, guest: GuestClient) {
+async fn exec_session(
+    mut socket: WebSocket,
+    node: Arc<dyn NodeApi>,
+    id: SandboxId,
+    guest: GuestClient,
+) {
     let req = match first_text(&mut socket).await.and_then(|t| {
         serde_json::from_str::<ExecRequest>(&t)
             .map_err(|e| ApiError::invalid(format!("ExecRequest: {e}")))
@@ -452,7 +458,12 @@ pub async fn pty(
     Ok(ws.on_upgrade(move |socket| pty_session(socket, node, id, guest)))
 }
 
-async fn pty_session(mut socket: WebSocket, node: Node, id: SandboxId, guest: GuestClient) {
+async fn pty_session(
+    mut socket: WebSocket,
+    node: Arc<dyn NodeApi>,
+    id: SandboxId,
+    guest: GuestClient,
+) {
     let req = match first_text(&mut socket).await.and_then(|t| {
         serde_json::from_str::<PtyRequest>(&t)
             .map_err(|e| ApiError::invalid(format!("PTY request: {e}")))

@@ -2,8 +2,9 @@
 //!
 //! Connections are made on demand up to [`MAX_CONNECTIONS`] and kept for reuse; a caller that
 //! finds them all busy waits up to [`WAIT`]. A connection that failed (closed by the server,
-//! a broken socket) is dropped instead of being handed out again, so a database restart costs
-//! the calls in flight and nothing after them.
+//! a broken socket) is dropped instead of being handed out again, and the idle ones are then
+//! pinged before use, so a database restart costs the calls in flight and the first call
+//! after it, and nothing more.
 
 use std::str::FromStr;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -30,6 +31,9 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 struct Slots {
     idle: Vec<(Client, Instant)>,
     open: usize,
+    /// When a connection was last found broken: connections idle since before then are
+    /// pinged before use too (a database restart cuts them all at once).
+    broke_at: Option<Instant>,
 }
 
 pub(crate) struct Pool {
@@ -61,6 +65,7 @@ impl Pool {
             slots: Mutex::new(Slots {
                 idle: Vec::new(),
                 open: 0,
+                broke_at: None,
             }),
             freed: Condvar::new(),
         };
@@ -82,7 +87,8 @@ impl Pool {
         let mut slots = self.slots();
         loop {
             while let Some((mut c, since)) = slots.idle.pop() {
-                let stale = since.elapsed() > CHECK_AFTER_IDLE;
+                let stale = since.elapsed() > CHECK_AFTER_IDLE
+                    || slots.broke_at.is_some_and(|b| since <= b);
                 if stale {
                     drop(slots);
                     let ok = !c.is_closed() && c.is_valid(CHECK_TIMEOUT).is_ok();
@@ -146,17 +152,32 @@ impl Conn<'_> {
         let Some(client) = self.client.take() else {
             return;
         };
-        let broken = client.is_closed()
-            || matches!(error, Some(StoreError::Postgres(e)) if e.as_db_error().is_none());
+        let broken = client.is_closed() || matches!(error, Some(StoreError::Postgres(e)) if cut(e));
         let mut slots = self.pool.slots();
         if broken {
             slots.open -= 1;
+            slots.broke_at = Some(Instant::now());
             drop(slots);
             drop_client(client);
         } else {
             slots.idle.push((client, Instant::now()));
         }
         self.pool.freed.notify_one();
+    }
+}
+
+/// Whether an error means the connection is gone: a transport failure, or the server ending
+/// the session (a FATAL error such as "terminating connection due to administrator command",
+/// which arrives as the answer to the next statement).
+fn cut(e: &postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            matches!(db.severity(), "FATAL" | "PANIC")
+                || code.starts_with("57")
+                || code.starts_with("08")
+        }
     }
 }
 

@@ -28,6 +28,16 @@ pub fn test_database() -> Option<String> {
     }
 }
 
+/// Whether the test servers reach their node through the network node API:
+/// `SPACE_TEST_NODE=remote` (mutual TLS on loopback), else in process as `space up` does.
+pub fn test_node_over_network() -> bool {
+    match std::env::var("SPACE_TEST_NODE").as_deref() {
+        Ok("remote") => true,
+        Ok("local") | Ok("") | Err(_) => false,
+        Ok(other) => panic!("SPACE_TEST_NODE={other}: expected local or remote"),
+    }
+}
+
 /// Uploads above this are refused by the test server.
 pub const MAX_UPLOAD: u64 = 2 << 20;
 
@@ -56,6 +66,7 @@ pub fn server_config(data: &Path) -> ServerConfig {
     archive.upload_interval = None;
     cfg.archive = Some(archive);
     cfg.database = test_database();
+    cfg.node_over_network = test_node_over_network();
     cfg
 }
 

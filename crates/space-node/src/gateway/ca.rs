@@ -266,7 +266,7 @@ fn unix_now() -> u64 {
 }
 
 /// The civil date (UTC) of a Unix time: year, month, day.
-fn ymd(secs: u64) -> (i32, u8, u8) {
+pub(crate) fn ymd(secs: u64) -> (i32, u8, u8) {
     let days = (secs / 86_400) as i64;
     // Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
     let z = days + 719_468;

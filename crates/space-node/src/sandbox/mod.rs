@@ -959,7 +959,7 @@ impl Sandbox {
 }
 
 /// What [`crate::Node::create`] asks for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct CreateRequest {
     /// Template name.
     pub template: TemplateName,

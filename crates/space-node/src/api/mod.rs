@@ -1,0 +1,340 @@
+//! The node API: everything the control plane asks of a node, and the only way it reaches
+//! one. Two implementations: [`LocalNode`], in process (what `space up` uses; a call is a
+//! function call), and the network client, which speaks the same calls to a `space node`
+//! over mutual TLS.
+//!
+//! Calls take and return the API's own types ([`wire`]), never the node's records, and fail
+//! with a [`Fault`] that keeps the difference between a refusal (the node understood and
+//! declined; nothing changed) and a failure. Guest traffic (exec, PTY, files, watch, TCP to a
+//! port) goes through [`NodeApi::guest`]: a client of the guest protocol whose requests the
+//! node serves on the sandbox's behalf, waking it first when it sleeps.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use space_proto::GuestClient;
+
+use crate::gateway::EgressPolicy;
+use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
+use crate::node::Node;
+use crate::record::{SnapshotKind, TimeoutPolicy};
+use crate::sandbox::CreateRequest;
+use crate::template::{Template, TemplateSpec};
+
+pub mod remote;
+pub mod rpc;
+pub mod serve;
+pub mod tls;
+pub mod wire;
+
+pub use remote::RemoteNode;
+pub use serve::NodeServer;
+pub use tls::{ClusterCa, Identity, Leaf, TlsError};
+pub use wire::{Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke};
+
+/// What a node API call returns.
+pub type NodeResult<T> = Result<T, Fault>;
+
+/// A template build request: which root image of the node's, and the shape of the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TemplateBuild {
+    /// Name and version of the build; the version must not exist yet.
+    pub template: TemplateRef,
+    /// One of the node's root images ([`NodeApi::images`]).
+    pub image: String,
+    /// vCPUs of the snapshot.
+    pub vcpus: u32,
+    /// Guest RAM of the snapshot in MiB.
+    pub memory_mib: u64,
+    /// How long the build VM may take to report ready, in milliseconds.
+    pub ready_timeout_ms: u64,
+}
+
+/// Everything the control plane asks of a node.
+#[async_trait]
+pub trait NodeApi: Send + Sync + 'static {
+    /// The accelerator and QEMU build.
+    async fn status(&self) -> NodeResult<NodeStatus>;
+
+    /// Creates a sandbox. The template is named by its exact build (the caller resolved it
+    /// once, with [`NodeApi::template`]).
+    async fn create(&self, req: CreateRequest) -> NodeResult<Sandbox>;
+    /// Forks a running sandbox.
+    async fn fork(&self, id: &SandboxId) -> NodeResult<Sandbox>;
+    /// One sandbox.
+    async fn info(&self, id: &SandboxId) -> NodeResult<Sandbox>;
+    /// Every sandbox of the node, terminated ones included.
+    async fn list(&self) -> NodeResult<Vec<Sandbox>>;
+    /// The sandboxes the node holds now and what they use.
+    async fn usage(&self) -> NodeResult<Vec<Usage>>;
+
+    /// Pauses the vCPUs.
+    async fn pause(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Resumes paused vCPUs.
+    async fn resume(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Takes a full snapshot and stops the VM.
+    async fn suspend(&self, id: &SandboxId) -> NodeResult<Snapshot>;
+    /// Restores a suspended sandbox.
+    async fn restore(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Stops the VM for good.
+    async fn kill(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Counts as activity for the idle timeout.
+    async fn touch(&self, id: &SandboxId) -> NodeResult<()>;
+    /// Takes a snapshot.
+    async fn snapshot(&self, id: &SandboxId, kind: SnapshotKind) -> NodeResult<Snapshot>;
+    /// Rolls back to one of the sandbox's snapshots.
+    async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> NodeResult<()>;
+    /// Replaces the timeouts.
+    async fn set_timeouts(&self, id: &SandboxId, timeouts: TimeoutPolicy) -> NodeResult<Sandbox>;
+    /// Replaces the egress policy.
+    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> NodeResult<Sandbox>;
+    /// The last `max_bytes` of the guest's console.
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>>;
+
+    /// A client of the sandbox's guest, waking the sandbox first when it is paused or
+    /// suspended and its `auto_resume` is on; says whether it did.
+    async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)>;
+
+    /// Every complete template build.
+    async fn templates(&self) -> NodeResult<Vec<TemplateInfo>>;
+    /// The build `version` of `name` resolves to.
+    async fn template(&self, name: &TemplateName, version: &VersionReq)
+        -> NodeResult<TemplateInfo>;
+    /// The root images templates can be built from.
+    async fn images(&self) -> NodeResult<Vec<String>>;
+    /// Builds a template.
+    async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo>;
+    /// Deletes a template build nothing uses.
+    async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()>;
+    /// The template pools.
+    async fn pools(&self) -> NodeResult<Vec<Pool>>;
+    /// The PEM of the CA the node's gateway signs intercepted TLS with.
+    async fn ca_pem(&self) -> NodeResult<String>;
+}
+
+/// The node in this process.
+#[derive(Clone)]
+pub struct LocalNode {
+    node: Node,
+    kernel: PathBuf,
+    images: BTreeMap<String, PathBuf>,
+}
+
+impl std::fmt::Debug for LocalNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalNode").finish_non_exhaustive()
+    }
+}
+
+impl LocalNode {
+    /// The API of `node`, which builds templates with `kernel` from `images` (name → root
+    /// image file).
+    pub fn new(node: Node, kernel: PathBuf, images: BTreeMap<String, PathBuf>) -> LocalNode {
+        LocalNode {
+            node,
+            kernel,
+            images,
+        }
+    }
+
+    /// The node itself.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    fn info(&self, t: &Template) -> TemplateInfo {
+        let m = &t.manifest;
+        let path = &m.rootfs.path;
+        let image = self
+            .images
+            .iter()
+            .find(|(_, p)| *p == path)
+            .map(|(n, _)| n.clone())
+            .unwrap_or_else(|| {
+                path.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        TemplateInfo {
+            template: m.template.clone(),
+            vcpus: m.vcpus,
+            memory_mib: m.memory_mib,
+            disk_bytes: m.disk_bytes,
+            image,
+            created_unix_ms: m.created_unix_ms,
+            accelerator: m.accel.as_str().to_owned(),
+            qemu: m.qemu.to_string(),
+        }
+    }
+}
+
+fn fault(e: crate::error::NodeError) -> Fault {
+    Fault::from(e)
+}
+
+#[async_trait]
+impl NodeApi for LocalNode {
+    async fn status(&self) -> NodeResult<NodeStatus> {
+        let rt = self.node.runtime();
+        Ok(NodeStatus {
+            accelerator: rt.accel().as_str().to_owned(),
+            qemu: rt.version().to_string(),
+        })
+    }
+
+    async fn create(&self, req: CreateRequest) -> NodeResult<Sandbox> {
+        self.node
+            .create(req)
+            .await
+            .map(Sandbox::from)
+            .map_err(fault)
+    }
+
+    async fn fork(&self, id: &SandboxId) -> NodeResult<Sandbox> {
+        self.node.fork(id).await.map(Sandbox::from).map_err(fault)
+    }
+
+    async fn info(&self, id: &SandboxId) -> NodeResult<Sandbox> {
+        self.node.info(id).await.map(Sandbox::from).map_err(fault)
+    }
+
+    async fn list(&self) -> NodeResult<Vec<Sandbox>> {
+        let all = self.node.list().await.map_err(fault)?;
+        Ok(all.iter().map(Sandbox::from).collect())
+    }
+
+    async fn usage(&self) -> NodeResult<Vec<Usage>> {
+        Ok(self.node.usage().into_iter().map(Usage::from).collect())
+    }
+
+    async fn pause(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.pause(id).await.map_err(fault)
+    }
+
+    async fn resume(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.resume(id).await.map_err(fault)
+    }
+
+    async fn suspend(&self, id: &SandboxId) -> NodeResult<Snapshot> {
+        self.node
+            .suspend(id)
+            .await
+            .map(Snapshot::from)
+            .map_err(fault)
+    }
+
+    async fn restore(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.restore(id).await.map_err(fault)
+    }
+
+    async fn kill(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.kill(id).await.map_err(fault)
+    }
+
+    async fn touch(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.touch(id).await.map_err(fault)
+    }
+
+    async fn snapshot(&self, id: &SandboxId, kind: SnapshotKind) -> NodeResult<Snapshot> {
+        self.node
+            .snapshot(id, kind)
+            .await
+            .map(Snapshot::from)
+            .map_err(fault)
+    }
+
+    async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> NodeResult<()> {
+        self.node.rollback(id, snapshot).await.map_err(fault)
+    }
+
+    async fn set_timeouts(&self, id: &SandboxId, timeouts: TimeoutPolicy) -> NodeResult<Sandbox> {
+        self.node
+            .set_timeouts(id, timeouts)
+            .await
+            .map(Sandbox::from)
+            .map_err(fault)
+    }
+
+    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> NodeResult<Sandbox> {
+        self.node
+            .set_egress(id, policy)
+            .await
+            .map(Sandbox::from)
+            .map_err(fault)
+    }
+
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>> {
+        self.node.console_tail(id, max_bytes).await.map_err(fault)
+    }
+
+    async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)> {
+        let (client, woke) = self.node.guest_waking(id).await.map_err(fault)?;
+        Ok((client, woke.map(Woke::from)))
+    }
+
+    async fn templates(&self) -> NodeResult<Vec<TemplateInfo>> {
+        let all = self.node.templates().map_err(fault)?;
+        Ok(all.iter().map(|t| self.info(t)).collect())
+    }
+
+    async fn template(
+        &self,
+        name: &TemplateName,
+        version: &VersionReq,
+    ) -> NodeResult<TemplateInfo> {
+        self.node
+            .template(name, version)
+            .map(|t| self.info(&t))
+            .map_err(fault)
+    }
+
+    async fn images(&self) -> NodeResult<Vec<String>> {
+        Ok(self.images.keys().cloned().collect())
+    }
+
+    async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo> {
+        let Some(rootfs) = self.images.get(&build.image) else {
+            let known: Vec<&str> = self.images.keys().map(String::as_str).collect();
+            return Err(Fault::new(
+                FaultCode::Invalid,
+                format!(
+                    "no image {:?} on this node (it has: {})",
+                    build.image,
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        };
+        let spec = TemplateSpec {
+            template: build.template,
+            kernel: self.kernel.clone(),
+            rootfs: rootfs.clone(),
+            vcpus: build.vcpus,
+            memory_mib: build.memory_mib,
+            kernel_cmdline: None,
+            ready_timeout: Duration::from_millis(build.ready_timeout_ms),
+        };
+        self.node
+            .build_template(spec)
+            .await
+            .map(|t| self.info(&t))
+            .map_err(fault)
+    }
+
+    async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()> {
+        self.node.delete_template(template).await.map_err(fault)
+    }
+
+    async fn pools(&self) -> NodeResult<Vec<Pool>> {
+        Ok(self.node.pool_stats().into_iter().map(Pool::from).collect())
+    }
+
+    async fn ca_pem(&self) -> NodeResult<String> {
+        Ok(self.node.ca_pem())
+    }
+}

@@ -1,0 +1,271 @@
+//! Mutual TLS between control replicas and nodes, from the cluster CA.
+//!
+//! The cluster CA is its own: the gateway's interception CA (which every guest trusts) never
+//! signs a node or control certificate. Every leaf names its role in its common name
+//! (`node <id>` or `control`), carries both the server and client purposes, and lives
+//! [`LEAF_DAYS`] days. Each side presents its leaf and accepts only leaves of the cluster
+//! CA; a control replica additionally checks that the node it dialled is the node it meant
+//! (the node id is the certificate's DNS name).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+
+/// How long a node or control leaf is valid.
+pub const LEAF_DAYS: u64 = 30;
+
+/// A failure to make, read or use cluster certificates.
+#[derive(Debug, thiserror::Error)]
+#[error("cluster TLS: {0}")]
+pub struct TlsError(pub String);
+
+fn err<E: std::fmt::Display>(what: &str) -> impl FnOnce(E) -> TlsError + '_ {
+    move |e| TlsError(format!("{what}: {e}"))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Valid from the day of `from` to the day of `to` (Unix seconds).
+fn set_validity(params: &mut CertificateParams, from: u64, to: u64) {
+    let (y, m, d) = crate::gateway::ca::ymd(from);
+    params.not_before = rcgen::date_time_ymd(y, m, d);
+    let (y, m, d) = crate::gateway::ca::ymd(to);
+    params.not_after = rcgen::date_time_ymd(y, m, d);
+}
+
+fn ca_params(key: &KeyPair) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let id = params.key_identifier(key);
+    let short: String = id.iter().take(6).map(|b| format!("{b:02x}")).collect();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "space");
+    dn.push(DnType::CommonName, format!("space cluster CA {short}"));
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// The cluster CA: its certificate and its key (kept by the control plane only).
+pub struct ClusterCa {
+    issuer: Issuer<'static, KeyPair>,
+    cert_pem: String,
+    key_pem: String,
+}
+
+impl std::fmt::Debug for ClusterCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCa").finish_non_exhaustive()
+    }
+}
+
+/// A leaf certificate and its key, PEM.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Leaf {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key (PKCS#8).
+    pub key_pem: String,
+    /// Valid until, seconds since the Unix epoch.
+    pub not_after_unix: u64,
+}
+
+impl std::fmt::Debug for Leaf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leaf")
+            .field("not_after_unix", &self.not_after_unix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterCa {
+    /// A new CA, valid for 20 years.
+    pub fn generate() -> Result<ClusterCa, TlsError> {
+        let key = KeyPair::generate().map_err(err("making the CA key"))?;
+        let mut params = ca_params(&key);
+        let now = unix_now();
+        set_validity(
+            &mut params,
+            now.saturating_sub(24 * 3600),
+            now + 20 * 365 * 24 * 3600,
+        );
+        let cert = params
+            .self_signed(&key)
+            .map_err(err("making the CA certificate"))?;
+        Ok(ClusterCa {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// The CA from its certificate and key.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<ClusterCa, TlsError> {
+        let key = KeyPair::from_pem(key_pem).map_err(err("reading the CA key"))?;
+        let params = ca_params(&key);
+        Ok(ClusterCa {
+            issuer: Issuer::new(params, key),
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
+        })
+    }
+
+    /// The CA certificate, PEM.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// The CA key, PEM.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
+    /// A leaf for node `node_id` (its DNS name, which control replicas check).
+    pub fn issue_node(&self, node_id: &str, days: u64) -> Result<Leaf, TlsError> {
+        self.issue(&format!("node {node_id}"), Some(node_id), days)
+    }
+
+    /// A leaf for a control replica.
+    pub fn issue_control(&self, days: u64) -> Result<Leaf, TlsError> {
+        self.issue("control", Some("control"), days)
+    }
+
+    fn issue(&self, common_name: &str, dns: Option<&str>, days: u64) -> Result<Leaf, TlsError> {
+        let key = KeyPair::generate().map_err(err("making a leaf key"))?;
+        let mut params = CertificateParams::default();
+        if let Some(name) = dns {
+            params.subject_alt_names = vec![SanType::DnsName(
+                name.to_owned()
+                    .try_into()
+                    .map_err(err("naming a leaf certificate"))?,
+            )];
+        }
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::OrganizationName, "space");
+        dn.push(DnType::CommonName, common_name);
+        params.distinguished_name = dn;
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let now = unix_now();
+        let not_after = now + days * 24 * 3600;
+        set_validity(&mut params, now.saturating_sub(24 * 3600), not_after);
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(err("signing a leaf certificate"))?;
+        Ok(Leaf {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            not_after_unix: not_after,
+        })
+    }
+}
+
+/// One side's TLS identity: its leaf and the CA it trusts.
+#[derive(Clone)]
+pub struct Identity {
+    chain: Vec<CertificateDer<'static>>,
+    key: Arc<PrivateKeyDer<'static>>,
+    roots: Arc<rustls::RootCertStore>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity").finish_non_exhaustive()
+    }
+}
+
+fn certs(pem: &str, what: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(err(what))?;
+    if certs.is_empty() {
+        return Err(TlsError(format!("{what}: no certificate")));
+    }
+    Ok(certs)
+}
+
+impl Identity {
+    /// The identity of a leaf under the CA whose certificate is `ca_pem`.
+    pub fn new(leaf: &Leaf, ca_pem: &str) -> Result<Identity, TlsError> {
+        let chain = certs(&leaf.cert_pem, "the leaf certificate")?;
+        let key = rustls_pemfile::private_key(&mut leaf.key_pem.as_bytes())
+            .map_err(err("the leaf key"))?
+            .ok_or_else(|| TlsError("the leaf key: no key".into()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs(ca_pem, "the CA certificate")? {
+            roots.add(c).map_err(err("the CA certificate"))?;
+        }
+        Ok(Identity {
+            chain,
+            key: Arc::new(key),
+            roots: Arc::new(roots),
+        })
+    }
+
+    fn key(&self) -> PrivateKeyDer<'static> {
+        match &*self.key {
+            PrivateKeyDer::Pkcs8(k) => {
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(k.secret_pkcs8_der().to_vec()))
+            }
+            other => other.clone_key(),
+        }
+    }
+
+    /// A server configuration that requires a client leaf of the cluster CA; ALPN `h2`.
+    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots.clone(),
+            provider(),
+        )
+        .build()
+        .map_err(err("the client verifier"))?;
+        let mut cfg = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(err("TLS versions"))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key())
+            .map_err(err("the server certificate"))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+
+    /// A client configuration that presents this leaf and trusts only the cluster CA; ALPN
+    /// `h2`.
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        let mut cfg = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .map_err(err("TLS versions"))?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key())
+            .map_err(err("the client certificate"))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+/// The name a control replica expects on the certificate of node `node_id`.
+pub fn node_server_name(node_id: &str) -> Result<ServerName<'static>, TlsError> {
+    ServerName::try_from(node_id.to_owned()).map_err(err("a node id as a TLS name"))
+}

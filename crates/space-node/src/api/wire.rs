@@ -1,0 +1,387 @@
+//! The node API's own types: what crosses between the control plane and a node, in process
+//! or over the network. They are made from the node's records but are not those records, so
+//! the on-disk format can change without the wire changing (and the other way round).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::NodeError;
+use crate::ids::{SandboxId, SnapshotId, TemplateRef};
+use crate::node::{SandboxUsage, Wake};
+use crate::pool::PoolStats;
+use crate::record::{
+    RemoteCopy, SandboxOptions, SandboxRecord, SnapshotKind, SnapshotReason, SnapshotRecord, State,
+};
+
+/// A sandbox as the node reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// Its id.
+    pub id: SandboxId,
+    /// The tenant that owns it (the node's copy; the control plane's database decides).
+    pub tenant: String,
+    /// The exact template build it came from.
+    pub template: TemplateRef,
+    /// As created (shape asked for, environment, metadata, timeouts, egress, secrets).
+    pub options: SandboxOptions,
+    /// vCPUs in use.
+    pub vcpus: u32,
+    /// Guest RAM in MiB in use.
+    pub memory_mib: u64,
+    /// Root disk size in MiB.
+    pub disk_mib: u64,
+    /// Its state.
+    pub state: State,
+    /// When suspended: the full snapshot a restore starts from.
+    pub restore_point: Option<SnapshotId>,
+    /// The parent and snapshot it was forked from.
+    pub forked_from: Option<(SandboxId, SnapshotId)>,
+    /// Its snapshots, oldest first.
+    pub snapshots: Vec<Snapshot>,
+    /// Why the VM stopped when it stopped on its own.
+    pub failure: Option<String>,
+    /// Created, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Entered its current state.
+    pub state_since_unix_ms: u64,
+    /// Its VM last started.
+    pub started_unix_ms: u64,
+    /// Last request through the node.
+    pub last_activity_unix_ms: u64,
+}
+
+impl Sandbox {
+    /// One of its snapshots.
+    pub fn snapshot(&self, id: &SnapshotId) -> Option<&Snapshot> {
+        self.snapshots.iter().find(|s| &s.id == id)
+    }
+}
+
+impl From<&SandboxRecord> for Sandbox {
+    fn from(r: &SandboxRecord) -> Self {
+        Sandbox {
+            id: r.id.clone(),
+            tenant: r.tenant.clone(),
+            template: r.template.clone(),
+            options: r.options.clone(),
+            vcpus: r.vcpus,
+            memory_mib: r.memory_mib,
+            disk_mib: r.disk_mib,
+            state: r.state,
+            restore_point: r.restore_point.clone(),
+            forked_from: r.forked_from.clone(),
+            snapshots: r.snapshots.iter().map(Snapshot::from).collect(),
+            failure: r.failure.clone(),
+            created_unix_ms: r.created_unix_ms,
+            state_since_unix_ms: r.state_since_unix_ms,
+            started_unix_ms: r.started_unix_ms,
+            last_activity_unix_ms: r.last_activity_unix_ms,
+        }
+    }
+}
+
+impl From<SandboxRecord> for Sandbox {
+    fn from(r: SandboxRecord) -> Self {
+        Sandbox::from(&r)
+    }
+}
+
+/// A snapshot of a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Its id.
+    pub id: SnapshotId,
+    /// Disk only or full.
+    pub kind: SnapshotKind,
+    /// Why it was taken.
+    pub reason: SnapshotReason,
+    /// When, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// Apparent size of its files in bytes.
+    pub size_bytes: u64,
+    /// How long the guest's vCPUs were stopped to take it, in microseconds.
+    pub paused_for_us: u64,
+    /// Whether its files are on the node's disk.
+    pub local: bool,
+    /// Its copy in the object store, once uploaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteCopy>,
+}
+
+impl Snapshot {
+    /// Where it lives: `local`, `local+remote`, `remote` (or `lost`).
+    pub fn location(&self) -> &'static str {
+        match (self.local, self.remote.is_some()) {
+            (true, false) => "local",
+            (true, true) => "local+remote",
+            (false, true) => "remote",
+            (false, false) => "lost",
+        }
+    }
+}
+
+impl From<&SnapshotRecord> for Snapshot {
+    fn from(s: &SnapshotRecord) -> Self {
+        Snapshot {
+            id: s.id.clone(),
+            kind: s.kind,
+            reason: s.reason,
+            created_unix_ms: s.created_unix_ms,
+            size_bytes: s.size_bytes,
+            paused_for_us: s.paused_for_us,
+            local: s.local,
+            remote: s.remote.clone(),
+        }
+    }
+}
+
+impl From<SnapshotRecord> for Snapshot {
+    fn from(s: SnapshotRecord) -> Self {
+        Snapshot::from(&s)
+    }
+}
+
+/// A complete template build.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    /// Name and version.
+    pub template: TemplateRef,
+    /// vCPUs of its snapshot (a sandbox's default).
+    pub vcpus: u32,
+    /// Guest RAM of its snapshot in MiB (a sandbox's default).
+    pub memory_mib: u64,
+    /// Its root image's size in bytes.
+    pub disk_bytes: u64,
+    /// The node's name of the root image it was built from (or the file's stem).
+    pub image: String,
+    /// When it was built, ms since the Unix epoch.
+    pub created_unix_ms: u64,
+    /// The accelerator its snapshot was taken on.
+    pub accelerator: String,
+    /// The QEMU build that took its snapshot.
+    pub qemu: String,
+}
+
+impl TemplateInfo {
+    /// The root image's size in MiB, rounded up.
+    pub fn image_mib(&self) -> u64 {
+        self.disk_bytes.div_ceil(1 << 20)
+    }
+}
+
+/// What a sandbox holds of the node right now (quotas count these).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Its state.
+    pub state: State,
+    /// vCPUs of its VM.
+    pub vcpus: u32,
+    /// Guest RAM of its VM in MiB.
+    pub memory_mib: u64,
+}
+
+impl From<SandboxUsage> for Usage {
+    fn from(u: SandboxUsage) -> Self {
+        Usage {
+            id: u.id,
+            state: u.state,
+            vcpus: u.vcpus,
+            memory_mib: u.memory_mib,
+        }
+    }
+}
+
+/// A template pool's numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pool {
+    /// The template build.
+    pub template: TemplateRef,
+    /// Members it keeps.
+    pub target: usize,
+    /// Members ready now.
+    pub ready: usize,
+    /// Creates served from it.
+    pub hits: u64,
+    /// Creates that found it empty.
+    pub misses: u64,
+}
+
+impl From<PoolStats> for Pool {
+    fn from(p: PoolStats) -> Self {
+        Pool {
+            template: p.template,
+            target: p.target,
+            ready: p.ready,
+            hits: p.hits,
+            misses: p.misses,
+        }
+    }
+}
+
+/// What a node is and runs on (the inputs of placement's hard filters).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// `kvm` or `tcg`.
+    pub accelerator: String,
+    /// The QEMU build snapshots are taken with.
+    pub qemu: String,
+}
+
+/// Why a sandbox was woken on access.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Woke {
+    /// It was paused and was resumed.
+    Resume,
+    /// It was suspended and was restored.
+    Restore,
+}
+
+impl Woke {
+    /// `resume` or `restore`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Woke::Resume => "resume",
+            Woke::Restore => "restore",
+        }
+    }
+}
+
+impl From<Wake> for Woke {
+    fn from(w: Wake) -> Self {
+        match w {
+            Wake::Resumed => Woke::Resume,
+            Wake::Restored => Woke::Restore,
+        }
+    }
+}
+
+/// The kinds of [`Fault`]. Every kind but `Internal` and `Unavailable` is a refusal: the
+/// node understood the request and declined it, and nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultCode {
+    /// No such sandbox on the node.
+    NotFound,
+    /// Not legal in the sandbox's state.
+    IllegalState,
+    /// Not one of the sandbox's snapshots.
+    SnapshotNotFound,
+    /// No such template build.
+    TemplateNotFound,
+    /// The template build exists already.
+    TemplateExists,
+    /// The template build is in use.
+    TemplateInUse,
+    /// The template cannot be restored on this node any more.
+    TemplateStale,
+    /// A malformed id or name.
+    InvalidId,
+    /// Options or arguments the node cannot honour.
+    Invalid,
+    /// The node is shutting down.
+    ShuttingDown,
+    /// No room on the node.
+    Capacity,
+    /// The object store failed or holds something corrupt.
+    Archive,
+    /// A key needed for the archive is unavailable.
+    Key,
+    /// The guest failed to answer.
+    Guest,
+    /// The node could not be reached, or stopped answering mid-request.
+    Unavailable,
+    /// Anything else: the node failed.
+    Internal,
+}
+
+/// A failed node API call, serializable so it crosses the network with its kind intact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Fault {
+    /// What kind of failure.
+    pub code: FaultCode,
+    /// What happened, for people (the node's error with its causes).
+    pub message: String,
+    /// For `not_found` and `snapshot_not_found`: the sandbox asked about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxId>,
+    /// For `snapshot_not_found`: the snapshot asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotId>,
+}
+
+impl Fault {
+    /// A fault of `code` with `message`.
+    pub fn new(code: FaultCode, message: impl Into<String>) -> Fault {
+        Fault {
+            code,
+            message: message.into(),
+            sandbox: None,
+            snapshot: None,
+        }
+    }
+
+    /// Whether the node declined the request (as opposed to failing or being unreachable).
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self.code, FaultCode::Internal | FaultCode::Unavailable)
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+impl From<NodeError> for Fault {
+    fn from(e: NodeError) -> Self {
+        let code = match &e {
+            NodeError::NotFound(_) => FaultCode::NotFound,
+            NodeError::IllegalState { .. } => FaultCode::IllegalState,
+            NodeError::SnapshotNotFound { .. } => FaultCode::SnapshotNotFound,
+            NodeError::TemplateNotFound(_) => FaultCode::TemplateNotFound,
+            NodeError::TemplateExists(_) => FaultCode::TemplateExists,
+            NodeError::TemplateInUse { .. } => FaultCode::TemplateInUse,
+            NodeError::TemplateStale { .. } => FaultCode::TemplateStale,
+            NodeError::InvalidId(_) => FaultCode::InvalidId,
+            NodeError::Invalid(_) => FaultCode::Invalid,
+            NodeError::ShuttingDown => FaultCode::ShuttingDown,
+            NodeError::Capacity(_) => FaultCode::Capacity,
+            NodeError::Archive(_) => FaultCode::Archive,
+            NodeError::Key(_) => FaultCode::Key,
+            NodeError::Guest { .. } => FaultCode::Guest,
+            _ => FaultCode::Internal,
+        };
+        let message = match &e {
+            NodeError::Invalid(m) | NodeError::Capacity(m) | NodeError::Archive(m) => m.clone(),
+            NodeError::Key(m) => m.clone(),
+            // Never the note naming the snapshot's real owner: it may be another tenant's.
+            NodeError::SnapshotNotFound {
+                sandbox, snapshot, ..
+            } => format!("sandbox {sandbox} has no snapshot {snapshot}"),
+            _ => chain(&e),
+        };
+        let mut f = Fault::new(code, message);
+        match e {
+            NodeError::NotFound(id) => f.sandbox = Some(id),
+            NodeError::SnapshotNotFound {
+                sandbox, snapshot, ..
+            } => {
+                f.sandbox = Some(sandbox);
+                f.snapshot = Some(snapshot);
+            }
+            _ => {}
+        }
+        f
+    }
+}
