@@ -7,7 +7,10 @@
 //!    through HTTP (`POST /v1/sandboxes`, then `POST /v1/sandboxes/{id}/exec` with `true`, read
 //!    to its `exit` line), alternating which goes first, both from a full pool, so host
 //!    drift affects them alike. The table shows both and their difference.
-//! 2. **Concurrent creates.** `--concurrent` creates are sent at once through HTTP (more than
+//! 2. **Node over the network.** A second server whose node is reached through the network
+//!    node API (mutual TLS on loopback, `ServerConfig::node_over_network`), against the first
+//!    (in process, as `space up`): alternating API create-to-first-exec pairs.
+//! 3. **Concurrent creates.** `--concurrent` creates are sent at once through HTTP (more than
 //!    the pool holds: the rest restore the template's snapshot) and each then runs `true`;
 //!    latency per create, per first exec, and the wall time of the burst.
 //!
@@ -35,6 +38,8 @@ const LOOP_IMAGE_SIZE: u64 = 8 << 30;
 const POOL_WAIT: Duration = Duration::from_secs(180);
 /// The node-level figure the API should stay within, in ms at p50.
 const OVERHEAD_TARGET_MS: f64 = 5.0;
+/// What reaching the node over the network may add to create-to-first-exec, in ms at p50.
+const REMOTE_TARGET_MS: f64 = 3.0;
 
 /// What the API benchmark runs.
 pub struct ApiPlan {
@@ -54,14 +59,17 @@ pub struct ApiPlan {
 
 /// Runs the API groups; `interrupted` ends the run early (with everything cleaned up).
 pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>) -> Result<()> {
-    let mut dir = DataDir::with_prefix("space-bench-api-")?;
-    let mut slot: Option<Server> = None;
+    let mut dirs = [
+        DataDir::with_prefix("space-bench-api-")?,
+        DataDir::with_prefix("space-bench-api-net-")?,
+    ];
+    let mut slots: [Option<Server>; 2] = [None, None];
     let result = tokio::select! {
-        r = measure(plan, &dir, &mut slot) => r,
+        r = measure(plan, &dirs, &mut slots) => r,
         s = interrupted => Err(anyhow!("interrupted by {s}")),
     };
-    if let Some(server) = slot.take() {
-        progress("shutting the server down");
+    for server in slots.iter_mut().filter_map(Option::take) {
+        progress("shutting a server down");
         let node = server.node().clone();
         kill_all(&node).await;
         if tokio::time::timeout(Duration::from_secs(120), server.shutdown())
@@ -73,7 +81,12 @@ pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>
         // The VMs of this run die with it: nothing is left for a next start to adopt.
         node.shutdown().await;
     }
-    let cleaned = tokio::task::block_in_place(|| dir.cleanup());
+    let mut cleaned = Ok(());
+    for dir in &mut dirs {
+        if let Err(e) = tokio::task::block_in_place(|| dir.cleanup()) {
+            cleaned = Err(e);
+        }
+    }
     match (result, cleaned) {
         (Ok(()), Ok(())) => Ok(()),
         (Err(e), Ok(())) => Err(e),
@@ -96,7 +109,7 @@ fn template_name() -> TemplateName {
     TEMPLATE.parse().expect("the template name is valid")
 }
 
-async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Result<()> {
+fn server_config(plan: &ApiPlan, dir: &DataDir, node_over_network: bool) -> ServerConfig {
     let mut node = NodeConfig::new(dir.data());
     node.storage = StorageOptions {
         driver: Some(DriverKind::Btrfs),
@@ -112,7 +125,7 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
     pools.default_size = 0;
     pools.sizes.insert(template_name(), plan.pool_size);
     node.pools = pools;
-    let config = ServerConfig {
+    ServerConfig {
         archive: None,
         node,
         listen: "127.0.0.1:0".parse().expect("a valid address"),
@@ -122,10 +135,18 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
         max_upload_bytes: 1 << 30,
         max_body_bytes: 1 << 20,
         database: None,
-        node_over_network: false,
-    };
-    progress("starting the server (builds the minimal template)");
-    let server = Server::start(config)
+        node_over_network,
+    }
+}
+
+/// Starts a server on `dir` and the client of it.
+async fn start(
+    plan: &ApiPlan,
+    dir: &DataDir,
+    node_over_network: bool,
+    slot: &mut Option<Server>,
+) -> Result<ApiBench> {
+    let server = Server::start(server_config(plan, dir, node_over_network))
         .await
         .context("starting the server (needs root for the loop-mounted btrfs image)")?;
     let key = server
@@ -141,6 +162,16 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
         key,
     };
     *slot = Some(server);
+    Ok(bench)
+}
+
+async fn measure(
+    plan: &ApiPlan,
+    dirs: &[DataDir; 2],
+    slots: &mut [Option<Server>; 2],
+) -> Result<()> {
+    progress("starting the server (builds the minimal template)");
+    let bench = start(plan, &dirs[0], false, &mut slots[0]).await?;
     println!(
         "api:         control plane on {} (HTTP/1.1 over loopback, one keep-alive client); \
          pool of {} for {TEMPLATE}; rolling snapshots off\n",
@@ -169,7 +200,76 @@ async fn measure(plan: &ApiPlan, dir: &DataDir, slot: &mut Option<Server>) -> Re
         n90 + OVERHEAD_TARGET_MS,
     );
     print!("{}", targets.render());
+
+    progress("starting a second server whose node is reached over mutual TLS");
+    let remote = start(plan, &dirs[1], true, &mut slots[1]).await?;
+    let (local_exec, remote_exec) = compare(&bench, &remote, plan.runs).await?;
+    let mut summary = Summary::new();
+    summary.add(
+        "API create to first exec, node over mutual TLS / in process",
+        &remote_exec,
+        &local_exec,
+        "what the network node API adds (loopback)",
+    );
+    print!("{}", summary.render());
+    let mut targets = Targets::new();
+    targets.time(
+        format!("through a remote node within {REMOTE_TARGET_MS} ms of in process"),
+        &remote_exec,
+        local_exec.percentile(50.0).unwrap_or(f64::NAN) + REMOTE_TARGET_MS,
+        local_exec.percentile(90.0).unwrap_or(f64::NAN) + REMOTE_TARGET_MS,
+    );
+    print!("{}", targets.render());
     Ok(())
+}
+
+/// Alternating API create-to-exec pairs on the in-process server and on the one whose node
+/// is reached over the network, both from a full pool; one uncounted pair first.
+async fn compare(local: &ApiBench, remote: &ApiBench, runs: usize) -> Result<(Samples, Samples)> {
+    progress("filling the pools");
+    local.wait_pool_full().await?;
+    remote.wait_pool_full().await?;
+    let (mut l, mut r) = (Samples::new(), Samples::new());
+    for i in 0..=runs {
+        if i > 0 {
+            progress(&format!("in process against over the network {i}/{runs}"));
+        }
+        for remote_first in [i % 2 == 0, i % 2 != 0] {
+            let (bench, samples) = if remote_first {
+                (remote, &mut r)
+            } else {
+                (local, &mut l)
+            };
+            bench.wait_pool_full().await?;
+            let (id, _, exec) = bench.api_create_exec().await?;
+            bench.api_kill(&id).await?;
+            if i > 0 {
+                samples.push_duration(exec);
+            }
+        }
+    }
+    let mut t = Table::new(format!(
+        "API create from the warm pool to first exec: node in process (space up) against node \
+         over mutual TLS on loopback ({runs} pairs, alternating, pools full before each)"
+    ));
+    t.add(
+        "in process: create + exec `true` exit line",
+        "ms",
+        l.clone(),
+    );
+    t.add(
+        "over the network: create + exec `true` exit line",
+        "ms",
+        r.clone(),
+    );
+    print!("{}", t.render());
+    if let (Some(a), Some(b)) = (r.percentile(50.0), l.percentile(50.0)) {
+        println!(
+            "over the network minus in process at p50: {:.2} ms\n",
+            a - b
+        );
+    }
+    Ok((l, r))
 }
 
 struct ApiBench {

@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys;
 
+mod cluster;
 mod model;
 mod pg;
 mod schema;
@@ -37,6 +38,7 @@ mod tenants;
 #[cfg(test)]
 mod tests;
 
+pub use cluster::{is_node_id, JoinToken, NodeJoin, NodeRow, NodeState, MAX_NODE_ID_BYTES};
 pub use model::*;
 #[cfg(test)]
 use schema::MIGRATIONS;

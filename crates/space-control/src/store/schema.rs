@@ -81,6 +81,29 @@ CREATE TABLE tenant_master_keys (
     r#"
 ALTER TABLE tenants ADD COLUMN max_suspended_ms INTEGER;
 "#,
+    r#"
+CREATE TABLE nodes (
+    id               TEXT PRIMARY KEY NOT NULL,
+    address          TEXT NOT NULL,
+    incarnation      INTEGER NOT NULL,
+    state            TEXT NOT NULL,
+    lease_expires_ms INTEGER NOT NULL,
+    joined_unix_ms   INTEGER NOT NULL,
+    token_hash       TEXT NOT NULL,
+    report           TEXT NOT NULL
+) STRICT;
+CREATE TABLE join_tokens (
+    id              TEXT PRIMARY KEY NOT NULL,
+    hash            TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    expires_unix_ms INTEGER NOT NULL,
+    used_unix_ms    INTEGER,
+    used_by         TEXT
+) STRICT;
+ALTER TABLE sandboxes ADD COLUMN node TEXT;
+ALTER TABLE sandboxes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX sandboxes_node ON sandboxes(node);
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -89,7 +112,8 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// PostgreSQL migrations; entry `i` takes the database from version `i` to `i + 1`. Integers
 /// are `BIGINT` throughout (the store binds 64-bit values); `seq` columns keep insertion
 /// order where SQLite has `rowid`.
-pub(super) const PG_MIGRATIONS: &[&str] = &[r#"
+pub(super) const PG_MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE tenants (
     name             TEXT PRIMARY KEY,
     created_unix_ms  BIGINT NOT NULL,
@@ -157,7 +181,31 @@ CREATE TABLE tenant_master_keys (
     endpoint        TEXT,
     updated_unix_ms BIGINT NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE nodes (
+    id               TEXT PRIMARY KEY,
+    address          TEXT NOT NULL,
+    incarnation      BIGINT NOT NULL,
+    state            TEXT NOT NULL,
+    lease_expires_ms BIGINT NOT NULL,
+    joined_unix_ms   BIGINT NOT NULL,
+    token_hash       TEXT NOT NULL,
+    report           TEXT NOT NULL
+);
+CREATE TABLE join_tokens (
+    id              TEXT PRIMARY KEY,
+    hash            TEXT NOT NULL,
+    created_unix_ms BIGINT NOT NULL,
+    expires_unix_ms BIGINT NOT NULL,
+    used_unix_ms    BIGINT,
+    used_by         TEXT
+);
+ALTER TABLE sandboxes ADD COLUMN node TEXT;
+ALTER TABLE sandboxes ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX sandboxes_node ON sandboxes(node);
+"#,
+];
 
 /// The PostgreSQL schema version this build writes.
 pub const PG_SCHEMA_VERSION: u32 = PG_MIGRATIONS.len() as u32;

@@ -23,6 +23,14 @@ impl Kind {
             Kind::Postgres => "seq",
         }
     }
+
+    /// An expression for the database's clock, in ms since the Unix epoch.
+    pub(crate) fn now_ms(self) -> &'static str {
+        match self {
+            Kind::Sqlite => "CAST(ROUND((julianday('now') - 2440587.5) * 86400000) AS INTEGER)",
+            Kind::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        }
+    }
 }
 
 /// A value bound to a statement or read from a row.

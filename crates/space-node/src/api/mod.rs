@@ -31,7 +31,7 @@ pub mod wire;
 
 pub use remote::RemoteNode;
 pub use serve::NodeServer;
-pub use tls::{ClusterCa, Identity, Leaf, TlsError};
+pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
 pub use wire::{Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke};
 
 /// What a node API call returns.

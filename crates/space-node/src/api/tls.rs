@@ -143,6 +143,23 @@ impl ClusterCa {
         self.issue(&format!("node {node_id}"), Some(node_id), days)
     }
 
+    /// A certificate for node `node_id` over a public key the node made ([`NodeKey`]); the
+    /// private key never leaves the node. Returns the certificate (PEM) and its end of
+    /// validity (Unix seconds).
+    pub fn certify_node(
+        &self,
+        node_id: &str,
+        public_key: &[u8],
+        days: u64,
+    ) -> Result<(String, u64), TlsError> {
+        let key = P256Public::new(public_key)?;
+        let (params, not_after) = leaf_params(&format!("node {node_id}"), Some(node_id), days)?;
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(err("signing a node certificate"))?;
+        Ok((cert.pem(), not_after))
+    }
+
     /// A leaf for a control replica.
     pub fn issue_control(&self, days: u64) -> Result<Leaf, TlsError> {
         self.issue("control", Some("control"), days)
@@ -150,27 +167,7 @@ impl ClusterCa {
 
     fn issue(&self, common_name: &str, dns: Option<&str>, days: u64) -> Result<Leaf, TlsError> {
         let key = KeyPair::generate().map_err(err("making a leaf key"))?;
-        let mut params = CertificateParams::default();
-        if let Some(name) = dns {
-            params.subject_alt_names = vec![SanType::DnsName(
-                name.to_owned()
-                    .try_into()
-                    .map_err(err("naming a leaf certificate"))?,
-            )];
-        }
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::OrganizationName, "space");
-        dn.push(DnType::CommonName, common_name);
-        params.distinguished_name = dn;
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let now = unix_now();
-        let not_after = now + days * 24 * 3600;
-        set_validity(&mut params, now.saturating_sub(24 * 3600), not_after);
+        let (params, not_after) = leaf_params(common_name, dns, days)?;
         let cert = params
             .signed_by(&key, &self.issuer)
             .map_err(err("signing a leaf certificate"))?;
@@ -180,6 +177,92 @@ impl ClusterCa {
             not_after_unix: not_after,
         })
     }
+}
+
+/// A node's own key pair (ECDSA P-256); its public half goes to the control plane at join.
+pub struct NodeKey(KeyPair);
+
+impl std::fmt::Debug for NodeKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeKey").finish_non_exhaustive()
+    }
+}
+
+impl NodeKey {
+    /// A fresh key.
+    pub fn generate() -> Result<NodeKey, TlsError> {
+        KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256)
+            .map(NodeKey)
+            .map_err(err("making the node key"))
+    }
+
+    /// The public key, as an uncompressed P-256 point.
+    pub fn public_raw(&self) -> Vec<u8> {
+        self.0.public_key_raw().to_vec()
+    }
+
+    /// The leaf made of this key and the certificate the control plane issued for it.
+    pub fn leaf(&self, cert_pem: &str, not_after_unix: u64) -> Leaf {
+        Leaf {
+            cert_pem: cert_pem.to_owned(),
+            key_pem: self.0.serialize_pem(),
+            not_after_unix,
+        }
+    }
+}
+
+/// A P-256 public key sent by a node: an uncompressed point (65 bytes, `0x04` first).
+struct P256Public(Vec<u8>);
+
+impl P256Public {
+    fn new(raw: &[u8]) -> Result<P256Public, TlsError> {
+        if raw.len() != 65 || raw[0] != 0x04 {
+            return Err(TlsError(
+                "a node public key must be an uncompressed P-256 point (65 bytes)".into(),
+            ));
+        }
+        Ok(P256Public(raw.to_vec()))
+    }
+}
+
+impl rcgen::PublicKeyData for P256Public {
+    fn der_bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    fn algorithm(&self) -> &'static rcgen::SignatureAlgorithm {
+        &rcgen::PKCS_ECDSA_P256_SHA256
+    }
+}
+
+/// The parameters of a leaf: role in the common name, one DNS name, both TLS purposes.
+fn leaf_params(
+    common_name: &str,
+    dns: Option<&str>,
+    days: u64,
+) -> Result<(CertificateParams, u64), TlsError> {
+    let mut params = CertificateParams::default();
+    if let Some(name) = dns {
+        params.subject_alt_names = vec![SanType::DnsName(
+            name.to_owned()
+                .try_into()
+                .map_err(err("naming a leaf certificate"))?,
+        )];
+    }
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::OrganizationName, "space");
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.use_authority_key_identifier_extension = true;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let now = unix_now();
+    let not_after = now + days * 24 * 3600;
+    set_validity(&mut params, now.saturating_sub(24 * 3600), not_after);
+    Ok((params, not_after))
 }
 
 /// One side's TLS identity: its leaf and the CA it trusts.
@@ -268,4 +351,35 @@ impl Identity {
 /// The name a control replica expects on the certificate of node `node_id`.
 pub fn node_server_name(node_id: &str) -> Result<ServerName<'static>, TlsError> {
     ServerName::try_from(node_id.to_owned()).map_err(err("a node id as a TLS name"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_key_is_certified_without_its_private_half_leaving() {
+        let ca = ClusterCa::generate().unwrap();
+        let key = NodeKey::generate().unwrap();
+        let (cert, not_after) = ca.certify_node("node-a", &key.public_raw(), 30).unwrap();
+        assert!(not_after > unix_now() + 29 * 24 * 3600);
+        let leaf = key.leaf(&cert, not_after);
+        let id = Identity::new(&leaf, ca.cert_pem()).unwrap();
+        id.server_config().unwrap();
+        id.client_config().unwrap();
+        // The certificate is the node's name under this CA.
+        let der = certs(&cert, "cert").unwrap().remove(0);
+        let ee = webpki::EndEntityCert::try_from(&der).unwrap();
+        let name = ServerName::try_from("node-a").unwrap();
+        assert!(ee.verify_is_valid_for_subject_name(&name).is_ok());
+        let other = ServerName::try_from("node-b").unwrap();
+        assert!(ee.verify_is_valid_for_subject_name(&other).is_err());
+        // Anything but an uncompressed P-256 point is refused.
+        assert!(ca.certify_node("node-a", &[4u8; 64], 30).is_err());
+        assert!(ca.certify_node("node-a", &[5u8; 65], 30).is_err());
+        // A CA read back from its PEMs issues leaves the same clients accept.
+        let again = ClusterCa::from_pem(ca.cert_pem(), ca.key_pem()).unwrap();
+        let leaf = again.issue_control(1).unwrap();
+        Identity::new(&leaf, ca.cert_pem()).unwrap();
+    }
 }
