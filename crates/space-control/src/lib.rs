@@ -16,12 +16,14 @@
 
 pub mod api;
 pub mod archive;
+pub mod cluster;
 pub mod egress;
 pub mod error;
 pub mod keys;
 pub mod masters;
 pub mod metrics;
 pub mod quota;
+pub mod replica;
 pub mod server;
 pub mod store;
 pub mod vault;

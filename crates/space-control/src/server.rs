@@ -267,6 +267,7 @@ impl Server {
             builds: tokio::sync::Mutex::new(()),
             masters,
             keyring: node.archive().map(|a| a.keyring.clone()),
+            cluster: None,
         });
         let app = api::router(state, config.max_body_bytes);
         let (stop, stopped) = oneshot::channel::<()>();

@@ -230,6 +230,30 @@ impl Vault {
             .decrypt(Nonce::from_slice(nonce), Payload { msg: ct, aad })
     }
 
+    /// Seals `plaintext` under the vault key, bound to `purpose` (nonce followed by the
+    /// ciphertext): the deployment's own secrets kept in the database (the cluster CA key).
+    pub fn seal_blob(&self, purpose: &str, plaintext: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let (mut nonce, ct) = self.seal(purpose.as_bytes(), plaintext)?;
+        nonce.extend_from_slice(&ct);
+        Ok(nonce)
+    }
+
+    /// Opens what [`Vault::seal_blob`] sealed for `purpose`.
+    pub fn open_blob(&self, purpose: &str, blob: &[u8]) -> Result<Vec<u8>, StoreError> {
+        if blob.len() <= NONCE_LEN {
+            return Err(StoreError::Vault(format!(
+                "the sealed {purpose} is truncated"
+            )));
+        }
+        self.unseal(purpose.as_bytes(), &blob[..NONCE_LEN], &blob[NONCE_LEN..])
+            .map_err(|_| {
+                StoreError::Vault(format!(
+                    "the sealed {purpose} does not open: the vault key is not the one it was \
+                     sealed with"
+                ))
+            })
+    }
+
     /// Sets (or replaces) secret `name` of `tenant` to `value`, bound to `hosts` (rule
     /// strings the caller has validated); returns the listing and whether it is new.
     pub async fn put(

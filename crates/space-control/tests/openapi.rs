@@ -22,6 +22,9 @@ const PUBLIC: &[&str] = &[
     "ingress.put",
     "ingress.patch",
     "ingress.delete",
+    "node.join",
+    "node.rejoin",
+    "node.heartbeat",
 ];
 
 /// Operations that need an admin key (docs/api.md, *Templates* and *Tenants and keys*).
@@ -34,6 +37,10 @@ const ADMIN: &[&str] = &[
     "key.list",
     "key.create",
     "key.revoke",
+    "node.token",
+    "node.list",
+    "node.drain",
+    "node.remove",
 ];
 
 fn document() -> Value {

@@ -139,6 +139,26 @@ impl Admission {
         }
     }
 
+    /// All the memory VMs may take and what is free of it next to the `live` VMs (and those
+    /// being admitted), MiB.
+    pub fn memory(&self, live: &[Shape]) -> Result<(u64, u64)> {
+        let mem = MemInfo::read()?;
+        let c = &self.config;
+        let p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let charge = |s: &Shape| s.memory_mib + c.overhead_mib;
+        let committed: u64 = live
+            .iter()
+            .chain(p.charges.iter().map(|(_, s)| s))
+            .map(charge)
+            .sum();
+        let capacity = c
+            .memory_budget_mib
+            .unwrap_or_else(|| mem.total_mib.saturating_sub(c.reserve_mib));
+        let available = mem.available_mib.saturating_sub(c.reserve_mib);
+        let free = capacity.saturating_sub(committed).min(available);
+        Ok((capacity, free.saturating_sub(c.overhead_mib)))
+    }
+
     /// Admits a VM of shape `want` next to the `live` ones, or refuses with
     /// [`NodeError::Capacity`] saying which limit it hit.
     pub fn admit(&self, want: Shape, live: &[Shape]) -> Result<Ticket> {

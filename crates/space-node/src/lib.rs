@@ -21,6 +21,7 @@ pub mod archive;
 pub mod error;
 pub mod gateway;
 pub mod ids;
+pub mod member;
 pub mod node;
 pub mod pool;
 pub mod record;

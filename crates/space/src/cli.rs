@@ -28,9 +28,10 @@ pub struct Cli {
 pub enum Command {
     /// Run the API server and a node in one process (the single-host setup).
     Up(UpArgs),
-    /// Run the control plane alone (needs a node transport; use `space up` for now).
+    /// Run a control replica: the API over a database and the nodes that joined it.
     Control(ControlArgs),
-    /// Run the node services alone: recovery, timeouts, warm pools, rolling snapshots.
+    /// Run a node (alone, or joined to a control plane with --control), or manage the
+    /// cluster's nodes (`space node ls`, `token`, `drain`, `remove`).
     Node(NodeArgs),
     /// Manage templates.
     #[command(subcommand)]
@@ -140,20 +141,92 @@ pub struct UpArgs {
 /// `space control`.
 #[derive(Debug, Args)]
 pub struct ControlArgs {
-    /// The address the API would listen on.
+    /// The state database: `postgres://user@host/db` (any number of replicas) or a SQLite
+    /// file (one replica).
+    #[arg(long, env = "SPACE_DATABASE", value_name = "URL")]
+    pub database: String,
+    /// The address the API listens on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
+    /// The vault key every replica shares, 64 hex digits (secrets and the cluster CA key are
+    /// sealed with it).
+    #[arg(
+        long,
+        env = "SPACE_VAULT_KEY",
+        value_name = "HEX",
+        hide_env_values = true
+    )]
+    pub vault_key: String,
+    /// The largest file upload in bytes (default 1 GiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_upload: Option<u64>,
 }
 
-/// `space node`.
+/// `space node`: the node role, or (with a subcommand) the cluster's nodes as an admin sees
+/// them.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct NodeArgs {
+    /// List, drain or remove nodes, or make a join token (admin); without one, run a node.
+    #[command(subcommand)]
+    pub cmd: Option<NodeCmd>,
     /// The node's data directory.
     #[arg(long, default_value = "/var/lib/space")]
     pub data_dir: PathBuf,
+    /// The control plane to join (any replica's URL). Without it the node runs its services
+    /// alone, with no API.
+    #[arg(long, value_name = "URL")]
+    pub control: Option<String>,
+    /// The one-time token from `space node token` (needed on the first join only).
+    #[arg(
+        long,
+        env = "SPACE_JOIN_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub join_token: Option<String>,
+    /// The node's id in the cluster (a DNS label). Default: the host name.
+    #[arg(long, value_name = "ID")]
+    pub node_id: Option<String>,
+    /// The address control replicas reach this node's API at (`host:port`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:7443")]
+    pub advertise: String,
+    /// Where the node API listens. Default: all addresses, the advertised port.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// The guest kernel, for stock template builds.
+    #[arg(long, env = "SPACE_KERNEL")]
+    pub kernel: Option<PathBuf>,
+    /// A root image templates can be built from, as NAME=PATH (repeatable). Defaults:
+    /// SPACE_ROOTFS_MINIMAL as `minimal`, SPACE_ROOTFS_BASE as `base`.
+    #[arg(long = "image", value_name = "NAME=PATH")]
+    pub images: Vec<String>,
     /// Warm VMs kept ready per stock template (default: the node's).
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+}
+
+/// `space node ls|token|drain|remove`.
+#[derive(Debug, Subcommand)]
+pub enum NodeCmd {
+    /// List the cluster's nodes.
+    Ls,
+    /// Make a one-time join token for a new node.
+    Token {
+        /// Seconds the token works (default 3600).
+        #[arg(long, value_name = "SECONDS")]
+        ttl: Option<u64>,
+    },
+    /// Stop placing sandboxes on a node.
+    Drain {
+        /// The node id.
+        id: String,
+    },
+    /// Take a node out of the cluster.
+    Remove {
+        /// The node id.
+        id: String,
+    },
 }
 
 /// `space template ...`.

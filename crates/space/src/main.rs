@@ -18,10 +18,11 @@ use crate::client::ApiError;
 
 fn main() {
     let cli = Cli::parse();
-    let server_role = matches!(
-        cli.command,
-        Command::Up(_) | Command::Node(_) | Command::Control(_)
-    );
+    let server_role = match &cli.command {
+        Command::Up(_) | Command::Control(_) => true,
+        Command::Node(a) => a.cmd.is_none(),
+        _ => false,
+    };
     if server_role {
         tracing_subscriber::fmt()
             .with_env_filter(
@@ -39,7 +40,7 @@ fn main() {
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Up(a) => up::up(a).await.map(|()| 0),
-            Command::Node(a) => up::node(a).await.map(|()| 0),
+            Command::Node(a) if a.cmd.is_none() => up::node(a).await.map(|()| 0),
             Command::Control(a) => up::control(a).await.map(|()| 0),
             other => commands::run(other, json).await,
         }

@@ -1,5 +1,5 @@
-//! The server roles: `space up` (API and node in one process), `space node` (the node
-//! services alone) and `space control` (not runnable alone yet).
+//! The server roles: `space up` (API and node in one process), `space node` (a node,
+//! alone or joined to a control plane) and `space control` (a control replica).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -10,7 +10,7 @@ use space_control::archive::ArchiveSettings;
 use space_control::server::{
     Server, ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES,
 };
-use space_node::{Node, NodeConfig, PoolConfig, TemplateName};
+use space_node::{Node, NodeApi, NodeConfig, PoolConfig, TemplateName};
 
 use crate::cli::{ControlArgs, NodeArgs, UpArgs};
 use crate::config::{self, ConfigFile};
@@ -208,7 +208,8 @@ fn save_config(path: &Path, url: &str, key: Option<&str>) -> Result<()> {
     config::write(path, &file)
 }
 
-/// `space node`: the node services alone, until Ctrl-C or SIGTERM.
+/// `space node`: the node services, joined to a control plane with `--control` (serving the
+/// node API over mutual TLS) or alone; until Ctrl-C or SIGTERM.
 pub async fn node(a: NodeArgs) -> Result<()> {
     let mut cfg = NodeConfig::new(&a.data_dir);
     if let Some(n) = a.pool_size {
@@ -217,24 +218,127 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     eprintln!("space node: opening {}", a.data_dir.display());
     let node = Node::open(cfg).await.context("opening the node")?;
     let sandboxes = node.list().await.map(|l| l.len()).unwrap_or(0);
+    let Some(control) = a.control.clone() else {
+        eprintln!(
+            "space node: running alone ({sandboxes} sandboxes recovered; timeouts, warm pools \
+             and rolling snapshots active); give it --control URL to serve a control plane"
+        );
+        let sig = stop_signal().await?;
+        eprintln!(
+            "space node: {sig}: stopping (VMs keep running and are adopted on the next start)"
+        );
+        node.shutdown_detach().await;
+        return Ok(());
+    };
+    let result = member(&a, &node, control).await;
+    node.shutdown_detach().await;
+    result
+}
+
+async fn member(a: &NodeArgs, node: &Node, control: String) -> Result<()> {
+    let images = if a.images.is_empty() && std::env::var_os("SPACE_ROOTFS_MINIMAL").is_none() {
+        BTreeMap::new()
+    } else {
+        images(&a.images)?
+    };
+    let kernel = a.kernel.clone().unwrap_or_default();
+    let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone());
+    // Stock templates: each node builds its own from its images, once.
+    if kernel.is_file() {
+        for name in images.keys() {
+            let tname: TemplateName = name
+                .parse()
+                .map_err(|e| anyhow::anyhow!("image name {name:?}: {e}"))?;
+            if node
+                .template(&tname, &space_node::VersionReq::Latest)
+                .is_ok()
+            {
+                continue;
+            }
+            eprintln!("space node: building template {name} ...");
+            local
+                .build_template(space_node::api::TemplateBuild {
+                    template: space_node::TemplateRef::new(name, "1")?,
+                    image: name.clone(),
+                    vcpus: space_control::api::admin::DEFAULT_TEMPLATE_VCPUS,
+                    memory_mib: space_control::api::admin::DEFAULT_TEMPLATE_MEMORY_MIB,
+                    ready_timeout_ms: 120_000,
+                })
+                .await
+                .map_err(|e| anyhow::anyhow!("building template {name}: {e}"))?;
+        }
+    }
+    let node_id = match &a.node_id {
+        Some(id) => id.clone(),
+        None => std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_lowercase())
+            .unwrap_or_default(),
+    };
+    if !space_control::store::is_node_id(&node_id) {
+        bail!("node id {node_id:?} is not a DNS label ([a-z0-9-], up to 63); pass --node-id");
+    }
+    let listen = match a.listen {
+        Some(l) => l,
+        None => {
+            let port = a
+                .advertise
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse::<u16>().ok())
+                .context("--advertise must be host:port")?;
+            std::net::SocketAddr::from(([0, 0, 0, 0], port))
+        }
+    };
+    let member = space_node::member::Member::start(
+        local,
+        &a.data_dir,
+        space_node::member::MemberConfig {
+            control: control.clone(),
+            join_token: a.join_token.clone(),
+            node_id: node_id.clone(),
+            advertise: a.advertise.clone(),
+            listen,
+        },
+    )
+    .await
+    .context("joining the cluster")?;
     eprintln!(
-        "space node: running ({sandboxes} sandboxes recovered; timeouts, warm pools and \
-         rolling snapshots active). There is no node API for a control plane yet: `space up` \
-         runs both roles."
+        "space node: {node_id} is a member of {control} (incarnation {}); node API on {}",
+        member.incarnation(),
+        member.local_addr()
     );
     let sig = stop_signal().await?;
     eprintln!("space node: {sig}: stopping (VMs keep running and are adopted on the next start)");
-    node.shutdown_detach().await;
+    member.stop().await;
     Ok(())
 }
 
-/// `space control`: refuses, since the control plane has no way to reach a separate node yet.
+/// `space control`: a control replica over a database and the nodes that joined it.
 pub async fn control(a: ControlArgs) -> Result<()> {
-    bail!(
-        "`space control` (on {}) needs a transport to `space node` processes, which this \
-         release does not have yet; `space up` runs the control plane and a node together",
-        a.listen
-    )
+    let vault_key = space_control::vault::VaultKey::from_hex(&a.vault_key)
+        .map_err(|e| anyhow::anyhow!("--vault-key: {e}"))?;
+    let replica = space_control::replica::Replica::start(space_control::replica::ReplicaConfig {
+        database: a.database.clone(),
+        listen: a.listen,
+        vault_key,
+        max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
+        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+        ready_timeout: std::time::Duration::from_secs(120),
+    })
+    .await
+    .context("starting the control replica")?;
+    println!("space control is up at {}", replica.url());
+    if let Some(key) = replica.bootstrap_key() {
+        println!();
+        println!("Admin API key of the deployment (shown only this once; keep it safe):");
+        println!();
+        println!("    {key}");
+        println!();
+    }
+    println!("Add nodes with a token from `space node token`.");
+    let sig = stop_signal().await?;
+    eprintln!("space control: {sig}: stopping");
+    replica.shutdown().await;
+    Ok(())
 }
 
 #[cfg(test)]

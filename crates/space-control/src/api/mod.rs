@@ -8,6 +8,7 @@
 //! - [`net`]: secrets, egress policies, exposed ports, ingress and the port proxy.
 
 pub mod admin;
+pub mod cluster;
 pub mod files;
 pub mod net;
 pub mod sandboxes;
@@ -119,6 +120,13 @@ pub const ROUTES: &[Route] = &[
     r("PUT", PORT_PROXY, "port.proxy_put"),
     r("PATCH", PORT_PROXY, "port.proxy_patch"),
     r("DELETE", PORT_PROXY, "port.proxy_delete"),
+    r("POST", "/v1/cluster/join-tokens", "node.token"),
+    r("POST", "/v1/cluster/join", "node.join"),
+    r("POST", "/v1/cluster/rejoin", "node.rejoin"),
+    r("POST", "/v1/cluster/heartbeat", "node.heartbeat"),
+    r("GET", "/v1/nodes", "node.list"),
+    r("POST", "/v1/nodes/{id}/drain", "node.drain"),
+    r("DELETE", "/v1/nodes/{id}", "node.remove"),
     r("GET", INGRESS, "ingress.get"),
     r("POST", INGRESS, "ingress.post"),
     r("PUT", INGRESS, "ingress.put"),
@@ -160,6 +168,8 @@ pub struct AppState {
     /// The tenant keys in the object store, for rotation onto another master (with an object
     /// store only).
     pub keyring: Option<Arc<space_archive::Keyring>>,
+    /// The cluster this replica serves (`space control`); `None` on `space up`.
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
 }
 
 /// The shared state as handlers see it.
@@ -493,6 +503,7 @@ async fn metrics(State(state): State<Shared>) -> Response {
 /// The API router over `state`; JSON bodies are limited to `max_body_bytes`.
 pub fn router(state: Shared, max_body_bytes: usize) -> Router {
     use admin as a;
+    use cluster as c;
     use files as f;
     use net as n;
     use sandboxes as s;
@@ -558,6 +569,13 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
             post(n::expose).get(n::list_ports),
         )
         .route("/v1/sandboxes/{id}/ports/{port}", delete(n::unexpose))
+        .route("/v1/cluster/join-tokens", post(c::create_join_token))
+        .route("/v1/cluster/join", post(c::join))
+        .route("/v1/cluster/rejoin", post(c::rejoin))
+        .route("/v1/cluster/heartbeat", post(c::heartbeat))
+        .route("/v1/nodes", get(c::list_nodes))
+        .route("/v1/nodes/{id}/drain", post(c::drain_node))
+        .route("/v1/nodes/{id}", delete(c::remove_node))
         .route(
             "/v1/sandboxes/{id}/ports/{port}/proxy/",
             get(n::port_proxy_index)
@@ -612,6 +630,9 @@ mod tests {
     use space_node::{Node, NodeConfig};
     use tower::ServiceExt;
 
+    /// The routes nodes call, authenticated by a join token or a node's secret.
+    const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat"];
+
     #[test]
     fn routes_are_unique_and_named() {
         let mut seen = std::collections::HashSet::new();
@@ -656,6 +677,7 @@ mod tests {
             builds: tokio::sync::Mutex::new(()),
             masters: None,
             keyring: None,
+            cluster: None,
         });
         (st, local)
     }
@@ -700,6 +722,10 @@ mod tests {
             if r.operation.starts_with("ingress.") {
                 assert_eq!(status, StatusCode::NOT_FOUND, "{r:?}: {body}");
                 assert_eq!(body["error"]["code"], "not_found");
+            } else if NODE_ROUTES.contains(&r.operation) {
+                // Nodes authenticate in the body; without one it is refused as malformed.
+                assert!(status.is_client_error(), "{r:?}: {status} {body}");
+                assert!(body["error"]["code"].is_string(), "{r:?}: {body}");
             } else if !matches!(r.operation, "health" | "openapi" | "metrics") {
                 assert_eq!(status, StatusCode::UNAUTHORIZED, "{r:?}: {body}");
                 assert_eq!(body["error"]["code"], "unauthorized");
@@ -730,6 +756,7 @@ mod tests {
             .iter()
             .filter(|r| {
                 r.operation.starts_with("ingress.")
+                    || NODE_ROUTES.contains(&r.operation)
                     || matches!(r.operation, "health" | "openapi" | "metrics")
             })
             .count();

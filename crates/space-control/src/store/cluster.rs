@@ -261,6 +261,55 @@ impl Store {
         .await
     }
 
+    /// A node that joined before comes back (after a restart, or after it was lost): with
+    /// its secret, it gets a new incarnation, an active state and a fresh lease. `NotFound`
+    /// for an unknown node, a wrong secret, or a node an operator removed.
+    pub async fn rejoin_node(
+        &self,
+        id: &str,
+        secret: &str,
+        address: &str,
+        report: &serde_json::Value,
+        lease_ms: u64,
+    ) -> Result<NodeRow, StoreError> {
+        validate_node_id(id)?;
+        let report = serde_json::to_string(report)
+            .map_err(|e| StoreError::Invalid(format!("node report: {e}")))?;
+        let (id, secret, address) = (id.to_owned(), secret.to_owned(), address.to_owned());
+        self.write(move |c| {
+            let gone = || StoreError::NotFound {
+                what: "node",
+                id: id.clone(),
+            };
+            let now = db_now(c)?;
+            let (hash, incarnation) = one(
+                c,
+                "SELECT token_hash, incarnation FROM nodes WHERE id = $1 AND state <> 'removed'",
+                args![id.as_str()],
+                |r| Ok((r.text(0)?, r.int(1)?)),
+            )?
+            .ok_or_else(gone)?;
+            if !keys::verify(&secret, &hash) {
+                return Err(gone());
+            }
+            c.execute(
+                "UPDATE nodes SET address = $2, incarnation = $3, state = 'active',
+                   lease_expires_ms = $4, joined_unix_ms = $5, report = $6
+                 WHERE id = $1",
+                args![
+                    id.as_str(),
+                    address.as_str(),
+                    incarnation + 1,
+                    now.saturating_add(to_db(lease_ms)),
+                    now,
+                    report.as_str()
+                ],
+            )?;
+            get_node(c, &id, now)?.ok_or_else(gone)
+        })
+        .await
+    }
+
     /// Renews the lease of incarnation `incarnation` of node `id` for `lease_ms` and records
     /// its report. `NotFound` when the node is unknown, the secret wrong, the incarnation not
     /// the current one, or the node lost or removed: it must stop and join again.
@@ -378,6 +427,96 @@ impl Store {
     }
 
     // ---- sandbox placement ----
+
+    /// Reserves `memory_mib` on node `node` for `ttl_ms` if what the node last reported free,
+    /// less the reservations still running, leaves room; returns the reservation's id, or
+    /// `None` when it does not fit. The check and the reservation are one transaction, with
+    /// the node's row locked in PostgreSQL, so two replicas never book the same memory.
+    /// Reservations are not released when the create ends: they run out after `ttl_ms`, by
+    /// when the node's own report counts the new VM.
+    pub async fn reserve(
+        &self,
+        node: &str,
+        memory_mib: u64,
+        ttl_ms: u64,
+    ) -> Result<Option<String>, StoreError> {
+        let node = node.to_owned();
+        self.write(move |c| {
+            let lock = match c.kind() {
+                sql::Kind::Postgres => " FOR UPDATE",
+                sql::Kind::Sqlite => "",
+            };
+            let now = db_now(c)?;
+            let Some(report) = one(
+                c,
+                &format!(
+                    "SELECT report FROM nodes WHERE id = $1 AND state = 'active' \
+                     AND lease_expires_ms > $2{lock}"
+                ),
+                args![node.as_str(), now],
+                |r| r.text(0),
+            )?
+            else {
+                return Ok(None);
+            };
+            let report: serde_json::Value = serde_json::from_str(&report)
+                .map_err(|e| StoreError::Database(format!("a node's report: {e}")))?;
+            let free = report["memory_free_mib"].as_u64().unwrap_or(0);
+            let held = one(
+                c,
+                "SELECT CAST(COALESCE(SUM(memory_mib), 0) AS BIGINT) FROM reservations
+                 WHERE node = $1 AND expires_ms > $2",
+                args![node.as_str(), now],
+                |r| r.int(0),
+            )?
+            .map_or(0, from_db);
+            if held.saturating_add(memory_mib) > free {
+                return Ok(None);
+            }
+            c.execute(
+                "DELETE FROM reservations WHERE node = $1 AND expires_ms <= $2",
+                args![node.as_str(), now],
+            )?;
+            let id = random_alnum(16);
+            c.execute(
+                "INSERT INTO reservations (id, node, memory_mib, expires_ms) VALUES ($1, $2, $3, $4)",
+                args![
+                    id.as_str(),
+                    node.as_str(),
+                    to_db(memory_mib),
+                    now.saturating_add(to_db(ttl_ms))
+                ],
+            )?;
+            Ok(Some(id))
+        })
+        .await
+    }
+
+    /// Memory held by running reservations, per node.
+    pub async fn reserved(&self) -> Result<std::collections::HashMap<String, u64>, StoreError> {
+        self.read(|c| {
+            let now = db_now(c)?;
+            let held = rows(
+                c,
+                "SELECT node, CAST(SUM(memory_mib) AS BIGINT) FROM reservations
+                 WHERE expires_ms > $1 GROUP BY node",
+                args![now],
+                |r| Ok((r.text(0)?, from_db(r.int(1)?))),
+            )?;
+            Ok(held.into_iter().collect())
+        })
+        .await
+    }
+
+    /// Drops a reservation at once (its create failed, so nothing will use the memory).
+    pub async fn release(&self, reservation: &str) -> Result<(), StoreError> {
+        let id = reservation.to_owned();
+        self.read(move |c| {
+            c.execute("DELETE FROM reservations WHERE id = $1", args![id.as_str()])?;
+            Ok(())
+        })
+        .await
+    }
 
     /// The node that owns sandbox `id` and its epoch, if it is placed (`None` for `space up`'s
     /// sandboxes, which live on the one in-process node).

@@ -104,6 +104,15 @@ ALTER TABLE sandboxes ADD COLUMN node TEXT;
 ALTER TABLE sandboxes ADD COLUMN epoch INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX sandboxes_node ON sandboxes(node);
 "#,
+    r#"
+CREATE TABLE reservations (
+    id         TEXT PRIMARY KEY NOT NULL,
+    node       TEXT NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    expires_ms INTEGER NOT NULL
+) STRICT;
+CREATE INDEX reservations_node ON reservations(node, expires_ms);
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -204,6 +213,15 @@ CREATE TABLE join_tokens (
 ALTER TABLE sandboxes ADD COLUMN node TEXT;
 ALTER TABLE sandboxes ADD COLUMN epoch BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX sandboxes_node ON sandboxes(node);
+"#,
+    r#"
+CREATE TABLE reservations (
+    id         TEXT PRIMARY KEY,
+    node       TEXT NOT NULL,
+    memory_mib BIGINT NOT NULL,
+    expires_ms BIGINT NOT NULL
+);
+CREATE INDEX reservations_node ON reservations(node, expires_ms);
 "#,
 ];
 

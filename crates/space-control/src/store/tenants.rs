@@ -219,8 +219,9 @@ impl Store {
 
     // ---- sandbox ownership ----
 
-    /// Records that sandbox `id` belongs to `tenant`. `Conflict` if the id is recorded
-    /// already, `NotFound` for an unknown tenant, `Invalid` for a malformed id.
+    /// Records that sandbox `id` belongs to `tenant`. `Conflict` if the id is recorded for
+    /// another tenant (for the same one it is a no-op), `NotFound` for an unknown tenant,
+    /// `Invalid` for a malformed id.
     pub async fn add_sandbox(&self, id: &str, tenant: &TenantName) -> Result<(), StoreError> {
         validate_sandbox_id(id)?;
         let (id, tenant) = (id.to_owned(), tenant.clone());
@@ -237,9 +238,19 @@ impl Store {
                 args![id.as_str(), tenant.as_str(), to_db(now_ms())],
             )?;
             if n == 0 {
-                return Err(StoreError::Conflict(format!(
-                    "sandbox {id} has an owner already"
-                )));
+                // Recording the same owner again changes nothing (placement records a
+                // sandbox before the create's own ownership step does).
+                let owner = one(
+                    c,
+                    "SELECT tenant FROM sandboxes WHERE id = $1",
+                    args![id.as_str()],
+                    |r| r.text(0),
+                )?;
+                if owner.as_deref() != Some(tenant.as_str()) {
+                    return Err(StoreError::Conflict(format!(
+                        "sandbox {id} has an owner already"
+                    )));
+                }
             }
             Ok(())
         })

@@ -876,7 +876,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
-    assert_eq!(SCHEMA_VERSION, 5);
+    assert_eq!(SCHEMA_VERSION, 6);
     let acme = t("acme");
     assert_eq!(
         store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
@@ -1200,3 +1200,56 @@ on_both!(
     nodes_join_once_renew_leases_and_are_lost_after_the_grace,
     a_sandbox_moves_only_from_the_owner_and_epoch_it_had,
 );
+
+async fn reservations_never_book_more_than_a_node_has(db: Db) {
+    let store = std::sync::Arc::new(db.open().await);
+    let token = store.create_join_token(60_000).await.unwrap();
+    let mut j = join("node-a", "s");
+    j.report = serde_json::json!({"memory_free_mib": 1000});
+    store.join_node(&token.token, j, 60_000).await.unwrap();
+    // Ten replicas ask for 256 MiB each at once: three fit in 1000.
+    let asks: Vec<_> = (0..10)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.reserve("node-a", 256, 60_000).await.unwrap() })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for a in asks {
+        if let Some(id) = a.await.unwrap() {
+            got.push(id);
+        }
+    }
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(store
+        .reserve("node-a", 256, 60_000)
+        .await
+        .unwrap()
+        .is_none());
+    // A released reservation frees its memory; an unknown or dead node has none to give.
+    store.release(&got[0]).await.unwrap();
+    assert!(store
+        .reserve("node-a", 256, 60_000)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(store.reserve("node-z", 1, 60_000).await.unwrap().is_none());
+    // Reservations run out by themselves.
+    let token = store.create_join_token(60_000).await.unwrap();
+    let mut j = join("node-b", "s");
+    j.report = serde_json::json!({"memory_free_mib": 300});
+    store.join_node(&token.token, j, 60_000).await.unwrap();
+    assert!(store.reserve("node-b", 256, 200).await.unwrap().is_some());
+    assert!(store.reserve("node-b", 256, 200).await.unwrap().is_none());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.reserve("node-b", 256, 200).await.unwrap().is_some());
+    // A draining node takes nothing new.
+    store
+        .set_node_state("node-b", NodeState::Draining)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.reserve("node-b", 1, 200).await.unwrap().is_none());
+}
+
+on_both!(reservations_never_book_more_than_a_node_has);

@@ -93,6 +93,15 @@ where
     F: FnOnce(PathBuf) -> Fut,
     Fut: Future<Output = ()>,
 {
+    with_data_dirs(1, |mut dirs| test(dirs.remove(0)));
+}
+
+/// [`with_data_dir`] for `count` data directories (several nodes in one test).
+pub fn with_data_dirs<F, Fut>(count: usize, test: F)
+where
+    F: FnOnce(Vec<PathBuf>) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             std::env::var("RUST_LOG")
@@ -104,7 +113,15 @@ where
         .prefix("space-control-test")
         .tempdir_in("/var/tmp")
         .unwrap();
-    let data = tmp.path().join("data");
+    let dirs: Vec<PathBuf> = (0..count)
+        .map(|i| {
+            if count == 1 {
+                tmp.path().join("data")
+            } else {
+                tmp.path().join(format!("data{i}"))
+            }
+        })
+        .collect();
     let rt = || {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -114,21 +131,23 @@ where
     };
     let runtime = rt();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(test(data.clone()))
+        runtime.block_on(test(dirs.clone()))
     }));
     drop(runtime);
-    if data.join("state").exists() {
-        let mut cfg = node_config(&data);
-        cfg.auto_restore = false;
-        cfg.timeout_tick = None;
-        rt().block_on(async {
-            match Node::open(cfg).await {
-                Ok(node) => node.shutdown().await,
-                Err(e) => eprintln!("reopening the node to clean up: {e}"),
-            }
-        });
+    for data in &dirs {
+        if data.join("state").exists() {
+            let mut cfg = node_config(data);
+            cfg.auto_restore = false;
+            cfg.timeout_tick = None;
+            rt().block_on(async {
+                match Node::open(cfg).await {
+                    Ok(node) => node.shutdown().await,
+                    Err(e) => eprintln!("reopening the node to clean up: {e}"),
+                }
+            });
+        }
+        unmount(data);
     }
-    unmount(&data);
     drop(tmp);
     if let Err(panic) = result {
         std::panic::resume_unwind(panic);

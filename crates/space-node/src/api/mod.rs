@@ -32,7 +32,9 @@ pub mod wire;
 pub use remote::RemoteNode;
 pub use serve::NodeServer;
 pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
-pub use wire::{Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke};
+pub use wire::{
+    Fault, FaultCode, NodeReport, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke,
+};
 
 /// What a node API call returns.
 pub type NodeResult<T> = Result<T, Fault>;
@@ -142,6 +144,22 @@ impl LocalNode {
     /// The node itself.
     pub fn node(&self) -> &Node {
         &self.node
+    }
+
+    /// What a heartbeat carries: capacity, templates, pools and the sandboxes held.
+    pub async fn report(&self) -> NodeResult<NodeReport> {
+        let status = self.status().await?;
+        let (total, free) = self.node.memory().map_err(fault)?;
+        Ok(NodeReport {
+            accelerator: status.accelerator,
+            qemu: status.qemu,
+            memory_total_mib: total,
+            memory_free_mib: free,
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            templates: self.templates().await?,
+            pools: self.pools().await?,
+            sandboxes: self.usage().await?,
+        })
     }
 
     fn info(&self, t: &Template) -> TemplateInfo {

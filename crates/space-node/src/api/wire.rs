@@ -228,6 +228,27 @@ pub struct NodeStatus {
     pub qemu: String,
 }
 
+/// What a node tells the control plane on every heartbeat: what placement needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// `kvm` or `tcg`.
+    pub accelerator: String,
+    /// The QEMU build.
+    pub qemu: String,
+    /// Memory the host has in all, MiB.
+    pub memory_total_mib: u64,
+    /// Memory still free for guests, MiB (what admission would still let in).
+    pub memory_free_mib: u64,
+    /// Host CPUs.
+    pub cpus: u32,
+    /// The template builds it has.
+    pub templates: Vec<TemplateInfo>,
+    /// Its warm pools.
+    pub pools: Vec<Pool>,
+    /// The sandboxes it holds now.
+    pub sandboxes: Vec<Usage>,
+}
+
 /// Why a sandbox was woken on access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -227,9 +227,8 @@ impl Node {
     }
 
     /// Admits a new VM of this shape next to the live ones, or refuses.
-    fn admit(&self, vcpus: u32, memory_mib: u64) -> Result<Ticket> {
-        let live: Vec<Shape> = self
-            .inner
+    fn live_shapes(&self) -> Vec<Shape> {
+        self.inner
             .sandboxes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -239,10 +238,19 @@ impl Node {
                 vcpus: h.status.vcpus,
                 memory_mib: h.status.memory_mib,
             })
-            .collect();
+            .collect()
+    }
+
+    /// The memory admission counts with, MiB: all that VMs may take, and what is still free
+    /// for a new one (guest RAM plus its overhead). What placement weighs nodes by.
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        self.inner.admission.memory(&self.live_shapes())
+    }
+
+    fn admit(&self, vcpus: u32, memory_mib: u64) -> Result<Ticket> {
         self.inner
             .admission
-            .admit(Shape { vcpus, memory_mib }, &live)
+            .admit(Shape { vcpus, memory_mib }, &self.live_shapes())
     }
 
     /// Admission for a request that starts a VM for a sandbox that has none now.

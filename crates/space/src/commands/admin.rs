@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
-use crate::cli::{AuditArgs, KeyCmd, TemplateCmd, TenantCmd};
+use crate::cli::{AuditArgs, KeyCmd, NodeCmd, TemplateCmd, TenantCmd};
 use crate::client::{seg, Client};
 use crate::output::{self, field};
 
@@ -288,6 +288,85 @@ pub async fn key(c: &Client, cmd: KeyCmd, json: bool) -> Result<()> {
             } else {
                 println!("key {key_id} revoked");
             }
+        }
+    }
+    Ok(())
+}
+
+/// `space node ls|token|drain|remove`.
+pub async fn node(c: &Client, cmd: NodeCmd, json: bool) -> Result<()> {
+    let show = |v: &Value| {
+        if json {
+            output::json(v);
+        } else {
+            println!("{} {}", field(v, "id"), field(v, "state"));
+        }
+    };
+    match cmd {
+        NodeCmd::Ls => {
+            let v: Value = c.get("/v1/nodes", &[]).await?;
+            let list = array(&v, "nodes")?;
+            if json {
+                output::json(&Value::Array(list));
+                return Ok(());
+            }
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|n| {
+                    vec![
+                        field(n, "id"),
+                        field(n, "state"),
+                        if n["live"] == true { "yes" } else { "no" }.into(),
+                        field(n, "incarnation"),
+                        field(n, "address"),
+                        field(n, "sandboxes"),
+                        format!("{}M", field(n, "memory_free_mib")),
+                        field(n, "accelerator"),
+                    ]
+                })
+                .collect();
+            output::print_table(
+                &[
+                    "ID",
+                    "STATE",
+                    "LIVE",
+                    "INCARNATION",
+                    "ADDRESS",
+                    "SANDBOXES",
+                    "FREE",
+                    "ACCEL",
+                ],
+                &rows,
+            );
+        }
+        NodeCmd::Token { ttl } => {
+            let body = match ttl {
+                Some(t) => json!({ "ttl_s": t }),
+                None => json!({}),
+            };
+            let v: Value = c.post("/v1/cluster/join-tokens", &body).await?;
+            if json {
+                output::json(&v);
+            } else {
+                println!("{}", field(&v, "token"));
+                eprintln!("(works once; pass it to `space node --control URL --join-token TOKEN`)");
+            }
+        }
+        NodeCmd::Drain { id } => {
+            let v: Value = c
+                .post(&format!("/v1/nodes/{}/drain", seg(&id)?), &json!({}))
+                .await?;
+            show(&v);
+        }
+        NodeCmd::Remove { id } => {
+            let v: Value = c
+                .call(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/nodes/{}", seg(&id)?),
+                    &json!({}),
+                )
+                .await?;
+            show(&v);
         }
     }
     Ok(())

@@ -21,6 +21,9 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
     let client = Client::new(&config::load()?)?;
     let c = &client;
     match command {
+        Command::Node(crate::cli::NodeArgs { cmd: Some(cmd), .. }) => {
+            admin::node(c, cmd, json).await?
+        }
         Command::Up(_) | Command::Control(_) | Command::Node(_) => {
             unreachable!("server roles are dispatched in main")
         }

@@ -1,0 +1,393 @@
+//! Cluster routes: join tokens and the node list for admins, and the routes nodes call
+//! themselves (join, rejoin, heartbeat), which a node authenticates with a one-time join
+//! token or its own secret instead of an API key. On `space up`, which has no cluster, every
+//! one of them answers `404 not_a_cluster`.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{AdminCaller, ApiJson, ApiPath, OptionalJson, Shared};
+use crate::cluster::{Cluster, GRACE, HEARTBEAT, LEAF_DAYS, LEASE};
+use crate::error::{ApiError, ApiResult};
+use crate::store::{NewAuditEvent, NodeJoin, NodeRow, NodeState, StoreError};
+
+/// Longest a join token may be valid: a week.
+pub const MAX_JOIN_TOKEN_SECS: u64 = 7 * 24 * 3600;
+/// A join token's validity when the request names none: an hour.
+pub const DEFAULT_JOIN_TOKEN_SECS: u64 = 3600;
+/// Largest node report accepted, in bytes of JSON.
+pub const MAX_REPORT_BYTES: usize = 256 * 1024;
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn cluster(st: &Shared) -> ApiResult<&Cluster> {
+    st.cluster.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_a_cluster",
+            "this server runs one node in process (space up); it has no cluster",
+        )
+    })
+}
+
+fn node_json(n: &NodeRow) -> Value {
+    let report = crate::cluster::report_of(n);
+    json!({
+        "id": n.id,
+        "address": n.address,
+        "incarnation": n.incarnation,
+        "state": n.state.as_str(),
+        "live": n.live,
+        "lease_expires_ms": n.lease_expires_ms,
+        "joined_unix_ms": n.joined_unix_ms,
+        "accelerator": report.accelerator,
+        "qemu": report.qemu,
+        "memory_total_mib": report.memory_total_mib,
+        "memory_free_mib": report.memory_free_mib,
+        "cpus": report.cpus,
+        "sandboxes": report.sandboxes.len(),
+        "templates": report.templates.iter().map(|t| t.template.to_string()).collect::<Vec<_>>(),
+    })
+}
+
+fn report_value(report: Value) -> ApiResult<Value> {
+    let len = serde_json::to_vec(&report)
+        .map(|v| v.len())
+        .unwrap_or(usize::MAX);
+    if len > MAX_REPORT_BYTES {
+        return Err(ApiError::too_large(format!(
+            "a node report is at most {MAX_REPORT_BYTES} bytes (this one is {len})"
+        )));
+    }
+    Ok(report)
+}
+
+async fn audit_node(st: &Shared, node: &str, operation: &str, outcome: Option<&ApiError>) {
+    let event = NewAuditEvent {
+        tenant: None,
+        key_id: None,
+        sandbox: None,
+        operation: operation.to_owned(),
+        result: outcome.map_or("ok", |e| e.code).to_owned(),
+        detail: Some(match outcome {
+            Some(e) => format!("node {node}: {}", e.message),
+            None => format!("node {node}"),
+        }),
+    };
+    if let Err(e) = st.store.record(event).await {
+        tracing::error!(error = %e, "recording a node event");
+    }
+}
+
+/// Body of `POST /v1/cluster/join-tokens`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenBody {
+    #[serde(default)]
+    ttl_s: Option<u64>,
+}
+
+/// `POST /v1/cluster/join-tokens`: a one-time token a node joins with (admin).
+pub async fn create_join_token(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    OptionalJson(body): OptionalJson<TokenBody>,
+) -> ApiResult<Response> {
+    cluster(&st)?;
+    let ttl = body
+        .unwrap_or_default()
+        .ttl_s
+        .unwrap_or(DEFAULT_JOIN_TOKEN_SECS);
+    if ttl == 0 || ttl > MAX_JOIN_TOKEN_SECS {
+        return Err(ApiError::invalid(format!(
+            "ttl_s must be 1 to {MAX_JOIN_TOKEN_SECS} seconds"
+        )));
+    }
+    let result = st
+        .store
+        .create_join_token(ttl * 1000)
+        .await
+        .map_err(ApiError::from);
+    st.audit(
+        &who,
+        None,
+        "node.token",
+        result.as_ref().err(),
+        result.as_ref().ok().map(|t| format!("join token {}", t.id)),
+    )
+    .await;
+    let t = result?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"token": t.token, "id": t.id, "expires_unix_ms": t.expires_unix_ms})),
+    )
+        .into_response())
+}
+
+/// Body of `POST /v1/cluster/join`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinBody {
+    token: String,
+    node_id: String,
+    address: String,
+    /// The node's public key: an uncompressed P-256 point, base64.
+    public_key: String,
+    #[serde(default)]
+    report: Value,
+}
+
+fn check_address(address: &str) -> ApiResult<()> {
+    let ok = !address.is_empty()
+        && address.len() <= 255
+        && address
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0))
+        && !address.chars().any(|c| c.is_control() || c.is_whitespace());
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "address {:?} must be host:port",
+            address.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+fn secret() -> String {
+    let bytes: [u8; 24] = rand::random();
+    format!("spacenode_{}", hex::encode(bytes))
+}
+
+/// `POST /v1/cluster/join`: a node with a join token becomes a member; the answer carries
+/// its certificate (over the public key it sent), the cluster CA, its incarnation and the
+/// secret of its heartbeats.
+pub async fn join(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<JoinBody>,
+) -> ApiResult<Json<Value>> {
+    let c = cluster(&st)?;
+    let node = body.node_id.clone();
+    let result = async {
+        check_address(&body.address)?;
+        let key = B64
+            .decode(body.public_key.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
+        let (cert_pem, not_after) = c
+            .ca()
+            .certify_node(&body.node_id, &key, LEAF_DAYS)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        let secret = secret();
+        let row = st
+            .store
+            .join_node(
+                &body.token,
+                NodeJoin {
+                    id: body.node_id.clone(),
+                    address: body.address.clone(),
+                    token_hash: crate::keys::hash(&secret),
+                    report: report_value(body.report)?,
+                },
+                ms(LEASE),
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::Invalid(m) => ApiError::unauthorized(m),
+                other => other.into(),
+            })?;
+        Ok::<_, ApiError>(json!({
+            "node_id": row.id,
+            "incarnation": row.incarnation,
+            "cert_pem": cert_pem,
+            "not_after_unix": not_after,
+            "ca_pem": c.ca().cert_pem(),
+            "secret": secret,
+            "lease_ms": ms(LEASE),
+            "heartbeat_ms": ms(HEARTBEAT),
+        }))
+    }
+    .await;
+    audit_node(&st, &node, "node.join", result.as_ref().err()).await;
+    result.map(Json)
+}
+
+/// Body of `POST /v1/cluster/rejoin`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejoinBody {
+    node_id: String,
+    secret: String,
+    address: String,
+    public_key: String,
+    #[serde(default)]
+    report: Value,
+}
+
+/// `POST /v1/cluster/rejoin`: a member that restarted or was lost comes back with its
+/// secret as a new incarnation, with a fresh certificate.
+pub async fn rejoin(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<RejoinBody>,
+) -> ApiResult<Json<Value>> {
+    let c = cluster(&st)?;
+    let node = body.node_id.clone();
+    let result = async {
+        check_address(&body.address)?;
+        let key = B64
+            .decode(body.public_key.as_bytes())
+            .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
+        let row = st
+            .store
+            .rejoin_node(
+                &body.node_id,
+                &body.secret,
+                &body.address,
+                &report_value(body.report)?,
+                ms(LEASE),
+            )
+            .await
+            .map_err(|e| match e {
+                StoreError::NotFound { .. } => ApiError::unauthorized(format!(
+                    "node {} is unknown, was removed, or its secret is wrong",
+                    body.node_id
+                )),
+                other => other.into(),
+            })?;
+        let (cert_pem, not_after) = c
+            .ca()
+            .certify_node(&body.node_id, &key, LEAF_DAYS)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        Ok::<_, ApiError>(json!({
+            "node_id": row.id,
+            "incarnation": row.incarnation,
+            "cert_pem": cert_pem,
+            "not_after_unix": not_after,
+            "ca_pem": c.ca().cert_pem(),
+            "secret": body.secret,
+            "lease_ms": ms(LEASE),
+            "heartbeat_ms": ms(HEARTBEAT),
+        }))
+    }
+    .await;
+    audit_node(&st, &node, "node.rejoin", result.as_ref().err()).await;
+    result.map(Json)
+}
+
+/// Body of `POST /v1/cluster/heartbeat`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatBody {
+    node_id: String,
+    incarnation: i64,
+    secret: String,
+    #[serde(default)]
+    report: Value,
+}
+
+/// `POST /v1/cluster/heartbeat`: renews the node's lease (on the database's clock) and
+/// records its report. `409 stale_incarnation` when the node must stop and rejoin.
+pub async fn heartbeat(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<HeartbeatBody>,
+) -> ApiResult<Json<Value>> {
+    cluster(&st)?;
+    let report = report_value(body.report)?;
+    match st
+        .store
+        .heartbeat(
+            &body.node_id,
+            body.incarnation,
+            &body.secret,
+            &report,
+            ms(LEASE),
+        )
+        .await
+    {
+        Ok(row) => Ok(Json(json!({
+            "lease_ms": ms(LEASE),
+            "state": row.state.as_str(),
+        }))),
+        Err(StoreError::NotFound { .. }) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "stale_incarnation",
+            format!(
+                "incarnation {} of node {} is not the cluster's member any more (lost, removed \
+                 or replaced): stop its sandboxes and rejoin",
+                body.incarnation, body.node_id
+            ),
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `GET /v1/nodes` (admin).
+pub async fn list_nodes(
+    State(st): State<Shared>,
+    AdminCaller(_who): AdminCaller,
+) -> ApiResult<Json<Value>> {
+    cluster(&st)?;
+    let nodes = st.store.nodes().await?;
+    Ok(Json(json!({
+        "nodes": nodes.iter().map(node_json).collect::<Vec<_>>(),
+        "lease_ms": ms(LEASE),
+        "grace_ms": ms(GRACE),
+    })))
+}
+
+async fn set_state(
+    st: &Shared,
+    who: &crate::store::Principal,
+    raw: &str,
+    state: NodeState,
+    operation: &str,
+) -> ApiResult<Json<Value>> {
+    cluster(st)?;
+    let result = st
+        .store
+        .set_node_state(raw, state)
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound { .. } => ApiError::new(
+                StatusCode::NOT_FOUND,
+                "node_not_found",
+                format!("no node {}", raw.chars().take(80).collect::<String>()),
+            ),
+            other => other.into(),
+        });
+    st.audit(
+        who,
+        None,
+        operation,
+        result.as_ref().err(),
+        Some(format!("node {}", raw.chars().take(80).collect::<String>())),
+    )
+    .await;
+    result.map(|n| Json(node_json(&n)))
+}
+
+/// `POST /v1/nodes/{id}/drain` (admin): the node takes no new sandboxes.
+pub async fn drain_node(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    set_state(&st, &who, &raw, NodeState::Draining, "node.drain").await
+}
+
+/// `DELETE /v1/nodes/{id}` (admin): the node is out of the cluster; its heartbeats and
+/// rejoins are refused from now on.
+pub async fn remove_node(
+    State(st): State<Shared>,
+    AdminCaller(who): AdminCaller,
+    ApiPath(raw): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    set_state(&st, &who, &raw, NodeState::Removed, "node.remove").await
+}

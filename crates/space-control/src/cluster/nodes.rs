@@ -1,0 +1,422 @@
+//! [`ClusterNodes`]: the node API of a whole cluster, as one replica serves it.
+//!
+//! A call about a sandbox goes to the node the database names as its owner. A create is
+//! placed: among the live, active nodes that have the template build, the best few (a ready
+//! warm pool first, then the most free memory) are tried in turn, each only after its memory
+//! was reserved in the database (`Store::reserve`), so replicas placing at once never
+//! double-book a node. Calls about the cluster as a whole (lists, usage, templates, pools)
+//! ask every live node.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use space_node::api::{
+    Fault, FaultCode, NodeApi, NodeResult, NodeStatus, Pool, RemoteNode, Sandbox, Snapshot,
+    TemplateBuild, TemplateInfo, Usage, Woke,
+};
+use space_node::gateway::EgressPolicy;
+use space_node::{
+    CreateRequest, SandboxId, SnapshotId, SnapshotKind, TemplateName, TemplateRef, TimeoutPolicy,
+    VersionReq,
+};
+use space_proto::GuestClient;
+
+use super::{report_of, Cluster, RESERVATION};
+use crate::store::{NodeRow, NodeState, StoreError, TenantName};
+
+/// How many placement candidates a create tries.
+const CANDIDATES: usize = 3;
+
+fn internal(e: StoreError) -> Fault {
+    Fault::new(FaultCode::Internal, format!("state store: {e}"))
+}
+
+fn not_found(id: &SandboxId) -> Fault {
+    let mut f = Fault::new(FaultCode::NotFound, format!("no sandbox {id}"));
+    f.sandbox = Some(id.clone());
+    f
+}
+
+/// The cluster's node API.
+#[derive(Debug, Clone)]
+pub struct ClusterNodes {
+    cluster: Arc<Cluster>,
+}
+
+impl ClusterNodes {
+    /// The node API of the nodes `cluster` knows.
+    pub fn new(cluster: Arc<Cluster>) -> ClusterNodes {
+        ClusterNodes { cluster }
+    }
+
+    fn client(&self, row: &NodeRow) -> NodeResult<Arc<RemoteNode>> {
+        self.cluster
+            .client(row)
+            .map_err(|e| Fault::new(FaultCode::Internal, e.to_string()))
+    }
+
+    /// The client of the node that owns `id`.
+    async fn owner(&self, id: &SandboxId) -> NodeResult<Arc<RemoteNode>> {
+        let store = self.cluster.store();
+        let (node, _epoch) = store
+            .sandbox_node(id.as_str())
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| not_found(id))?;
+        let row = store
+            .node(&node)
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| not_found(id))?;
+        if !row.live || !matches!(row.state, NodeState::Active | NodeState::Draining) {
+            return Err(Fault::new(
+                FaultCode::Unavailable,
+                format!(
+                    "sandbox {id} is on node {node}, which is {} (its lease {})",
+                    row.state.as_str(),
+                    if row.live { "runs" } else { "ran out" }
+                ),
+            ));
+        }
+        self.client(&row)
+    }
+
+    /// Every live node and its client; a node whose client cannot be made is skipped.
+    async fn live(&self) -> NodeResult<Vec<(NodeRow, Arc<RemoteNode>)>> {
+        let rows = self.cluster.live_nodes().await.map_err(internal)?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| match self.cluster.client(&r) {
+                Ok(c) => Some((r, c)),
+                Err(e) => {
+                    tracing::warn!(node = %r.id, error = %e, "no client for a node");
+                    None
+                }
+            })
+            .collect())
+    }
+
+    async fn any_live(&self) -> NodeResult<Arc<RemoteNode>> {
+        self.live()
+            .await?
+            .into_iter()
+            .next()
+            .map(|(_, c)| c)
+            .ok_or_else(|| Fault::new(FaultCode::Unavailable, "no node of the cluster is live"))
+    }
+
+    /// Records that `id` belongs to `tenant` and lives on `node` (epoch 1).
+    async fn record(&self, id: &SandboxId, tenant: &str, node: &str) -> NodeResult<()> {
+        let store = self.cluster.store();
+        let tenant: TenantName = tenant
+            .parse()
+            .map_err(|e: StoreError| Fault::new(FaultCode::Invalid, e.to_string()))?;
+        store
+            .add_sandbox(id.as_str(), &tenant)
+            .await
+            .map_err(internal)?;
+        match store.move_sandbox(id.as_str(), None, node).await {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(Fault::new(
+                FaultCode::Internal,
+                format!("sandbox {id} was placed twice"),
+            )),
+            Err(e) => Err(internal(e)),
+        }
+    }
+
+    /// The nodes a create of `template` needing `memory_mib` may go to, best first.
+    fn candidates(
+        rows: Vec<NodeRow>,
+        reserved: &std::collections::HashMap<String, u64>,
+        template: &TemplateName,
+        version: &VersionReq,
+    ) -> Vec<NodeRow> {
+        let mut fit: Vec<(bool, u64, NodeRow)> = rows
+            .into_iter()
+            .filter(|r| r.state == NodeState::Active)
+            .filter_map(|r| {
+                let report = report_of(&r);
+                let has = report.templates.iter().any(|t| {
+                    &t.template.name == template
+                        && match version {
+                            VersionReq::Latest => true,
+                            VersionReq::Exact(v) => &t.template.version == v,
+                        }
+                });
+                if !has {
+                    return None;
+                }
+                let warm = report
+                    .pools
+                    .iter()
+                    .any(|p| &p.template.name == template && p.ready > 0);
+                let held = reserved.get(&r.id).copied().unwrap_or(0);
+                Some((warm, report.memory_free_mib.saturating_sub(held), r))
+            })
+            .collect();
+        fit.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
+        fit.into_iter()
+            .take(CANDIDATES)
+            .map(|(_, _, r)| r)
+            .collect()
+    }
+}
+
+#[async_trait]
+impl NodeApi for ClusterNodes {
+    async fn status(&self) -> NodeResult<NodeStatus> {
+        self.any_live().await?.status().await
+    }
+
+    async fn create(&self, req: CreateRequest) -> NodeResult<Sandbox> {
+        let rows = self.cluster.live_nodes().await.map_err(internal)?;
+        let live = rows.len();
+        let memory = match req.options.memory_mib {
+            Some(m) => m,
+            None => rows
+                .iter()
+                .flat_map(|r| report_of(r).templates)
+                .find(|t| t.template.name == req.template)
+                .map_or(0, |t| t.memory_mib),
+        };
+        let reserved = self.cluster.store().reserved().await.map_err(internal)?;
+        let candidates = Self::candidates(rows, &reserved, &req.template, &req.version);
+        if candidates.is_empty() {
+            return Err(Fault::new(
+                FaultCode::Capacity,
+                format!(
+                    "no live node has template {}:{} ({live} node(s) live)",
+                    req.template, req.version
+                ),
+            ));
+        }
+        let store = self.cluster.store();
+        let mut last: Option<Fault> = None;
+        for row in candidates {
+            let ttl = u64::try_from(RESERVATION.as_millis()).unwrap_or(u64::MAX);
+            let Some(reservation) = store
+                .reserve(&row.id, memory, ttl)
+                .await
+                .map_err(internal)?
+            else {
+                continue;
+            };
+            let client = self.client(&row)?;
+            match client.create(req.clone()).await {
+                Ok(sb) => {
+                    if let Err(f) = self.record(&sb.id, &req.tenant, &row.id).await {
+                        tracing::error!(id = %sb.id, node = %row.id, error = %f, "recording a placed sandbox; killing it");
+                        let _ = client.kill(&sb.id).await;
+                        return Err(f);
+                    }
+                    tracing::info!(id = %sb.id, node = %row.id, "placed");
+                    return Ok(sb);
+                }
+                Err(f) => {
+                    let _ = store.release(&reservation).await;
+                    if matches!(f.code, FaultCode::Capacity | FaultCode::Unavailable) {
+                        tracing::warn!(node = %row.id, error = %f, "placement: trying the next node");
+                        last = Some(f);
+                        continue;
+                    }
+                    return Err(f);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            Fault::new(
+                FaultCode::Capacity,
+                format!("no live node has {memory} MiB free for this sandbox ({live} live)"),
+            )
+        }))
+    }
+
+    async fn fork(&self, id: &SandboxId) -> NodeResult<Sandbox> {
+        let store = self.cluster.store();
+        let (node, _) = store
+            .sandbox_node(id.as_str())
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| not_found(id))?;
+        let child = self.owner(id).await?.fork(id).await?;
+        let tenant = store
+            .sandbox_tenant(id.as_str())
+            .await
+            .map_err(internal)?
+            .ok_or_else(|| not_found(id))?;
+        self.record(&child.id, tenant.as_str(), &node).await?;
+        Ok(child)
+    }
+
+    async fn info(&self, id: &SandboxId) -> NodeResult<Sandbox> {
+        self.owner(id).await?.info(id).await
+    }
+
+    async fn list(&self) -> NodeResult<Vec<Sandbox>> {
+        let mut all = Vec::new();
+        for (row, c) in self.live().await? {
+            match c.list().await {
+                Ok(l) => all.extend(l),
+                Err(f) => tracing::warn!(node = %row.id, error = %f, "listing a node"),
+            }
+        }
+        Ok(all)
+    }
+
+    async fn usage(&self) -> NodeResult<Vec<Usage>> {
+        let mut all = Vec::new();
+        for (row, c) in self.live().await? {
+            match c.usage().await {
+                Ok(u) => all.extend(u),
+                // Quotas count what can be seen; a node that cannot be asked is counted from
+                // its last report.
+                Err(f) => {
+                    tracing::warn!(node = %row.id, error = %f, "usage of a node from its report");
+                    all.extend(report_of(&row).sandboxes);
+                }
+            }
+        }
+        Ok(all)
+    }
+
+    async fn pause(&self, id: &SandboxId) -> NodeResult<()> {
+        self.owner(id).await?.pause(id).await
+    }
+
+    async fn resume(&self, id: &SandboxId) -> NodeResult<()> {
+        self.owner(id).await?.resume(id).await
+    }
+
+    async fn suspend(&self, id: &SandboxId) -> NodeResult<Snapshot> {
+        self.owner(id).await?.suspend(id).await
+    }
+
+    async fn restore(&self, id: &SandboxId) -> NodeResult<()> {
+        self.owner(id).await?.restore(id).await
+    }
+
+    async fn kill(&self, id: &SandboxId) -> NodeResult<()> {
+        self.owner(id).await?.kill(id).await
+    }
+
+    async fn touch(&self, id: &SandboxId) -> NodeResult<()> {
+        self.owner(id).await?.touch(id).await
+    }
+
+    async fn snapshot(&self, id: &SandboxId, kind: SnapshotKind) -> NodeResult<Snapshot> {
+        self.owner(id).await?.snapshot(id, kind).await
+    }
+
+    async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> NodeResult<()> {
+        self.owner(id).await?.rollback(id, snapshot).await
+    }
+
+    async fn set_timeouts(&self, id: &SandboxId, timeouts: TimeoutPolicy) -> NodeResult<Sandbox> {
+        self.owner(id).await?.set_timeouts(id, timeouts).await
+    }
+
+    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> NodeResult<Sandbox> {
+        self.owner(id).await?.set_egress(id, policy).await
+    }
+
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>> {
+        self.owner(id).await?.console_tail(id, max_bytes).await
+    }
+
+    async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)> {
+        self.owner(id).await?.guest(id).await
+    }
+
+    async fn templates(&self) -> NodeResult<Vec<TemplateInfo>> {
+        let mut all: Vec<TemplateInfo> = Vec::new();
+        for (row, _) in self.live().await? {
+            for t in report_of(&row).templates {
+                if !all.iter().any(|a| a.template == t.template) {
+                    all.push(t);
+                }
+            }
+        }
+        all.sort_by_key(|a| a.template.to_string());
+        Ok(all)
+    }
+
+    async fn template(
+        &self,
+        name: &TemplateName,
+        version: &VersionReq,
+    ) -> NodeResult<TemplateInfo> {
+        let mut last = None;
+        for (_, c) in self.live().await? {
+            match c.template(name, version).await {
+                Ok(t) => return Ok(t),
+                Err(f) => last = Some(f),
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            Fault::new(
+                FaultCode::TemplateNotFound,
+                format!("no template {name}:{version} (no node is live)"),
+            )
+        }))
+    }
+
+    async fn images(&self) -> NodeResult<Vec<String>> {
+        let mut all: Vec<String> = Vec::new();
+        for (_, c) in self.live().await? {
+            for i in c.images().await.unwrap_or_default() {
+                if !all.contains(&i) {
+                    all.push(i);
+                }
+            }
+        }
+        all.sort();
+        Ok(all)
+    }
+
+    async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo> {
+        // Every active node builds it, so any of them can take its sandboxes.
+        let mut first = None;
+        for (row, c) in self.live().await? {
+            if row.state != NodeState::Active {
+                continue;
+            }
+            let t = c.build_template(build.clone()).await?;
+            first.get_or_insert(t);
+        }
+        first.ok_or_else(|| Fault::new(FaultCode::Unavailable, "no node of the cluster is live"))
+    }
+
+    async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()> {
+        let mut deleted = false;
+        let mut refusal = None;
+        for (_, c) in self.live().await? {
+            match c.delete_template(template).await {
+                Ok(()) => deleted = true,
+                Err(f) if f.code == FaultCode::TemplateNotFound => {}
+                Err(f) => refusal = Some(f),
+            }
+        }
+        match (refusal, deleted) {
+            (Some(f), _) => Err(f),
+            (None, true) => Ok(()),
+            (None, false) => Err(Fault::new(
+                FaultCode::TemplateNotFound,
+                format!("no template {template}"),
+            )),
+        }
+    }
+
+    async fn pools(&self) -> NodeResult<Vec<Pool>> {
+        Ok(self
+            .live()
+            .await?
+            .into_iter()
+            .flat_map(|(row, _)| report_of(&row).pools)
+            .collect())
+    }
+
+    async fn ca_pem(&self) -> NodeResult<String> {
+        self.any_live().await?.ca_pem().await
+    }
+}

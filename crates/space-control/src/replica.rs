@@ -1,0 +1,209 @@
+//! A control replica (`space control`): the public API over a cluster of nodes, keeping
+//! nothing of its own. Its state is the database's; its node calls go through
+//! [`ClusterNodes`]; any number of replicas can serve the same cluster, and any one of them
+//! answers any request, streams included (`docs/cluster.md`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, AppState};
+use crate::cluster::{Cluster, ClusterNodes, GRACE};
+use crate::metrics::Metrics;
+use crate::quota::QuotaLocks;
+use crate::server::{redact, DEFAULT_TENANT, PUBLIC_URL_ENV, SHUTDOWN_GRACE};
+use crate::store::{KeyCreated, NewAuditEvent, Store, TenantName};
+use crate::vault::{Vault, VaultKey};
+
+/// How often a replica looks for nodes whose lease ran out.
+const LOST_TICK: Duration = Duration::from_secs(1);
+
+/// How to run a replica.
+#[derive(Debug)]
+pub struct ReplicaConfig {
+    /// The state database (PostgreSQL for several replicas; a SQLite file works for one).
+    pub database: String,
+    /// Where the API listens.
+    pub listen: SocketAddr,
+    /// The vault key every replica of the deployment shares.
+    pub vault_key: VaultKey,
+    /// Largest file upload, bytes.
+    pub max_upload_bytes: u64,
+    /// Largest JSON body, bytes.
+    pub max_body_bytes: usize,
+    /// How long a template build VM may take to report ready.
+    pub ready_timeout: Duration,
+}
+
+/// A running replica.
+pub struct Replica {
+    addr: SocketAddr,
+    store: Arc<Store>,
+    cluster: Arc<Cluster>,
+    bootstrap: Option<KeyCreated>,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+    watcher: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica").field("addr", &self.addr).finish()
+    }
+}
+
+impl Replica {
+    /// Opens the database (migrating it), the vault and the cluster CA, makes the default
+    /// tenant and its admin key on the very first start of the deployment, and serves.
+    pub async fn start(config: ReplicaConfig) -> anyhow::Result<Replica> {
+        let store = Arc::new(
+            Store::open_database(&config.database)
+                .await
+                .with_context(|| {
+                    format!("opening the state database {}", redact(&config.database))
+                })?,
+        );
+        let vault = Arc::new(
+            Vault::open(store.clone(), &config.vault_key)
+                .await
+                .context("opening the vault")?,
+        );
+        let tenant: TenantName = DEFAULT_TENANT.parse()?;
+        let bootstrap = store
+            .bootstrap(&tenant)
+            .await
+            .context("making the default tenant")?;
+        let cluster = Arc::new(
+            Cluster::open(store.clone(), &vault)
+                .await
+                .context("opening the cluster CA")?,
+        );
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("listening on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let public_url = std::env::var(PUBLIC_URL_ENV)
+            .ok()
+            .filter(|u| !u.is_empty())
+            .map(|u| u.trim_end_matches('/').to_owned());
+        let state = Arc::new(AppState {
+            node: Arc::new(ClusterNodes::new(cluster.clone())),
+            store: store.clone(),
+            metrics: Arc::new(Metrics::new()),
+            quotas: QuotaLocks::new(),
+            max_upload_bytes: config.max_upload_bytes,
+            ready_timeout: config.ready_timeout,
+            builds: tokio::sync::Mutex::new(()),
+            vault,
+            public_url,
+            masters: None,
+            keyring: None,
+            cluster: Some(cluster.clone()),
+        });
+        let app = api::router(state, config.max_body_bytes);
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+            if let Err(e) = served {
+                tracing::error!(error = %e, "the API server stopped");
+            }
+        });
+        let watcher = tokio::spawn(watch_leases(Arc::downgrade(&store)));
+        tracing::info!(%addr, store = store.backend(), "serving the cluster's API");
+        Ok(Replica {
+            addr,
+            store,
+            cluster,
+            bootstrap,
+            stop: Some(stop),
+            task,
+            watcher,
+        })
+    }
+
+    /// `http://<address>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin key made on the deployment's first start (by whichever replica started
+    /// first), shown once.
+    pub fn bootstrap_key(&self) -> Option<&str> {
+        self.bootstrap.as_ref().map(|k| k.key.as_str())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// Stops serving (requests in flight get [`SHUTDOWN_GRACE`]).
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.watcher.abort();
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(SHUTDOWN_GRACE, &mut self.task)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
+    }
+}
+
+/// Marks nodes lost once their lease is past the grace period and records it. Every replica
+/// runs this; the database makes each node's loss reported once.
+async fn watch_leases(store: std::sync::Weak<Store>) {
+    let mut tick = tokio::time::interval(LOST_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(store) = store.upgrade() else { return };
+        let grace = u64::try_from(GRACE.as_millis()).unwrap_or(u64::MAX);
+        match store.mark_lost(grace).await {
+            Ok(lost) => {
+                for n in lost {
+                    tracing::warn!(node = %n.id, incarnation = n.incarnation, "node lost: its lease ran out");
+                    let event = NewAuditEvent {
+                        tenant: None,
+                        key_id: None,
+                        sandbox: None,
+                        operation: "node.lost".into(),
+                        result: "ok".into(),
+                        detail: Some(format!(
+                            "node {} (incarnation {}) stopped renewing its lease",
+                            n.id, n.incarnation
+                        )),
+                    };
+                    if let Err(e) = store.record(event).await {
+                        tracing::error!(error = %e, "recording a lost node");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "looking for lost nodes"),
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! A cluster on one machine, with real guests: two control replicas over one PostgreSQL
+//! database, and two nodes (each its own data directory and loop image) that joined with
+//! one-time tokens and serve the node API over mutual TLS.
+//!
+//! - a wrong or reused join token is refused; both nodes are listed live;
+//! - creates spread over the nodes, and each sandbox answers exec and a 2 MiB upload and
+//!   download (by SHA-256) through either replica;
+//! - tenants stay isolated across replicas;
+//! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::{env_path, node_config, with_data_dirs, Api};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use space_control::replica::{Replica, ReplicaConfig};
+use space_control::vault::VaultKey;
+use space_node::api::{LocalNode, TemplateBuild};
+use space_node::member::{Member, MemberConfig};
+use space_node::{Node, NodeApi, TemplateRef};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn sha(b: &[u8]) -> String {
+    hex::encode(Sha256::digest(b))
+}
+
+async fn start_node(
+    data: &std::path::Path,
+    id: &str,
+    control: &str,
+    token: &str,
+) -> (Node, Member) {
+    let node = Node::open(node_config(data)).await.expect("opening a node");
+    let local = LocalNode::new(
+        node.clone(),
+        env_path("SPACE_KERNEL"),
+        BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]),
+    );
+    local
+        .build_template(TemplateBuild {
+            template: TemplateRef::new("minimal", "1").unwrap(),
+            image: "minimal".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            ready_timeout_ms: 120_000,
+        })
+        .await
+        .expect("building minimal");
+    let port = free_port();
+    let member = Member::start(
+        local,
+        data,
+        MemberConfig {
+            control: control.to_owned(),
+            join_token: Some(token.to_owned()),
+            node_id: id.to_owned(),
+            advertise: format!("127.0.0.1:{port}"),
+            listen: SocketAddr::from(([127, 0, 0, 1], port)),
+        },
+    )
+    .await
+    .expect("joining");
+    (node, member)
+}
+
+async fn token(api: &Api, admin: &str) -> String {
+    api.ok(
+        "POST",
+        "/v1/cluster/join-tokens",
+        admin,
+        Some(json!({"ttl_s": 600})),
+        201,
+    )
+    .await["token"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[test]
+fn two_replicas_two_nodes() {
+    with_data_dirs(2, |dirs| async move {
+        let database = common::postgres::database();
+        let vault_key = VaultKey::generate();
+        let config = |key: &VaultKey| ReplicaConfig {
+            database: database.clone(),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            vault_key: key.clone(),
+            max_upload_bytes: 8 << 20,
+            max_body_bytes: 1 << 20,
+            ready_timeout: Duration::from_secs(120),
+        };
+        let r1 = Replica::start(config(&vault_key)).await.expect("replica 1");
+        let admin = r1
+            .bootstrap_key()
+            .expect("the first start makes a key")
+            .to_owned();
+        let r2 = Replica::start(config(&vault_key)).await.expect("replica 2");
+        assert!(
+            r2.bootstrap_key().is_none(),
+            "one deployment, one bootstrap key"
+        );
+        let (a1, a2) = (Api::new(r1.url()), Api::new(r2.url()));
+
+        // Joining: a made-up token is refused; each node joins with its own.
+        let key = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            space_node::api::NodeKey::generate().unwrap().public_raw(),
+        );
+        let bogus = format!("spacejoin_{}_{}", "a".repeat(12), "b".repeat(32));
+        let (status, v) = a1
+            .call(
+                "POST",
+                "/v1/cluster/join",
+                None,
+                Some(
+                    json!({"token": bogus, "node_id": "node-x", "address": "127.0.0.1:1",
+                            "public_key": key}),
+                ),
+            )
+            .await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (401, Some("unauthorized")),
+            "{v}"
+        );
+        let t1 = token(&a1, &admin).await;
+        let t2 = token(&a2, &admin).await;
+        let (node_a, member_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
+        let (node_b, member_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
+        let (status, v) = a1
+            .call(
+                "POST",
+                "/v1/cluster/join",
+                None,
+                Some(
+                    json!({"token": t1, "node_id": "node-y", "address": "127.0.0.1:1",
+                            "public_key": key}),
+                ),
+            )
+            .await;
+        assert_eq!(status, 401, "a used token: {v}");
+        let nodes = a2.ok("GET", "/v1/nodes", &admin, None, 200).await;
+        let live: Vec<&str> = nodes["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|n| n["live"] == true && n["state"] == "active")
+            .map(|n| n["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(live, ["node-a", "node-b"], "{nodes}");
+
+        // Creates spread over both nodes; every sandbox answers through either replica.
+        let mut ids = Vec::new();
+        for i in 0..4 {
+            let api = if i % 2 == 0 { &a1 } else { &a2 };
+            let sb = api
+                .ok(
+                    "POST",
+                    "/v1/sandboxes",
+                    &admin,
+                    Some(json!({"template": "minimal"})),
+                    201,
+                )
+                .await;
+            ids.push(sb["id"].as_str().unwrap().to_owned());
+        }
+        let mut on = BTreeMap::new();
+        for id in &ids {
+            let (node, epoch) = r1.store().sandbox_node(id).await.unwrap().expect("placed");
+            assert_eq!(epoch, 1);
+            *on.entry(node).or_insert(0) += 1;
+        }
+        assert_eq!(on.len(), 2, "creates all went to one node: {on:?}");
+        let data: Vec<u8> = (0..(2 << 20)).map(|i: u32| (i * 7 % 253) as u8).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let (writer, reader) = if i % 2 == 0 { (&a1, &a2) } else { (&a2, &a1) };
+            assert_eq!(
+                writer.sh(&admin, id, "echo from-$((6*7))").await,
+                "from-42\n"
+            );
+            let resp = writer
+                .request(
+                    "PUT",
+                    &format!("/v1/sandboxes/{id}/files?path=/tmp/blob"),
+                    Some(&admin),
+                )
+                .body(data.clone())
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            let got = reader
+                .request(
+                    "GET",
+                    &format!("/v1/sandboxes/{id}/files?path=/tmp/blob"),
+                    Some(&admin),
+                )
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await
+                .unwrap();
+            assert_eq!(sha(&got), sha(&data));
+            let in_guest = reader
+                .sh(&admin, id, "sha256sum /tmp/blob | cut -d' ' -f1")
+                .await;
+            assert_eq!(in_guest.trim(), sha(&data));
+        }
+
+        // Tenants stay isolated across replicas.
+        let created = a1
+            .ok(
+                "POST",
+                "/v1/tenants",
+                &admin,
+                Some(json!({"name": "other"})),
+                201,
+            )
+            .await;
+        let other = created["key"]["key"].as_str().unwrap().to_owned();
+        a2.err(
+            "GET",
+            &format!("/v1/sandboxes/{}", ids[0]),
+            Some(&other),
+            None,
+            404,
+            "sandbox_not_found",
+        )
+        .await;
+        let listed = a2.ok("GET", "/v1/sandboxes", &other, None, 200).await;
+        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 0);
+        let listed = a1.ok("GET", "/v1/sandboxes", &admin, None, 200).await;
+        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4);
+
+        // A draining node takes nothing new.
+        a1.ok("POST", "/v1/nodes/node-b/drain", &admin, None, 200)
+            .await;
+        for _ in 0..2 {
+            let sb = a2
+                .ok(
+                    "POST",
+                    "/v1/sandboxes",
+                    &admin,
+                    Some(json!({"template": "minimal"})),
+                    201,
+                )
+                .await;
+            let id = sb["id"].as_str().unwrap();
+            let (node, _) = r2.store().sandbox_node(id).await.unwrap().unwrap();
+            assert_eq!(node, "node-a");
+            ids.push(id.to_owned());
+        }
+        for id in &ids {
+            a1.ok("DELETE", &format!("/v1/sandboxes/{id}"), &admin, None, 200)
+                .await;
+        }
+        // A removed node's incarnation is stale: its heartbeats are refused from now on.
+        a2.ok("DELETE", "/v1/nodes/node-b", &admin, None, 200).await;
+        let row = r1.store().node("node-b").await.unwrap().unwrap();
+        assert_eq!(row.state, space_control::store::NodeState::Removed);
+        let audit = a1
+            .ok("GET", "/v1/audit?operation=node.join", &admin, None, 200)
+            .await;
+        let results: Vec<&str> = audit["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["result"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            results,
+            ["unauthorized", "ok", "ok", "unauthorized"],
+            "{audit}"
+        );
+
+        member_a.stop().await;
+        member_b.stop().await;
+        r1.shutdown().await;
+        r2.shutdown().await;
+        node_a.shutdown().await;
+        node_b.shutdown().await;
+    });
+}
