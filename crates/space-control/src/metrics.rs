@@ -188,6 +188,88 @@ fn escape(v: &str) -> String {
     s
 }
 
+/// The cluster's nodes as gauges: whether each is live, its state, its memory and how many
+/// sandboxes it holds (from its last report).
+pub fn render_nodes(nodes: &[crate::store::NodeRow]) -> String {
+    let mut out = String::new();
+    let gauge = |out: &mut String, name: &str, help: &str| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} gauge");
+    };
+    gauge(&mut out, "space_node_up", "1 while the node's lease runs.");
+    for n in nodes {
+        let _ = writeln!(
+            out,
+            "space_node_up{{node=\"{}\"}} {}",
+            escape(&n.id),
+            u8::from(n.live)
+        );
+    }
+    gauge(&mut out, "space_node_state", "1 for the node's state.");
+    for n in nodes {
+        let _ = writeln!(
+            out,
+            "space_node_state{{node=\"{}\",state=\"{}\"}} 1",
+            escape(&n.id),
+            n.state.as_str()
+        );
+    }
+    gauge(
+        &mut out,
+        "space_node_incarnation",
+        "The node's incarnation.",
+    );
+    for n in nodes {
+        let _ = writeln!(
+            out,
+            "space_node_incarnation{{node=\"{}\"}} {}",
+            escape(&n.id),
+            n.incarnation
+        );
+    }
+    let reports: Vec<_> = nodes
+        .iter()
+        .map(|n| (escape(&n.id), crate::cluster::report_of(n)))
+        .collect();
+    gauge(
+        &mut out,
+        "space_node_memory_free_mib",
+        "Memory still free for guests, MiB.",
+    );
+    for (id, r) in &reports {
+        let _ = writeln!(
+            out,
+            "space_node_memory_free_mib{{node=\"{id}\"}} {}",
+            r.memory_free_mib
+        );
+    }
+    gauge(
+        &mut out,
+        "space_node_memory_total_mib",
+        "Memory guests may take in all, MiB.",
+    );
+    for (id, r) in &reports {
+        let _ = writeln!(
+            out,
+            "space_node_memory_total_mib{{node=\"{id}\"}} {}",
+            r.memory_total_mib
+        );
+    }
+    gauge(
+        &mut out,
+        "space_node_sandboxes",
+        "Sandboxes the node holds.",
+    );
+    for (id, r) in &reports {
+        let _ = writeln!(
+            out,
+            "space_node_sandboxes{{node=\"{id}\"}} {}",
+            r.sandboxes.len()
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! - creates spread over the nodes, and each sandbox answers exec and a 2 MiB upload and
 //!   download (by SHA-256) through either replica;
 //! - tenants stay isolated across replicas;
+//! - a sandbox the database gives to another node stops running on the node it left;
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
 
 mod common;
@@ -161,6 +162,20 @@ fn two_replicas_two_nodes() {
             .collect();
         assert_eq!(live, ["node-a", "node-b"], "{nodes}");
 
+        // Each replica's /metrics shows every node.
+        let text = reqwest::get(format!("{}/metrics", r2.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        for line in [
+            "space_node_up{node=\"node-a\"} 1",
+            "space_node_up{node=\"node-b\"} 1",
+        ] {
+            assert!(text.contains(line), "no {line} in /metrics");
+        }
+
         // Creates spread over both nodes; every sandbox answers through either replica.
         let mut ids = Vec::new();
         for i in 0..4 {
@@ -220,6 +235,37 @@ fn two_replicas_two_nodes() {
             assert_eq!(in_guest.trim(), sha(&data));
         }
 
+        // A sandbox given to another node (as failover does) stops running on the node it
+        // left: that node's next heartbeat is told to kill it.
+        let mut moved = None;
+        for id in &ids {
+            if r1.store().sandbox_node(id).await.unwrap().unwrap().0 == "node-a" {
+                moved = Some(id.clone());
+                break;
+            }
+        }
+        let moved = moved.expect("a sandbox on node-a");
+        let epoch = r1
+            .store()
+            .move_sandbox(&moved, Some(("node-a", 1)), "node-b")
+            .await
+            .unwrap();
+        assert_eq!(epoch, Some(2));
+        let sid: space_node::SandboxId = moved.parse().unwrap();
+        let mut stopped = false;
+        for _ in 0..100 {
+            if node_a.info(&sid).await.unwrap().state == space_node::State::Terminated {
+                stopped = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(
+            stopped,
+            "node-a still runs {moved}, which belongs to node-b now"
+        );
+        ids.retain(|i| *i != moved);
+
         // Tenants stay isolated across replicas.
         let created = a1
             .ok(
@@ -243,7 +289,7 @@ fn two_replicas_two_nodes() {
         let listed = a2.ok("GET", "/v1/sandboxes", &other, None, 200).await;
         assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 0);
         let listed = a1.ok("GET", "/v1/sandboxes", &admin, None, 200).await;
-        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 4);
+        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3);
 
         // A draining node takes nothing new.
         a1.ok("POST", "/v1/nodes/node-b/drain", &admin, None, 200)

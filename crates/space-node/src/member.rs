@@ -10,7 +10,9 @@
 //! and sends nothing) and refuses node API calls until a heartbeat succeeds again, when it
 //! resumes them. If the control plane answers that this incarnation is no longer the member
 //! (it was taken for lost, its sandboxes given away), the node kills the VMs it holds and
-//! rejoins as a new incarnation.
+//! rejoins as a new incarnation. A heartbeat's answer also lists the sandboxes this node
+//! still runs that the database gives to another node (they moved while it was away); their
+//! VMs are killed at once.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -305,8 +307,20 @@ async fn heartbeats(
         )
         .await;
         match answer {
-            Ok(Ok((200, _))) => {
+            Ok(Ok((200, v))) => {
                 deadline = sent + lease.saturating_sub(FENCE_MARGIN);
+                // Sandboxes that moved to another node while this one was away: their VMs
+                // here must not run on.
+                for id in v["foreign"].as_array().into_iter().flatten() {
+                    let Some(id) = id.as_str().and_then(|s| s.parse::<SandboxId>().ok()) else {
+                        continue;
+                    };
+                    tracing::warn!(%id, "the sandbox belongs to another node now: killing its VM here");
+                    paused.retain(|p| p != &id);
+                    if let Err(e) = session.local.kill(&id).await {
+                        tracing::warn!(%id, error = %e, "killing a sandbox that moved");
+                    }
+                }
                 if fenced.swap(false, Ordering::SeqCst) {
                     tracing::warn!("lease renewed: unfencing");
                     for id in paused.drain(..) {

@@ -311,10 +311,32 @@ pub async fn heartbeat(
         )
         .await
     {
-        Ok(row) => Ok(Json(json!({
-            "lease_ms": ms(LEASE),
-            "state": row.state.as_str(),
-        }))),
+        Ok(row) => {
+            // A VM the node still runs for a sandbox the database gives to another node
+            // (it moved while this node was away) must go: the node kills what is listed.
+            let report: space_node::api::NodeReport =
+                serde_json::from_value(report).unwrap_or_default();
+            let held: Vec<String> = report
+                .sandboxes
+                .iter()
+                .filter(|u| !matches!(u.state, space_node::State::Terminated))
+                .map(|u| u.id.to_string())
+                .collect();
+            let owners = st.store.owners(held).await?;
+            let foreign: Vec<&String> = owners
+                .iter()
+                .filter(|(_, owner)| owner.as_deref().is_some_and(|o| o != body.node_id))
+                .map(|(id, _)| id)
+                .collect();
+            if !foreign.is_empty() {
+                tracing::warn!(node = %body.node_id, count = foreign.len(), "a node runs sandboxes that moved; it is told to kill them");
+            }
+            Ok(Json(json!({
+                "lease_ms": ms(LEASE),
+                "state": row.state.as_str(),
+                "foreign": foreign,
+            })))
+        }
         Err(StoreError::NotFound { .. }) => Err(ApiError::new(
             StatusCode::CONFLICT,
             "stale_incarnation",

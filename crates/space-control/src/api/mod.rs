@@ -489,7 +489,13 @@ async fn metrics(State(state): State<Shared>) -> Response {
             Vec::new()
         }
     };
-    let text = state.metrics.render(&by_state, &pools);
+    let mut text = state.metrics.render(&by_state, &pools);
+    if state.cluster.is_some() {
+        match state.store.nodes().await {
+            Ok(nodes) => text.push_str(&crate::metrics::render_nodes(&nodes)),
+            Err(e) => tracing::warn!(error = %e, "listing nodes for metrics"),
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

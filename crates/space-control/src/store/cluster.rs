@@ -573,6 +573,36 @@ impl Store {
         .await
     }
 
+    /// The owner node of each of `ids` that has an ownership row (`None`: recorded, but
+    /// placed nowhere, as on `space up`). Ids without a row are left out.
+    pub async fn owners(
+        &self,
+        ids: Vec<String>,
+    ) -> Result<std::collections::HashMap<String, Option<String>>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        self.read(move |c| {
+            let mut out = std::collections::HashMap::new();
+            for chunk in ids.chunks(500) {
+                let marks: Vec<String> = (1..=chunk.len()).map(|i| format!("${i}")).collect();
+                let args: Vec<Value> = chunk.iter().map(|i| Value::Text(i.clone())).collect();
+                let found = rows(
+                    c,
+                    &format!(
+                        "SELECT id, node FROM sandboxes WHERE id IN ({})",
+                        marks.join(", ")
+                    ),
+                    &args,
+                    |r| Ok((r.text(0)?, r.opt_text(1)?)),
+                )?;
+                out.extend(found);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// The sandboxes node `node` owns, with their epochs.
     pub async fn sandboxes_on(&self, node: &str) -> Result<Vec<(String, i64)>, StoreError> {
         let node = node.to_owned();

@@ -545,6 +545,14 @@ impl Node {
     /// The sandbox's record as of now.
     pub async fn info(&self, id: &SandboxId) -> Result<SandboxInfo> {
         match self.call(id, Request::Info).await {
+            // The sandbox's driver ended while the request waited (it was being killed): the
+            // record says how it ended.
+            Err(NodeError::ShuttingDown) if !self.is_shutting_down() => self
+                .inner
+                .ctx
+                .records
+                .read(id)?
+                .ok_or_else(|| NodeError::NotFound(id.clone())),
             Err(NodeError::IllegalState { .. }) => self
                 .inner
                 .ctx
