@@ -16,6 +16,7 @@ pub mod api;
 pub mod archive;
 pub mod bare;
 pub mod bench;
+pub mod cluster;
 pub mod egress;
 pub mod host;
 pub mod node;

@@ -106,6 +106,9 @@ enum Command {
     /// uploads for 0, 16 and 64 MiB written, restore from the store against a local restore,
     /// an idle second suspend, a fork's dedup, wake on access, and the chunk sizes.
     Archive(ArchiveArgs),
+    /// Measures a cluster on this machine: a control replica and several nodes joined over
+    /// mutual TLS; a burst of concurrent creates over all nodes against one node.
+    Cluster(ClusterArgs),
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
@@ -161,6 +164,19 @@ struct ApiArgs {
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=200))]
     concurrent: u64,
     /// Members of the `minimal` pool.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pool_size: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct ClusterArgs {
+    /// Creates sent at once in each burst.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=200))]
+    creates: u64,
+    /// Nodes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(2..=8))]
+    nodes: u64,
+    /// Members of the `minimal` pool on each node.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
     pool_size: u64,
 }
@@ -283,6 +299,17 @@ async fn run(cli: Cli) -> Result<()> {
             qemu: cli.qemu.clone(),
         };
         return space_bench::api::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Cluster(args)) = &cli.command {
+        let plan = space_bench::cluster::ClusterPlan {
+            creates: args.creates as usize,
+            nodes: args.nodes as usize,
+            pool_size: args.pool_size as usize,
+            kernel: kernel.clone(),
+            rootfs: rootfs.clone(),
+            qemu: cli.qemu.clone(),
+        };
+        return space_bench::cluster::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Archive(args)) = &cli.command {
         let plan = space_bench::archive::ArchivePlan {
