@@ -210,7 +210,11 @@ async fn measure(
         all.exec.clone(),
     );
     t.add("1 node: create answered (201)", "ms", one.created.clone());
-    t.add("1 node: first exec's exit line read", "ms", one.exec.clone());
+    t.add(
+        "1 node: first exec's exit line read",
+        "ms",
+        one.exec.clone(),
+    );
     print!("{}", t.render());
     let rate = |b: &Burst| b.ok as f64 / b.wall.as_secs_f64();
     println!(

@@ -90,8 +90,9 @@ impl Replica {
             .ok()
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
+        let nodes: Arc<dyn space_node::NodeApi> = Arc::new(ClusterNodes::new(cluster.clone()));
         let state = Arc::new(AppState {
-            node: Arc::new(ClusterNodes::new(cluster.clone())),
+            node: nodes.clone(),
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
             quotas: QuotaLocks::new(),
@@ -120,6 +121,19 @@ impl Replica {
             }
         });
         let watcher = tokio::spawn(watch_leases(Arc::downgrade(&store)));
+        {
+            // Sandboxes suspended past their tenant's limit are killed, as on `space up`.
+            let store = Arc::downgrade(&store);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::server::EXPIRY_TICK);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(store) = store.upgrade() else { return };
+                    crate::server::expire_suspended(nodes.as_ref(), &store).await;
+                }
+            });
+        }
         tracing::info!(%addr, store = store.backend(), "serving the cluster's API");
         Ok(Replica {
             addr,

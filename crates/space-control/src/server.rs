@@ -96,6 +96,7 @@ struct Parts {
 /// A running API server.
 pub struct Server {
     node: Node,
+    api: Arc<dyn NodeApi>,
     node_server: Option<NodeServer>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -258,7 +259,7 @@ impl Server {
         let state = Arc::new(AppState {
             vault,
             public_url,
-            node: api,
+            node: api.clone(),
             store: store.clone(),
             metrics: metrics.clone(),
             quotas: QuotaLocks::new(),
@@ -290,20 +291,21 @@ impl Server {
         });
         {
             // Sandboxes suspended past their tenant's limit are killed, once a minute.
-            let (node, store) = (node.clone(), Arc::downgrade(&store));
+            let (api, store) = (api.clone(), Arc::downgrade(&store));
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(EXPIRY_TICK);
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
                     tick.tick().await;
                     let Some(store) = store.upgrade() else { return };
-                    expire_suspended(&node, &store).await;
+                    expire_suspended(api.as_ref(), &store).await;
                 }
             });
         }
         tracing::info!(%addr, store = store.backend(), "serving the API");
         Ok(Server {
             node,
+            api,
             node_server,
             store,
             metrics,
@@ -317,7 +319,7 @@ impl Server {
     /// Kills the sandboxes suspended past their tenant's `max_suspended_ms` now (the server
     /// does this once a minute on its own). Returns how many.
     pub async fn expire_suspended(&self) -> usize {
-        expire_suspended(&self.node, &self.store).await
+        expire_suspended(self.api.as_ref(), &self.store).await
     }
 
     /// `http://<address>`.
@@ -405,11 +407,13 @@ async fn kill_unowned(node: &Node, store: &Store) -> anyhow::Result<()> {
 }
 
 /// How often suspended sandboxes are checked against their tenant's limit.
-const EXPIRY_TICK: Duration = Duration::from_secs(60);
+pub(crate) const EXPIRY_TICK: Duration = Duration::from_secs(60);
 
 /// Kills every sandbox that has been suspended for longer than its tenant's
 /// `max_suspended_ms`, audited as `sandbox.expire`. Returns how many it killed.
-async fn expire_suspended(node: &Node, store: &Store) -> usize {
+/// Kills the sandboxes suspended past their tenant's `max_suspended_ms`; returns how many.
+/// Safe on several replicas at once: a sandbox another replica killed first is skipped.
+pub async fn expire_suspended(node: &dyn NodeApi, store: &Store) -> usize {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
@@ -438,6 +442,10 @@ async fn expire_suspended(node: &Node, store: &Store) -> usize {
                 continue;
             }
             let result = node.kill(&id).await;
+            if matches!(&result, Err(f) if f.code == space_node::FaultCode::IllegalState) {
+                // Killed meanwhile (by another replica's pass, or by its owner).
+                continue;
+            }
             let event = crate::store::NewAuditEvent {
                 tenant: Some(t.name.clone()),
                 key_id: None,
