@@ -6,8 +6,9 @@
 //! - exec, files (sha256 both ways), watch and a TCP port are guest protocol streams the node
 //!   serves for the sandbox; the routes the node keeps for itself are not reachable;
 //! - a paused sandbox is woken by guest traffic, and the client is told;
-//! - a client with another CA's leaf, a node's leaf posing as the control plane, and a node
-//!   answering under another node's id are all refused.
+//! - a client with another CA's leaf, a node's leaf posing as the control plane, an expired
+//!   control leaf, a node answering under another node's id and a node with an expired leaf
+//!   are all refused.
 
 mod common;
 
@@ -174,12 +175,43 @@ fn a_node_served_over_mutual_tls() {
             assert_eq!(f.code, FaultCode::Unavailable, "{f}");
             assert!(f.message.contains("TLS"), "{f}");
 
+            // An expired control leaf is refused by the node.
+            let expired = identity(&ca, &ca.issue_control(0).unwrap());
+            let f = RemoteNode::new("node-a", &addr, &expired)
+                .unwrap()
+                .status()
+                .await
+                .unwrap_err();
+            assert_eq!(f.code, FaultCode::Unavailable, "{f}");
+
             remote.kill(&sb.id).await.unwrap();
             assert_eq!(remote.info(&sb.id).await.unwrap().state, State::Terminated);
             server.stop().await;
             // A stopped node is unavailable, not an internal failure.
             let f = remote.status().await.unwrap_err();
             assert_eq!(f.code, FaultCode::Unavailable, "{f}");
+
+            // A node whose own leaf has expired is refused by the control plane's client.
+            let stale: Arc<dyn NodeApi> = Arc::new(LocalNode::new(
+                node.clone(),
+                env_path("SPACE_KERNEL"),
+                Default::default(),
+            ));
+            let stale = NodeServer::start(
+                stale,
+                "127.0.0.1:0".parse().unwrap(),
+                &identity(&ca, &ca.issue_node("node-a", 0).unwrap()),
+            )
+            .await
+            .unwrap();
+            let f = RemoteNode::new("node-a", &stale.local_addr().to_string(), &control)
+                .unwrap()
+                .status()
+                .await
+                .unwrap_err();
+            assert_eq!(f.code, FaultCode::Unavailable, "{f}");
+            assert!(f.message.contains("TLS") && f.message.contains("xpired"), "{f}");
+            stale.stop().await;
         },
     );
 }
