@@ -210,7 +210,10 @@ fn a_node_served_over_mutual_tls() {
                 .await
                 .unwrap_err();
             assert_eq!(f.code, FaultCode::Unavailable, "{f}");
-            assert!(f.message.contains("TLS") && f.message.contains("xpired"), "{f}");
+            assert!(
+                f.message.contains("TLS") && f.message.contains("xpired"),
+                "{f}"
+            );
             stale.stop().await;
         },
     );
