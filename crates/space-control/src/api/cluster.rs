@@ -162,6 +162,34 @@ fn check_address(address: &str) -> ApiResult<()> {
     }
 }
 
+/// The address and public key of a join or rejoin, checked; the key's bytes.
+fn node_key(address: &str, public_key: &str) -> ApiResult<Vec<u8>> {
+    check_address(address)?;
+    B64.decode(public_key.as_bytes())
+        .map_err(|e| ApiError::invalid(format!("public_key: {e}")))
+}
+
+/// A certificate of the cluster CA for `node_id` over `key`, and its end of validity.
+fn certify(c: &Cluster, node_id: &str, key: &[u8]) -> ApiResult<(String, u64)> {
+    c.ca()
+        .certify_node(node_id, key, LEAF_DAYS)
+        .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// The answer of a join or rejoin.
+fn membership(c: &Cluster, row: &NodeRow, cert: (String, u64), secret: &str) -> Value {
+    json!({
+        "node_id": row.id,
+        "incarnation": row.incarnation,
+        "cert_pem": cert.0,
+        "not_after_unix": cert.1,
+        "ca_pem": c.ca().cert_pem(),
+        "secret": secret,
+        "lease_ms": ms(LEASE),
+        "heartbeat_ms": ms(HEARTBEAT),
+    })
+}
+
 fn secret() -> String {
     let bytes: [u8; 24] = rand::random();
     format!("spacenode_{}", hex::encode(bytes))
@@ -177,14 +205,9 @@ pub async fn join(
     let c = cluster(&st)?;
     let node = body.node_id.clone();
     let result = async {
-        check_address(&body.address)?;
-        let key = B64
-            .decode(body.public_key.as_bytes())
-            .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
-        let (cert_pem, not_after) = c
-            .ca()
-            .certify_node(&body.node_id, &key, LEAF_DAYS)
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        let key = node_key(&body.address, &body.public_key)?;
+        // The key is checked before the token is used, so a bad key does not burn it.
+        let cert = certify(c, &body.node_id, &key)?;
         let secret = secret();
         let row = st
             .store
@@ -203,16 +226,7 @@ pub async fn join(
                 StoreError::Invalid(m) => ApiError::unauthorized(m),
                 other => other.into(),
             })?;
-        Ok::<_, ApiError>(json!({
-            "node_id": row.id,
-            "incarnation": row.incarnation,
-            "cert_pem": cert_pem,
-            "not_after_unix": not_after,
-            "ca_pem": c.ca().cert_pem(),
-            "secret": secret,
-            "lease_ms": ms(LEASE),
-            "heartbeat_ms": ms(HEARTBEAT),
-        }))
+        Ok::<_, ApiError>(membership(c, &row, cert, &secret))
     }
     .await;
     audit_node(&st, &node, "node.join", result.as_ref().err()).await;
@@ -240,10 +254,7 @@ pub async fn rejoin(
     let c = cluster(&st)?;
     let node = body.node_id.clone();
     let result = async {
-        check_address(&body.address)?;
-        let key = B64
-            .decode(body.public_key.as_bytes())
-            .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
+        let key = node_key(&body.address, &body.public_key)?;
         let row = st
             .store
             .rejoin_node(
@@ -261,20 +272,8 @@ pub async fn rejoin(
                 )),
                 other => other.into(),
             })?;
-        let (cert_pem, not_after) = c
-            .ca()
-            .certify_node(&body.node_id, &key, LEAF_DAYS)
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
-        Ok::<_, ApiError>(json!({
-            "node_id": row.id,
-            "incarnation": row.incarnation,
-            "cert_pem": cert_pem,
-            "not_after_unix": not_after,
-            "ca_pem": c.ca().cert_pem(),
-            "secret": body.secret,
-            "lease_ms": ms(LEASE),
-            "heartbeat_ms": ms(HEARTBEAT),
-        }))
+        let cert = certify(c, &body.node_id, &key)?;
+        Ok::<_, ApiError>(membership(c, &row, cert, &body.secret))
     }
     .await;
     audit_node(&st, &node, "node.rejoin", result.as_ref().err()).await;

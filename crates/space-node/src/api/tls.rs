@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 
@@ -48,20 +48,7 @@ fn set_validity(params: &mut CertificateParams, from: u64, to: u64) {
 }
 
 fn ca_params(key: &KeyPair) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let id = params.key_identifier(key);
-    let short: String = id.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::OrganizationName, "space");
-    dn.push(DnType::CommonName, format!("space cluster CA {short}"));
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
+    crate::gateway::ca::named_ca_params(key, "space cluster CA")
 }
 
 /// The cluster CA: its certificate and its key (kept by the control plane only).

@@ -53,12 +53,19 @@ fn ca_err(what: &str) -> impl FnOnce(rcgen::Error) -> GatewayError + '_ {
 /// The CA's parameters; derived from its key alone, so the issuer can be rebuilt from
 /// `ca.key` (the subject names the key's identifier).
 fn ca_params(key: &KeyPair) -> CertificateParams {
+    named_ca_params(key, "space deployment CA")
+}
+
+/// The parameters of a space CA called `name`: derived from its key alone (the subject
+/// names the key's identifier), so its issuer can be rebuilt from the key. The gateway's
+/// CA and the cluster CA both are made so.
+pub(crate) fn named_ca_params(key: &KeyPair, name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     let id = params.key_identifier(key);
     let short: String = id.iter().take(6).map(|b| format!("{b:02x}")).collect();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::OrganizationName, "space");
-    dn.push(DnType::CommonName, format!("space deployment CA {short}"));
+    dn.push(DnType::CommonName, format!("{name} {short}"));
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
     params.key_usages = vec![
