@@ -45,9 +45,9 @@ soak: artifacts tools
 	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
 
-bench: artifacts
-	@$(CARGO) build --quiet --release -p space-bench
-	@source $(ENV) && target/release/space-bench
+bench: artifacts tools
+	@$(CARGO) build --quiet --release -p space-bench -p space
+	@source $(ENV) && source $(TOOLS) && target/release/space-bench $(ARGS)
 
 clean-cache:
 	rm -rf "$${SPACE_CACHE:-$$HOME/.cache/space}"

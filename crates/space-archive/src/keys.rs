@@ -417,6 +417,11 @@ impl Keyring {
         })
     }
 
+    /// Makes `tenant`'s key in the store if it has none (wrapped by the tenant's master).
+    pub async fn ensure_tenant_key(&self, tenant: &str) -> Result<(), KeyError> {
+        self.tenant_key(tenant, None, true).await.map(|_| ())
+    }
+
     /// The working keys of `lineage`, owned by `tenant`. With `create`, a lineage without a
     /// key gets a new one (the first upload of a new sandbox). With `fresh`, the cache is not
     /// used (restores: the master key is asked every time).

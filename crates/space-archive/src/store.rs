@@ -204,6 +204,14 @@ pub struct Head {
     /// manifests stay until retention or shredding removes them).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub terminated: bool,
+    /// The ownership epoch of the node that wrote it (0: the sandbox's first owner). A node
+    /// never replaces a head of a newer epoch than its own: the sandbox moved away from it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Checks that `s` can be one path component.

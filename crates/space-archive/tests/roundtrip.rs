@@ -417,6 +417,7 @@ async fn suite(config: StoreConfig, raw_dir: Option<&Path>, garage: Option<&Gara
                 manifest_hash: Manifest::hash(&obj),
                 updated_unix_ms: 1,
                 terminated: false,
+                epoch: 0,
             })
             .await
             .unwrap();
@@ -537,6 +538,7 @@ async fn store_gone_mid_upload_loses_nothing() {
             manifest_hash: "h".into(),
             updated_unix_ms: 1,
             terminated: false,
+            epoch: 0,
         })
         .await
         .unwrap();

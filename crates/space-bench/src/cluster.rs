@@ -119,6 +119,7 @@ async fn measure(
         max_upload_bytes: 1 << 20,
         max_body_bytes: 1 << 20,
         ready_timeout: Duration::from_secs(120),
+        archive: None,
     })
     .await?;
     let key = replica

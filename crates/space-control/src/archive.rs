@@ -105,21 +105,14 @@ impl KeyAuditSink {
             }
             return;
         };
-        let what = match &e.lineage {
-            Some(l) => format!("lineage {l}, master key {}", e.master),
-            None => format!("master key {}", e.master),
-        };
-        let event = NewAuditEvent {
-            tenant: e.tenant.parse::<TenantName>().ok(),
-            key_id: None,
-            sandbox: None,
-            operation: format!("key.{}", e.operation),
-            result: if e.ok { "ok" } else { "key_unavailable" }.into(),
-            detail: Some(match &e.detail {
-                Some(d) => format!("{what} (tenant {}): {d}", e.tenant),
-                None => format!("{what} (tenant {})", e.tenant),
-            }),
-        };
+        let event = key_audit_event(&space_node::settings::KeyEventReport {
+            tenant: e.tenant,
+            lineage: e.lineage,
+            master: e.master,
+            operation: e.operation.to_owned(),
+            ok: e.ok,
+            detail: e.detail,
+        });
         // Key events come from inside async archive code and must not wait for the database.
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
@@ -136,6 +129,25 @@ impl KeyAuditSink {
                 }
             }
         }
+    }
+}
+
+/// The audit event of a key event (here or on a node).
+pub fn key_audit_event(e: &space_node::settings::KeyEventReport) -> NewAuditEvent {
+    let what = match &e.lineage {
+        Some(l) => format!("lineage {l}, master key {}", e.master),
+        None => format!("master key {}", e.master),
+    };
+    NewAuditEvent {
+        tenant: e.tenant.parse::<TenantName>().ok(),
+        key_id: None,
+        sandbox: None,
+        operation: format!("key.{}", e.operation),
+        result: if e.ok { "ok" } else { "key_unavailable" }.into(),
+        detail: Some(match &e.detail {
+            Some(d) => format!("{what} (tenant {}): {d}", e.tenant),
+            None => format!("{what} (tenant {})", e.tenant),
+        }),
     }
 }
 

@@ -85,6 +85,30 @@ impl Store {
         })
     }
 
+    /// Every tenant that has a KMS key of its own, with it.
+    pub async fn kms_tenants(&self) -> Result<Vec<(String, MasterKeyConfig)>, StoreError> {
+        self.read(|c| {
+            let rows = c.query(
+                "SELECT tenant, key_id, region, endpoint FROM tenant_master_keys \
+                 WHERE provider = 'kms' ORDER BY tenant",
+                args![],
+            )?;
+            rows.into_iter()
+                .map(|r| {
+                    Ok((
+                        r.text(0)?,
+                        MasterKeyConfig::Kms {
+                            key_id: r.text(1)?,
+                            region: r.text(2)?,
+                            endpoint: r.opt_text(3)?,
+                        },
+                    ))
+                })
+                .collect()
+        })
+        .await
+    }
+
     /// Records the tenant's master key choice.
     pub async fn set_master_key_config(
         &self,
@@ -130,6 +154,15 @@ struct AwsCredentials {
     access_key_id: String,
     secret_access_key: String,
     session_token: Option<String>,
+}
+
+/// The AWS credentials of this process's environment, as nodes of a cluster get them.
+pub fn aws_for_nodes() -> Option<space_node::settings::AwsCredentials> {
+    AwsCredentials::from_env().map(|c| space_node::settings::AwsCredentials {
+        access_key_id: c.access_key_id,
+        secret_access_key: c.secret_access_key,
+        session_token: c.session_token,
+    })
 }
 
 impl AwsCredentials {

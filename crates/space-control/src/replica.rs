@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState};
-use crate::cluster::{Cluster, ClusterNodes, GRACE};
+use crate::archive::{ArchiveSettings, KeyAuditSink};
+use crate::cluster::{moves, Cluster, ClusterArchive, ClusterNodes, GRACE};
 use crate::metrics::Metrics;
 use crate::quota::QuotaLocks;
 use crate::server::{redact, DEFAULT_TENANT, PUBLIC_URL_ENV, SHUTDOWN_GRACE};
@@ -37,6 +38,10 @@ pub struct ReplicaConfig {
     pub max_body_bytes: usize,
     /// How long a template build VM may take to report ready.
     pub ready_timeout: Duration,
+    /// The object store every node archives to, and the master key (`None`: nodes keep
+    /// their snapshots on their own disks, and a lost node's sandboxes cannot come back
+    /// elsewhere).
+    pub archive: Option<ArchiveSettings>,
 }
 
 /// A running replica.
@@ -77,11 +82,32 @@ impl Replica {
             .bootstrap(&tenant)
             .await
             .context("making the default tenant")?;
+        let audit = Arc::new(KeyAuditSink::default());
+        audit.connect(store.clone());
+        let archive = match config.archive.clone() {
+            Some(settings) => Some(
+                ClusterArchive::open(store.clone(), &vault, settings, audit)
+                    .await
+                    .context("opening the object store")?,
+            ),
+            None => None,
+        };
+        let (masters, keyring) = match &archive {
+            Some(a) => (Some(a.masters().clone()), Some(a.keyring().clone())),
+            None => (None, None),
+        };
         let cluster = Arc::new(
-            Cluster::open(store.clone(), &vault)
+            Cluster::open(store.clone(), &vault, archive)
                 .await
                 .context("opening the cluster CA")?,
         );
+        if let Some(a) = cluster.archive() {
+            for tenant in [space_node::archive::TEMPLATE_TENANT, DEFAULT_TENANT] {
+                a.ensure_tenant_key(&store, cluster.holder(), tenant)
+                    .await
+                    .with_context(|| format!("the object store key of {tenant}"))?;
+            }
+        }
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("listening on {}", config.listen))?;
@@ -101,8 +127,8 @@ impl Replica {
             builds: tokio::sync::Mutex::new(()),
             vault,
             public_url,
-            masters: None,
-            keyring: None,
+            masters,
+            keyring,
             cluster: Some(cluster.clone()),
         });
         let app = api::router(state, config.max_body_bytes);
@@ -120,7 +146,7 @@ impl Replica {
                 tracing::error!(error = %e, "the API server stopped");
             }
         });
-        let watcher = tokio::spawn(watch_leases(Arc::downgrade(&store)));
+        let watcher = tokio::spawn(watch_leases(Arc::downgrade(&cluster)));
         {
             // Sandboxes suspended past their tenant's limit are killed, as on `space up`.
             let store = Arc::downgrade(&store);
@@ -190,12 +216,15 @@ impl Replica {
 
 /// Marks nodes lost once their lease is past the grace period and records it. Every replica
 /// runs this; the database makes each node's loss reported once.
-async fn watch_leases(store: std::sync::Weak<Store>) {
+async fn watch_leases(cluster: std::sync::Weak<Cluster>) {
     let mut tick = tokio::time::interval(LOST_TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(store) = store.upgrade() else { return };
+        let Some(cluster) = cluster.upgrade() else {
+            return;
+        };
+        let store = cluster.store().clone();
         let grace = u64::try_from(GRACE.as_millis()).unwrap_or(u64::MAX);
         match store.mark_lost(grace).await {
             Ok(lost) => {
@@ -218,6 +247,26 @@ async fn watch_leases(store: std::sync::Weak<Store>) {
                 }
             }
             Err(e) => tracing::warn!(error = %e, "looking for lost nodes"),
+        }
+        if cluster.archive().is_none() {
+            // Without a store nothing can move: a lost node's sandboxes wait for it.
+            continue;
+        }
+        moves::failover_pass(&cluster).await;
+        match store.nodes().await {
+            Ok(nodes) => {
+                for n in nodes
+                    .iter()
+                    .filter(|n| n.state == crate::store::NodeState::Draining && n.live)
+                {
+                    match moves::drain_pass(&cluster, n).await {
+                        Ok(0) => tracing::debug!(node = %n.id, "drained: it holds no sandbox"),
+                        Ok(_) => {}
+                        Err(f) => tracing::warn!(node = %n.id, error = %f, "draining"),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "listing nodes to drain"),
         }
     }
 }

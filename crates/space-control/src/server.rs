@@ -480,6 +480,19 @@ async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::
         Err(NodeError::TemplateNotFound(_)) => {}
         Err(e) => return Err(e).with_context(|| format!("looking up template {name}")),
     }
+    // A node on a new disk over an existing store: the build its archived sandboxes were
+    // made from is the store's, not a new one.
+    let tref = TemplateRef::new(name, "1")?;
+    if node.archive().is_some() {
+        match node.fetch_template(&tref).await {
+            Ok(Some(_)) => {
+                eprintln!("[up] template {tref} fetched from the object store");
+                return Ok(());
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("[up] template {tref} not fetched from the object store: {e}"),
+        }
+    }
     let rootfs = config
         .images
         .get(name)
@@ -491,7 +504,7 @@ async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::
     let started = Instant::now();
     let t = node
         .build_template(TemplateSpec {
-            template: TemplateRef::new(name, "1")?,
+            template: tref,
             kernel: config.kernel.clone(),
             rootfs: rootfs.clone(),
             vcpus: api::admin::DEFAULT_TEMPLATE_VCPUS,

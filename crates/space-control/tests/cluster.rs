@@ -6,7 +6,7 @@
 //! - creates spread over the nodes, and each sandbox answers exec and a 2 MiB upload and
 //!   download (by SHA-256) through either replica;
 //! - tenants stay isolated across replicas;
-//! - a sandbox the database gives to another node stops running on the node it left;
+//! - a sandbox the database gives to another node is discarded by the node it left;
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
 
 mod common;
@@ -101,6 +101,7 @@ fn two_replicas_two_nodes() {
             max_upload_bytes: 8 << 20,
             max_body_bytes: 1 << 20,
             ready_timeout: Duration::from_secs(120),
+            archive: None,
         };
         let r1 = Replica::start(config(&vault_key)).await.expect("replica 1");
         let admin = r1
@@ -236,7 +237,8 @@ fn two_replicas_two_nodes() {
         }
 
         // A sandbox given to another node (as failover does) stops running on the node it
-        // left: that node's next heartbeat is told to kill it.
+        // left: that node's next heartbeat names it, and the node discards it (VM, files
+        // and record).
         let mut moved = None;
         for id in &ids {
             if r1.store().sandbox_node(id).await.unwrap().unwrap().0 == "node-a" {
@@ -254,12 +256,17 @@ fn two_replicas_two_nodes() {
         let sid: space_node::SandboxId = moved.parse().unwrap();
         let mut stopped = false;
         for _ in 0..100 {
-            if node_a.info(&sid).await.unwrap().state == space_node::State::Terminated {
+            if matches!(
+                node_a.info(&sid).await,
+                Err(space_node::NodeError::NotFound(_))
+            ) {
                 stopped = true;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let dir = node_a.layout().sandbox_dir(&moved).unwrap();
+        assert!(!dir.exists(), "{} is left on node-a", dir.display());
         assert!(
             stopped,
             "node-a still runs {moved}, which belongs to node-b now"

@@ -25,6 +25,7 @@ const PUBLIC: &[&str] = &[
     "node.join",
     "node.rejoin",
     "node.heartbeat",
+    "node.claim",
 ];
 
 /// Operations that need an admin key (docs/api.md, *Templates* and *Tenants and keys*).

@@ -19,6 +19,7 @@ pub mod admission;
 pub mod api;
 pub mod archive;
 pub mod error;
+pub mod fence;
 pub mod gateway;
 pub mod ids;
 pub mod member;
@@ -29,6 +30,7 @@ pub mod recovery;
 pub mod retention;
 pub mod sandbox;
 pub mod scheduler;
+pub mod settings;
 pub mod storage;
 pub mod template;
 

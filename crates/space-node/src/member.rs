@@ -5,14 +5,18 @@
 //! **Fencing.** Each heartbeat that succeeds moves the node's own deadline to the moment it
 //! *sent* the heartbeat plus the lease, minus [`FENCE_MARGIN`]: the control plane renewed the
 //! lease on the database's clock after that moment, so the node's deadline always falls
-//! before the lease runs out, however long the answer took. When the deadline passes without
-//! a renewal the node fences itself: it pauses every running VM (a paused guest does nothing
-//! and sends nothing) and refuses node API calls until a heartbeat succeeds again, when it
-//! resumes them. If the control plane answers that this incarnation is no longer the member
-//! (it was taken for lost, its sandboxes given away), the node kills the VMs it holds and
-//! rejoins as a new incarnation. A heartbeat's answer also lists the sandboxes this node
-//! still runs that the database gives to another node (they moved while it was away); their
-//! VMs are killed at once.
+//! before the lease runs out, however long the answer took. The deadline is kept by a
+//! watchdog process ([`crate::fence`]) as well as by the node: when it passes without a
+//! renewal, the watchdog stops every QEMU process of the node (SIGSTOP) even if the node's
+//! own process is stopped, stuck or dead, and the node refuses node API calls and commits
+//! nothing to the object store. A later successful heartbeat of the same incarnation
+//! unfences it (the guests continue). If the control plane answers that this incarnation is
+//! no longer the member (it was taken for lost, its running sandboxes given away), the node
+//! stays fenced and rejoins as a new incarnation. Every heartbeat's answer lists the
+//! sandboxes this node still holds that the database gives to another node (they moved
+//! while it was away): they are discarded (VM killed, local state dropped, nothing written to
+//! the store) before the fence lifts. A member starts fenced, so that the guests a restarted
+//! node process found running stay stopped until its first heartbeat says which moved.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,9 +28,9 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
-use crate::api::{Identity, LocalNode, NodeApi, NodeKey, NodeServer};
+use crate::api::{Identity, LocalNode, NodeApi, NodeKey, NodeServer, TemplateBuild};
+use crate::fence::Watchdog;
 use crate::ids::SandboxId;
-use crate::record::State;
 
 /// How long before the lease runs out a node that could not renew stops its VMs.
 pub const FENCE_MARGIN: Duration = Duration::from_secs(3);
@@ -81,8 +85,11 @@ struct Granted {
 pub struct Member {
     server: NodeServer,
     task: JoinHandle<()>,
+    fence: Arc<Fence>,
     fenced: Arc<AtomicBool>,
     incarnation: Arc<std::sync::atomic::AtomicI64>,
+    session: Session,
+    secret: Arc<std::sync::Mutex<String>>,
 }
 
 impl std::fmt::Debug for Member {
@@ -91,6 +98,7 @@ impl std::fmt::Debug for Member {
     }
 }
 
+#[derive(Clone)]
 struct Session {
     http: reqwest::Client,
     control: String,
@@ -215,7 +223,16 @@ impl Member {
             &granted.ca_pem,
         )
         .map_err(err("the node certificate"))?;
+        // Fenced from the start: the guests this node process found running may have moved
+        // while it was away; the first heartbeat names those, and lifts the fence.
+        let watchdog = Watchdog::spawn().map_err(err("starting the fence watchdog"))?;
         let fenced = Arc::new(AtomicBool::new(false));
+        let fence = Arc::new(Fence {
+            flag: fenced.clone(),
+            node: local.node().clone(),
+            watchdog: std::sync::Mutex::new(Arc::new(watchdog)),
+        });
+        fence.raise();
         let api: Arc<dyn NodeApi> = Arc::new(Fenced {
             inner: local.clone(),
             fenced: fenced.clone(),
@@ -224,20 +241,119 @@ impl Member {
             .await
             .map_err(err("serving the node API"))?;
         let incarnation = Arc::new(std::sync::atomic::AtomicI64::new(granted.incarnation));
+        let secret = Arc::new(std::sync::Mutex::new(granted.secret.clone()));
         tracing::info!(node = %config.node_id, incarnation = granted.incarnation, addr = %server.local_addr(), "joined the cluster");
         let task = tokio::spawn(heartbeats(
-            session,
+            session.clone(),
             key,
             granted,
-            fenced.clone(),
+            fence.clone(),
             incarnation.clone(),
+            secret.clone(),
         ));
         Ok(Member {
             server,
             task,
+            fence,
             fenced,
             incarnation,
+            session,
+            secret,
         })
+    }
+
+    /// Claims `name` in the cluster (`template:<name>@<version>`), or gives the claim up:
+    /// answers whether this node holds it.
+    pub async fn claim(&self, name: &str, release: bool) -> Result<bool, MemberError> {
+        let secret = self
+            .secret
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (status, v) = self
+            .session
+            .post(
+                "/v1/cluster/claim",
+                serde_json::json!({
+                    "node_id": self.session.config.node_id, "incarnation": self.incarnation(),
+                    "secret": secret, "name": name, "release": release,
+                }),
+            )
+            .await?;
+        if status != 200 {
+            return Err(MemberError(format!(
+                "the control plane refused claim {name}: {}",
+                v["error"]["message"].as_str().unwrap_or("(no message)")
+            )));
+        }
+        Ok(v["held"].as_bool().unwrap_or(false))
+    }
+
+    /// Waits (up to `wait`) for the control plane's settings; answers whether they came.
+    pub async fn settled(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        while self.session.local.settings().digest().is_none() {
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true
+    }
+
+    /// Makes sure this node has each of `builds`, built once in the whole cluster: with an
+    /// object store, a build published there is fetched; otherwise the node that wins the
+    /// claim builds it and publishes it while the others wait for it. Without a store each
+    /// node builds its own (its sandboxes then cannot move to another node).
+    pub async fn provide_templates(&self, builds: Vec<TemplateBuild>) -> Result<(), MemberError> {
+        let local = &self.session.local;
+        let node = local.node().clone();
+        for build in builds {
+            let t = build.template.clone();
+            let have = node
+                .template(&t.name, &crate::ids::VersionReq::Exact(t.version.clone()))
+                .is_ok();
+            if node.archive().is_none() {
+                if !have {
+                    local
+                        .build_template(build)
+                        .await
+                        .map_err(err(&format!("building template {t}")))?;
+                }
+                continue;
+            }
+            if have {
+                // Built here before: it must be the published build (or become it).
+                node.publish_template(&t)
+                    .await
+                    .map_err(err(&format!("publishing template {t}")))?;
+                continue;
+            }
+            let claim = format!("template:{}@{}", t.name, t.version);
+            loop {
+                if node
+                    .fetch_template(&t)
+                    .await
+                    .map_err(err(&format!("fetching template {t}")))?
+                    .is_some()
+                {
+                    tracing::info!(template = %t, "template fetched from the object store");
+                    break;
+                }
+                if self.claim(&claim, false).await? {
+                    let built = match local.build_template(build.clone()).await {
+                        Ok(_) => node.publish_template(&t).await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    let _ = self.claim(&claim, true).await;
+                    built.map_err(|e| MemberError(format!("building template {t}: {e}")))?;
+                    tracing::info!(template = %t, "template built and published");
+                    break;
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+        Ok(())
     }
 
     /// Where the node API listens.
@@ -255,44 +371,114 @@ impl Member {
         self.incarnation.load(Ordering::SeqCst)
     }
 
-    /// Stops heartbeating and serving.
+    /// The fence watchdog's pid.
+    pub fn watchdog_pid(&self) -> u32 {
+        self.fence.watchdog().pid()
+    }
+
+    /// Waits (up to `wait`) until the node is unfenced (its first heartbeat after joining).
+    pub async fn unfenced(&self, wait: Duration) -> bool {
+        let until = Instant::now() + wait;
+        while self.fenced() {
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    /// Stops heartbeating and serving; the watchdog is disarmed (the guests run on, for the
+    /// next node process to adopt).
     pub async fn stop(self) {
         self.task.abort();
+        self.fence.watchdog().disarm();
         self.server.stop().await;
     }
 }
 
-async fn running(local: &LocalNode) -> Vec<SandboxId> {
-    local
-        .usage()
-        .await
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|u| u.state == State::Running)
-        .map(|u| u.id)
-        .collect()
+/// The node's fence: the flag its API and its commits obey, and the watchdog that stops its
+/// guests.
+struct Fence {
+    flag: Arc<AtomicBool>,
+    node: crate::node::Node,
+    watchdog: std::sync::Mutex<Arc<Watchdog>>,
+}
+
+impl Fence {
+    fn watchdog(&self) -> Arc<Watchdog> {
+        self.watchdog
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Stops the guests and refuses calls and commits, at once.
+    fn raise(&self) {
+        self.flag.store(true, Ordering::SeqCst);
+        self.node.set_fenced(true);
+        self.watchdog().fence_now(&self.node.vm_pids());
+    }
+
+    /// Moves the deadline to `deadline` (the guests run on, or again) and lifts the flag.
+    fn renew(&self, deadline: Instant) {
+        let mut w = self.watchdog.lock().unwrap_or_else(|e| e.into_inner());
+        if !w.alive() {
+            tracing::error!("the fence watchdog is gone: starting another");
+            match Watchdog::spawn() {
+                Ok(new) => *w = Arc::new(new),
+                Err(e) => {
+                    // Without a watchdog nothing stops the guests should this process hang:
+                    // the node stays fenced until one can be started.
+                    tracing::error!(error = %e, "starting the fence watchdog");
+                    drop(w);
+                    self.raise();
+                    return;
+                }
+            }
+        }
+        w.arm(deadline, &self.node.vm_pids());
+        drop(w);
+        if self.flag.swap(false, Ordering::SeqCst) {
+            self.node.set_fenced(false);
+            tracing::warn!("lease renewed: unfenced");
+        }
+    }
+
+    fn raised(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
 }
 
 async fn heartbeats(
     session: Session,
     key: NodeKey,
     mut granted: Granted,
-    fenced: Arc<AtomicBool>,
+    fence: Arc<Fence>,
     incarnation: Arc<std::sync::atomic::AtomicI64>,
+    secret: Arc<std::sync::Mutex<String>>,
 ) {
     let lease = Duration::from_millis(granted.lease_ms);
     let mut deadline = Instant::now() + lease.saturating_sub(FENCE_MARGIN);
-    let mut paused: Vec<SandboxId> = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(granted.heartbeat_ms.max(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        // A process that was stopped past its deadline fences before anything else.
+        if Instant::now() >= deadline && !fence.raised() {
+            tracing::warn!("the lease could not be renewed in time: fencing (guests stopped)");
+            fence.raise();
+        }
+        fence.watchdog().set_vms(&fence.node.vm_pids());
         let sent = Instant::now();
-        let report = match session.local.report().await {
-            Ok(r) => serde_json::to_value(r).expect("serializes"),
+        let (report, carried) = match session.local.report().await {
+            Ok(r) => {
+                let n = r.key_events.len();
+                (serde_json::to_value(r).expect("serializes"), n)
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the node's report");
-                serde_json::Value::Null
+                (serde_json::Value::Null, 0)
             }
         };
         let body = serde_json::json!({
@@ -308,50 +494,48 @@ async fn heartbeats(
         .await;
         match answer {
             Ok(Ok((200, v))) => {
-                deadline = sent + lease.saturating_sub(FENCE_MARGIN);
+                session.local.settings().key_events_carried(carried);
                 // Sandboxes that moved to another node while this one was away: their VMs
-                // here must not run on.
+                // here must not run on, and what this node has of them is stale.
                 for id in v["foreign"].as_array().into_iter().flatten() {
                     let Some(id) = id.as_str().and_then(|s| s.parse::<SandboxId>().ok()) else {
                         continue;
                     };
-                    tracing::warn!(%id, "the sandbox belongs to another node now: killing its VM here");
-                    paused.retain(|p| p != &id);
-                    if let Err(e) = session.local.kill(&id).await {
-                        tracing::warn!(%id, error = %e, "killing a sandbox that moved");
-                    }
-                }
-                if fenced.swap(false, Ordering::SeqCst) {
-                    tracing::warn!("lease renewed: unfencing");
-                    for id in paused.drain(..) {
-                        if let Err(e) = session.local.resume(&id).await {
-                            tracing::warn!(%id, error = %e, "resuming after a fence");
+                    tracing::warn!(%id, "the sandbox belongs to another node now: discarding it here");
+                    // Its VM dies now, before the fence can lift; the rest of the discard
+                    // (its driver, files and record) must not hold up the heartbeats.
+                    fence.node.kill_vm_now(&id);
+                    let local = session.local.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = local.discard(&id).await {
+                            tracing::warn!(%id, error = %e, "discarding a sandbox that moved");
                         }
-                    }
+                    });
                 }
+                deadline = sent + lease.saturating_sub(FENCE_MARGIN);
+                fence.renew(deadline);
                 continue;
             }
             Ok(Ok((409, _))) => {
-                // No longer the member: what this incarnation ran was given away.
+                // No longer the member: this incarnation was taken for lost and its running
+                // sandboxes given to other nodes. It stays fenced (guests stopped, no
+                // commits) while it rejoins; the new incarnation's first heartbeat names the
+                // ones that moved, which are discarded, and the rest (still this node's) run
+                // on.
                 tracing::warn!(
                     incarnation = granted.incarnation,
-                    "this incarnation is stale: killing its VMs and rejoining"
+                    "this incarnation is stale: rejoining"
                 );
-                fenced.store(true, Ordering::SeqCst);
-                paused.clear();
-                let all = session.local.usage().await.unwrap_or_default();
-                for u in all {
-                    if matches!(u.state, State::Running | State::Paused) {
-                        let _ = session.local.kill(&u.id).await;
-                    }
+                if !fence.raised() {
+                    fence.raise();
                 }
                 match session.enter(&key).await {
                     Ok(g) => {
                         tracing::info!(incarnation = g.incarnation, "rejoined the cluster");
                         incarnation.store(g.incarnation, Ordering::SeqCst);
+                        *secret.lock().unwrap_or_else(|e| e.into_inner()) = g.secret.clone();
                         granted = g;
-                        deadline = Instant::now() + lease.saturating_sub(FENCE_MARGIN);
-                        fenced.store(false, Ordering::SeqCst);
+                        tick.reset_immediately();
                     }
                     Err(e) => tracing::warn!(error = %e, "rejoining"),
                 }
@@ -363,16 +547,9 @@ async fn heartbeats(
             Ok(Err(e)) => tracing::warn!(error = %e, "a heartbeat failed"),
             Err(_) => tracing::warn!("a heartbeat took longer than {HEARTBEAT_TIMEOUT:?}"),
         }
-        if Instant::now() >= deadline && !fenced.swap(true, Ordering::SeqCst) {
-            tracing::warn!(
-                "the lease could not be renewed in time: fencing (pausing every running VM)"
-            );
-            for id in running(&session.local).await {
-                match session.local.pause(&id).await {
-                    Ok(()) => paused.push(id),
-                    Err(e) => tracing::warn!(%id, error = %e, "pausing to fence"),
-                }
-            }
+        if Instant::now() >= deadline && !fence.raised() {
+            tracing::warn!("the lease could not be renewed in time: fencing (guests stopped)");
+            fence.raise();
         }
     }
 }
@@ -434,4 +611,9 @@ fenced_calls! {
     delete_template(template: &crate::ids::TemplateRef) -> ();
     pools() -> Vec<crate::api::Pool>;
     ca_pem() -> String;
+    configure(settings: crate::settings::NodeSettings) -> ();
+    adopt(id: &SandboxId, tenant: &str, epoch: u64) -> crate::api::Sandbox;
+    discard(id: &SandboxId) -> ();
+    publish_template(template: &crate::ids::TemplateRef) -> ();
+    fetch_template(template: &crate::ids::TemplateRef) -> crate::api::TemplateInfo;
 }

@@ -355,6 +355,15 @@ pub struct SandboxRecord {
     /// archive can never be opened again, and its local snapshots are gone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shredded_unix_ms: Option<u64>,
+    /// Which ownership of the sandbox this node holds: 0 for its first owner, the epoch the
+    /// control plane gave when it moved the sandbox here (failover, drain). The object store
+    /// refuses the commits of an older epoch than its head's (`docs/cluster.md`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The tenant of records that name none.
@@ -643,6 +652,7 @@ mod tests {
             tenant: DEFAULT_TENANT.into(),
             lineage: None,
             shredded_unix_ms: None,
+            epoch: 0,
         }
     }
 

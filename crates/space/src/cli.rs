@@ -118,14 +118,26 @@ pub struct UpArgs {
     /// (repeatable; for tests and private upstreams).
     #[arg(long = "extra-root", value_name = "PEM")]
     pub extra_roots: Vec<PathBuf>,
+    /// The object store.
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
+}
+
+/// Where sandboxes are archived, and with which key.
+#[derive(Debug, Args)]
+pub struct ArchiveArgs {
     /// Where suspended sandboxes are archived: a directory, `file:///path`, or
     /// `s3://bucket/prefix` (credentials, region and endpoint from AWS_ACCESS_KEY_ID,
     /// AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL; an endpoint means path-style
-    /// requests). `none` keeps snapshots on this disk only. Default: `<data-dir>/objects`.
+    /// requests). `none` keeps snapshots on the nodes' disks only. Default for `space up`:
+    /// `<data-dir>/objects`; for `space control`: none (a cluster's store must be one every
+    /// node reaches; the control plane hands it to them).
     #[arg(long, env = "SPACE_OBJECT_STORE", value_name = "URL")]
     pub object_store: Option<String>,
     /// The deployment's master key file, which wraps every tenant key of the archive (made on
-    /// first start; back it up away from the store). Default: `<data-dir>/state/master.key`.
+    /// first start; back it up away from the store). Default for `space up`:
+    /// `<data-dir>/state/master.key`; for `space control`: a key made by the first replica
+    /// and kept in the database, sealed by the vault key.
     #[arg(long, env = "SPACE_MASTER_KEY_FILE", value_name = "PATH")]
     pub master_key_file: Option<PathBuf>,
     /// Local copies of archived snapshots of suspended sandboxes are evicted past this many
@@ -160,6 +172,9 @@ pub struct ControlArgs {
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
+    /// The object store the nodes archive to.
+    #[command(flatten)]
+    pub archive: ArchiveArgs,
 }
 
 /// `space node`: the node role, or (with a subcommand) the cluster's nodes as an admin sees

@@ -10,7 +10,7 @@ use space_control::archive::ArchiveSettings;
 use space_control::server::{
     Server, ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES,
 };
-use space_node::{Node, NodeApi, NodeConfig, PoolConfig, TemplateName};
+use space_node::{Node, NodeConfig, PoolConfig, TemplateName};
 
 use crate::cli::{ControlArgs, NodeArgs, UpArgs};
 use crate::config::{self, ConfigFile};
@@ -67,12 +67,18 @@ fn pool_size(pools: &mut PoolConfig, n: usize, templates: &[String]) -> Result<(
     Ok(())
 }
 
-/// The object store settings of `space up`: `<data-dir>/objects` unless told otherwise.
-fn archive_settings(a: &UpArgs) -> Result<Option<ArchiveSettings>> {
+/// The object store settings: `default` unless told otherwise (`None`: no store).
+fn archive_settings(
+    a: &crate::cli::ArchiveArgs,
+    default: Option<StoreConfig>,
+) -> Result<Option<ArchiveSettings>> {
     let store = match a.object_store.as_deref() {
         Some("none") => return Ok(None),
         Some(s) => StoreConfig::parse(s).map_err(|e| anyhow::anyhow!("--object-store: {e}"))?,
-        None => StoreConfig::Local(a.data_dir.join("objects")),
+        None => match default {
+            Some(d) => d,
+            None => return Ok(None),
+        },
     };
     let mut s = ArchiveSettings::new(store);
     s.master_key_file = a.master_key_file.clone();
@@ -103,7 +109,10 @@ pub async fn up(a: UpArgs) -> Result<()> {
         );
     }
     let images = images(&a.images)?;
-    let archive = archive_settings(&a)?;
+    let archive = archive_settings(
+        &a.archive,
+        Some(StoreConfig::Local(a.data_dir.join("objects"))),
+    )?;
     let templates = match a.templates {
         Some(t) => t.into_iter().filter(|t| !t.is_empty()).collect(),
         None => images.keys().cloned().collect::<Vec<_>>(),
@@ -243,29 +252,20 @@ async fn member(a: &NodeArgs, node: &Node, control: String) -> Result<()> {
     };
     let kernel = a.kernel.clone().unwrap_or_default();
     let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone());
-    // Stock templates: each node builds its own from its images, once.
+    // Stock templates: built once in the cluster, from this node's images.
+    let mut builds = Vec::new();
     if kernel.is_file() {
         for name in images.keys() {
-            let tname: TemplateName = name
+            let _: TemplateName = name
                 .parse()
                 .map_err(|e| anyhow::anyhow!("image name {name:?}: {e}"))?;
-            if node
-                .template(&tname, &space_node::VersionReq::Latest)
-                .is_ok()
-            {
-                continue;
-            }
-            eprintln!("space node: building template {name} ...");
-            local
-                .build_template(space_node::api::TemplateBuild {
-                    template: space_node::TemplateRef::new(name, "1")?,
-                    image: name.clone(),
-                    vcpus: space_control::api::admin::DEFAULT_TEMPLATE_VCPUS,
-                    memory_mib: space_control::api::admin::DEFAULT_TEMPLATE_MEMORY_MIB,
-                    ready_timeout_ms: 120_000,
-                })
-                .await
-                .map_err(|e| anyhow::anyhow!("building template {name}: {e}"))?;
+            builds.push(space_node::api::TemplateBuild {
+                template: space_node::TemplateRef::new(name, "1")?,
+                image: name.clone(),
+                vcpus: space_control::api::admin::DEFAULT_TEMPLATE_VCPUS,
+                memory_mib: space_control::api::admin::DEFAULT_TEMPLATE_MEMORY_MIB,
+                ready_timeout_ms: 120_000,
+            });
         }
     }
     let node_id = match &a.node_id {
@@ -306,6 +306,22 @@ async fn member(a: &NodeArgs, node: &Node, control: String) -> Result<()> {
         member.incarnation(),
         member.local_addr()
     );
+    if !member.settled(std::time::Duration::from_secs(30)).await {
+        eprintln!("space node: no settings from the control plane yet; templates are built here");
+    }
+    eprintln!(
+        "space node: stock templates ({}) ...",
+        builds
+            .iter()
+            .map(|b| b.template.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    member
+        .provide_templates(builds)
+        .await
+        .context("the stock templates")?;
+    eprintln!("space node: ready");
     let sig = stop_signal().await?;
     eprintln!("space node: {sig}: stopping (VMs keep running and are adopted on the next start)");
     member.stop().await;
@@ -323,6 +339,7 @@ pub async fn control(a: ControlArgs) -> Result<()> {
         max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         ready_timeout: std::time::Duration::from_secs(120),
+        archive: archive_settings(&a.archive, None)?,
     })
     .await
     .context("starting the control replica")?;

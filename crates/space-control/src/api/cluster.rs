@@ -28,6 +28,9 @@ fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// Key events one heartbeat may carry.
+const MAX_KEY_EVENTS: usize = 1000;
+
 fn cluster(st: &Shared) -> ApiResult<&Cluster> {
     st.cluster.as_deref().ok_or_else(|| {
         ApiError::new(
@@ -298,7 +301,15 @@ pub async fn heartbeat(
     ApiJson(body): ApiJson<HeartbeatBody>,
 ) -> ApiResult<Json<Value>> {
     cluster(&st)?;
-    let report = report_value(body.report)?;
+    let cl = st.cluster.clone().expect("a cluster");
+    let mut report = report_value(body.report)?;
+    // Key events of the node's go to the audit log, not into its stored report.
+    let key_events = report
+        .as_object_mut()
+        .and_then(|o| o.remove("key_events"))
+        .unwrap_or_default();
+    let key_events: Vec<space_node::settings::KeyEventReport> =
+        serde_json::from_value(key_events).unwrap_or_default();
     match st
         .store
         .heartbeat(
@@ -311,6 +322,15 @@ pub async fn heartbeat(
         .await
     {
         Ok(row) => {
+            for e in key_events.iter().take(MAX_KEY_EVENTS) {
+                let mut event = crate::archive::key_audit_event(e);
+                event.detail = event
+                    .detail
+                    .map(|d| format!("{d} on node {}", body.node_id));
+                st.store.record(event).await?;
+            }
+            cl.configure_if_stale(&row, report["settings"].as_str())
+                .await;
             // A VM the node still runs for a sandbox the database gives to another node
             // (it moved while this node was away) must go: the node kills what is listed.
             let report: space_node::api::NodeReport =
@@ -411,4 +431,71 @@ pub async fn remove_node(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     set_state(&st, &who, &raw, NodeState::Removed, "node.remove").await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    node_id: String,
+    incarnation: i64,
+    secret: String,
+    name: String,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+    #[serde(default)]
+    release: bool,
+}
+
+/// The longest claim a node may take.
+const MAX_CLAIM_MS: u64 = 30 * 60 * 1000;
+
+/// `POST /v1/cluster/claim`: a node claims work that one node of the cluster must do once
+/// (building a stock template and publishing it to the object store), or gives the claim
+/// up. Answers whether the node holds it.
+pub async fn claim(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<ClaimBody>,
+) -> ApiResult<Json<Value>> {
+    cluster(&st)?;
+    let valid = body.name.len() <= 128
+        && body.name.starts_with("template:")
+        && body
+            .name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"@.:_-".contains(&b));
+    if !valid {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_claim",
+            format!(
+                "claim name {:?}: a node claims `template:<name>@<version>`",
+                body.name
+            ),
+        ));
+    }
+    if !st
+        .store
+        .node_authentic(&body.node_id, body.incarnation, &body.secret)
+        .await?
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "stale_incarnation",
+            format!(
+                "incarnation {} of node {} is not the cluster's member",
+                body.incarnation, body.node_id
+            ),
+        ));
+    }
+    let holder = format!("node:{}", body.node_id);
+    if body.release {
+        st.store.release_claim(&body.name, &holder).await?;
+        return Ok(Json(json!({"held": false})));
+    }
+    let ttl = body
+        .ttl_ms
+        .unwrap_or(MAX_CLAIM_MS)
+        .clamp(1000, MAX_CLAIM_MS);
+    let held = st.store.claim(&body.name, &holder, ttl).await?;
+    Ok(Json(json!({"held": held})))
 }

@@ -124,6 +124,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/cluster/join", "node.join"),
     r("POST", "/v1/cluster/rejoin", "node.rejoin"),
     r("POST", "/v1/cluster/heartbeat", "node.heartbeat"),
+    r("POST", "/v1/cluster/claim", "node.claim"),
     r("GET", "/v1/nodes", "node.list"),
     r("POST", "/v1/nodes/{id}/drain", "node.drain"),
     r("DELETE", "/v1/nodes/{id}", "node.remove"),
@@ -579,6 +580,7 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
         .route("/v1/cluster/join", post(c::join))
         .route("/v1/cluster/rejoin", post(c::rejoin))
         .route("/v1/cluster/heartbeat", post(c::heartbeat))
+        .route("/v1/cluster/claim", post(c::claim))
         .route("/v1/nodes", get(c::list_nodes))
         .route("/v1/nodes/{id}/drain", post(c::drain_node))
         .route("/v1/nodes/{id}", delete(c::remove_node))
@@ -637,7 +639,7 @@ mod tests {
     use tower::ServiceExt;
 
     /// The routes nodes call, authenticated by a join token or a node's secret.
-    const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat"];
+    const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat", "node.claim"];
 
     #[test]
     fn routes_are_unique_and_named() {

@@ -7,12 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use space_node::api::{ClusterCa, Identity, NodeReport, RemoteNode, TlsError};
+use space_node::NodeApi as _;
 
 use crate::store::{NodeRow, NodeState, Store, StoreError};
 use crate::vault::Vault;
 
+mod archive;
+pub mod moves;
 mod nodes;
 
+pub use archive::ClusterArchive;
 pub use nodes::ClusterNodes;
 
 /// How long a node's lease runs after a heartbeat.
@@ -56,6 +60,11 @@ pub struct Cluster {
     ca: ClusterCa,
     identity: Identity,
     clients: std::sync::Mutex<HashMap<String, (String, Arc<RemoteNode>)>>,
+    archive: Option<ClusterArchive>,
+    /// Nodes this replica is sending settings to now.
+    configuring: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// This replica's name in claims.
+    holder: String,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -68,7 +77,11 @@ impl Cluster {
     /// Loads the cluster CA from the database, making it on the very first start (of any
     /// replica: the first one to write it wins, the others read it), and issues this
     /// replica's leaf.
-    pub async fn open(store: Arc<Store>, vault: &Vault) -> Result<Cluster, ClusterError> {
+    pub async fn open(
+        store: Arc<Store>,
+        vault: &Vault,
+        archive: Option<ClusterArchive>,
+    ) -> Result<Cluster, ClusterError> {
         let fresh = ClusterCa::generate()?;
         let sealed = serde_json::to_vec(&SealedCa {
             cert_pem: fresh.cert_pem().to_owned(),
@@ -87,7 +100,62 @@ impl Cluster {
             ca,
             identity,
             clients: Default::default(),
+            archive,
+            configuring: Default::default(),
+            holder: format!("replica-{}", crate::store::cluster::random_alnum(12)),
         })
+    }
+
+    /// The object store, when the deployment has one.
+    pub fn archive(&self) -> Option<&ClusterArchive> {
+        self.archive.as_ref()
+    }
+
+    /// This replica's name in claims.
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// Sends node `row` the deployment's settings when the digest it reported is not theirs
+    /// (it restarted, or they changed), in the background, once at a time per node.
+    pub async fn configure_if_stale(self: &Arc<Self>, row: &NodeRow, reported: Option<&str>) {
+        let settings = match &self.archive {
+            Some(archive) => match archive.node_settings(&self.store).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "the nodes' settings");
+                    return;
+                }
+            },
+            // Nothing to give but the fact that there is nothing.
+            None => space_node::settings::NodeSettings::default(),
+        };
+        if reported == Some(settings.digest().as_str()) {
+            return;
+        }
+        if !self
+            .configuring
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(row.id.clone())
+        {
+            return;
+        }
+        let (me, row) = (self.clone(), row.clone());
+        tokio::spawn(async move {
+            let sent = match me.client(&row) {
+                Ok(c) => c.configure(settings).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            match sent {
+                Ok(()) => tracing::info!(node = %row.id, "settings sent"),
+                Err(e) => tracing::warn!(node = %row.id, error = %e, "sending settings"),
+            }
+            me.configuring
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&row.id);
+        });
     }
 
     /// The cluster CA.

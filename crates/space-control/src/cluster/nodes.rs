@@ -21,6 +21,7 @@ use space_node::{
 };
 use space_proto::GuestClient;
 
+use super::moves::{relocate, Why};
 use super::{report_of, Cluster, RESERVATION};
 use crate::store::{NodeRow, NodeState, StoreError, TenantName};
 
@@ -55,10 +56,11 @@ impl ClusterNodes {
             .map_err(|e| Fault::new(FaultCode::Internal, e.to_string()))
     }
 
-    /// The client of the node that owns `id`.
+    /// The client of the node that owns `id`. A sandbox of a lost or removed node is moved
+    /// to a live one first (it wakes anywhere), from its newest archived snapshot.
     async fn owner(&self, id: &SandboxId) -> NodeResult<Arc<RemoteNode>> {
         let store = self.cluster.store();
-        let (node, _epoch) = store
+        let (node, epoch) = store
             .sandbox_node(id.as_str())
             .await
             .map_err(internal)?
@@ -68,6 +70,32 @@ impl ClusterNodes {
             .await
             .map_err(internal)?
             .ok_or_else(|| not_found(id))?;
+        if matches!(row.state, NodeState::Lost | NodeState::Removed)
+            && self.cluster.archive().is_some()
+        {
+            let memory = report_of(&row)
+                .sandboxes
+                .iter()
+                .find(|u| &u.id == id)
+                .map_or(0, |u| u.memory_mib);
+            let moved = relocate(&self.cluster, id, &row.id, epoch, memory, false, Why::Wake)
+                .await
+                .map_err(|mut f| {
+                    if f.code == FaultCode::NotFound {
+                        f = Fault::new(
+                            FaultCode::Unavailable,
+                            format!(
+                                "sandbox {id} is on node {}, which is {}, and the object store \
+                                 has no snapshot of it to bring it back elsewhere",
+                                row.id,
+                                row.state.as_str()
+                            ),
+                        );
+                    }
+                    f
+                })?;
+            return self.client(&moved.node);
+        }
         if !row.live || !matches!(row.state, NodeState::Active | NodeState::Draining) {
             return Err(Fault::new(
                 FaultCode::Unavailable,
@@ -170,6 +198,11 @@ impl NodeApi for ClusterNodes {
     }
 
     async fn create(&self, req: CreateRequest) -> NodeResult<Sandbox> {
+        if let Some(a) = self.cluster.archive() {
+            a.ensure_tenant_key(self.cluster.store(), self.cluster.holder(), &req.tenant)
+                .await
+                .map_err(|e| Fault::new(FaultCode::Key, format!("{e:#}")))?;
+        }
         let rows = self.cluster.live_nodes().await.map_err(internal)?;
         let live = rows.len();
         let memory = match req.options.memory_mib {
@@ -375,16 +408,41 @@ impl NodeApi for ClusterNodes {
     }
 
     async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo> {
-        // Every active node builds it, so any of them can take its sandboxes.
-        let mut first = None;
-        for (row, c) in self.live().await? {
-            if row.state != NodeState::Active {
-                continue;
-            }
+        let active: Vec<_> = self
+            .live()
+            .await?
+            .into_iter()
+            .filter(|(row, _)| row.state == NodeState::Active)
+            .collect();
+        let Some(((builder, c), rest)) = active.split_first() else {
+            return Err(Fault::new(
+                FaultCode::Unavailable,
+                "no node of the cluster is live",
+            ));
+        };
+        if self.cluster.archive().is_none() {
+            // Nothing to share builds through: every active node builds its own (its
+            // sandboxes cannot move anyway).
             let t = c.build_template(build.clone()).await?;
-            first.get_or_insert(t);
+            for (row, c) in rest {
+                if let Err(f) = c.build_template(build.clone()).await {
+                    tracing::warn!(node = %row.id, error = %f, "building a template");
+                }
+            }
+            return Ok(t);
         }
-        first.ok_or_else(|| Fault::new(FaultCode::Unavailable, "no node of the cluster is live"))
+        // Built once, published, fetched by the others: one build for the whole cluster,
+        // so a snapshot made on one node has the same base on every other.
+        let t = c.build_template(build.clone()).await?;
+        c.publish_template(&build.template).await?;
+        tracing::info!(template = %build.template, node = %builder.id, "template built and published");
+        for (row, c) in rest {
+            if let Err(f) = c.fetch_template(&build.template).await {
+                // A restore of a sandbox made from it fetches it there.
+                tracing::warn!(node = %row.id, error = %f, "fetching a published template");
+            }
+        }
+        Ok(t)
     }
 
     async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()> {

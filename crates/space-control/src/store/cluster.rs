@@ -132,7 +132,7 @@ fn join_parts(token: &str) -> Option<(&str, &str)> {
     (ok(id, 12) && ok(secret, 32)).then_some((id, secret))
 }
 
-fn random_alnum(n: usize) -> String {
+pub(crate) fn random_alnum(n: usize) -> String {
     use rand::Rng as _;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut rng = rand::rngs::OsRng;
@@ -357,6 +357,28 @@ impl Store {
         .await
     }
 
+    /// Whether `secret` is that of incarnation `incarnation` of node `id`, a member now.
+    pub async fn node_authentic(
+        &self,
+        id: &str,
+        incarnation: i64,
+        secret: &str,
+    ) -> Result<bool, StoreError> {
+        validate_node_id(id)?;
+        let (id, secret) = (id.to_owned(), secret.to_owned());
+        self.read(move |c| {
+            let hash = one(
+                c,
+                "SELECT token_hash FROM nodes WHERE id = $1 AND incarnation = $2
+                   AND state IN ('active', 'draining')",
+                args![id.as_str(), incarnation],
+                |r| r.text(0),
+            )?;
+            Ok(hash.is_some_and(|h| keys::verify(&secret, &h)))
+        })
+        .await
+    }
+
     /// Every node ever joined (removed ones included), by id.
     pub async fn nodes(&self) -> Result<Vec<NodeRow>, StoreError> {
         self.read(|c| {
@@ -488,6 +510,46 @@ impl Store {
                 ],
             )?;
             Ok(Some(id))
+        })
+        .await
+    }
+
+    /// Claims `name` for `holder` for `ttl_ms` (on the database's clock): answers whether
+    /// `holder` holds it now. A claim that ran out is taken over; the holder claiming again
+    /// extends it. Work that must be done once in the cluster (making a tenant's key, moving
+    /// a lost node's sandbox) runs under one.
+    pub async fn claim(&self, name: &str, holder: &str, ttl_ms: u64) -> Result<bool, StoreError> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        self.write(move |c| {
+            let now = db_now(c)?;
+            let until = now.saturating_add(to_db(ttl_ms));
+            c.execute(
+                "INSERT INTO claims (name, holder, until_ms) VALUES ($1, $2, $3)
+                 ON CONFLICT (name) DO UPDATE SET holder = excluded.holder,
+                   until_ms = excluded.until_ms
+                 WHERE claims.until_ms <= $4 OR claims.holder = excluded.holder",
+                args![name.as_str(), holder.as_str(), until, now],
+            )?;
+            let now_holder = one(
+                c,
+                "SELECT holder FROM claims WHERE name = $1",
+                args![name.as_str()],
+                |r| r.text(0),
+            )?;
+            Ok(now_holder.as_deref() == Some(holder.as_str()))
+        })
+        .await
+    }
+
+    /// Gives up `holder`'s claim of `name` (a claim of another holder stays).
+    pub async fn release_claim(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        self.write(move |c| {
+            c.execute(
+                "DELETE FROM claims WHERE name = $1 AND holder = $2",
+                args![name.as_str(), holder.as_str()],
+            )?;
+            Ok(())
         })
         .await
     }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::keys;
 
-mod cluster;
+pub(crate) mod cluster;
 mod model;
 mod pg;
 mod schema;

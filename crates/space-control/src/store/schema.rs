@@ -113,6 +113,14 @@ CREATE TABLE reservations (
 ) STRICT;
 CREATE INDEX reservations_node ON reservations(node, expires_ms);
 "#,
+    // 7: claims (one holder at a time for work that must be done once in the cluster).
+    r#"
+CREATE TABLE claims (
+    name     TEXT PRIMARY KEY NOT NULL,
+    holder   TEXT NOT NULL,
+    until_ms INTEGER NOT NULL
+) STRICT;
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -222,6 +230,14 @@ CREATE TABLE reservations (
     expires_ms BIGINT NOT NULL
 );
 CREATE INDEX reservations_node ON reservations(node, expires_ms);
+"#,
+    // 4: claims.
+    r#"
+CREATE TABLE claims (
+    name     TEXT PRIMARY KEY,
+    holder   TEXT NOT NULL,
+    until_ms BIGINT NOT NULL
+);
 "#,
 ];
 

@@ -29,6 +29,7 @@ pub mod serve;
 pub mod tls;
 pub mod wire;
 
+pub use crate::settings::NodeSettings;
 pub use remote::RemoteNode;
 pub use serve::NodeServer;
 pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
@@ -114,6 +115,37 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn pools(&self) -> NodeResult<Vec<Pool>>;
     /// The PEM of the CA the node's gateway signs intercepted TLS with.
     async fn ca_pem(&self) -> NodeResult<String>;
+
+    /// Gives the node what it gets from the control plane rather than from its disk (object
+    /// store, master keys; [`crate::settings`]).
+    async fn configure(&self, _settings: NodeSettings) -> NodeResult<()> {
+        Err(not_here("configure"))
+    }
+    /// Takes sandbox `id` of `tenant` from the object store under ownership `epoch`
+    /// ([`Node::adopt`]): it is Suspended here on its newest archived snapshot.
+    async fn adopt(&self, _id: &SandboxId, _tenant: &str, _epoch: u64) -> NodeResult<Sandbox> {
+        Err(not_here("adopt"))
+    }
+    /// Forgets a sandbox that belongs to another node now ([`Node::discard`]).
+    async fn discard(&self, _id: &SandboxId) -> NodeResult<()> {
+        Err(not_here("discard"))
+    }
+    /// Publishes a template build of this node's to the object store
+    /// ([`Node::publish_template`]).
+    async fn publish_template(&self, _template: &TemplateRef) -> NodeResult<()> {
+        Err(not_here("publish_template"))
+    }
+    /// Fetches a published template build from the object store ([`Node::fetch_template`]).
+    async fn fetch_template(&self, _template: &TemplateRef) -> NodeResult<TemplateInfo> {
+        Err(not_here("fetch_template"))
+    }
+}
+
+fn not_here(call: &str) -> Fault {
+    Fault::new(
+        FaultCode::Invalid,
+        format!("{call} is a call to one node, not to the cluster"),
+    )
 }
 
 /// The node in this process.
@@ -122,6 +154,7 @@ pub struct LocalNode {
     node: Node,
     kernel: PathBuf,
     images: BTreeMap<String, PathBuf>,
+    settings: std::sync::Arc<crate::settings::Applied>,
 }
 
 impl std::fmt::Debug for LocalNode {
@@ -138,7 +171,13 @@ impl LocalNode {
             node,
             kernel,
             images,
+            settings: Default::default(),
         }
+    }
+
+    /// The settings the control plane sent, as applied.
+    pub fn settings(&self) -> &crate::settings::Applied {
+        &self.settings
     }
 
     /// The node itself.
@@ -159,6 +198,8 @@ impl LocalNode {
             templates: self.templates().await?,
             pools: self.pools().await?,
             sandboxes: self.usage().await?,
+            settings: self.settings.digest(),
+            key_events: self.settings.key_events(MAX_REPORTED_KEY_EVENTS),
         })
     }
 
@@ -187,6 +228,9 @@ impl LocalNode {
         }
     }
 }
+
+/// Key events one heartbeat carries at most.
+const MAX_REPORTED_KEY_EVENTS: usize = 500;
 
 fn fault(e: crate::error::NodeError) -> Fault {
     Fault::from(e)
@@ -354,5 +398,44 @@ impl NodeApi for LocalNode {
 
     async fn ca_pem(&self) -> NodeResult<String> {
         Ok(self.node.ca_pem())
+    }
+
+    async fn configure(&self, settings: NodeSettings) -> NodeResult<()> {
+        if self.settings.digest().as_deref() == Some(settings.digest().as_str()) {
+            return Ok(());
+        }
+        let attach = self
+            .settings
+            .apply(&settings)
+            .map_err(|e| Fault::new(FaultCode::Invalid, e))?;
+        if let Some(cfg) = attach {
+            tracing::info!(store = %cfg.archive.name(), "object store from the control plane");
+            self.node.attach_archive(cfg, false).await.map_err(fault)?;
+        }
+        Ok(())
+    }
+
+    async fn adopt(&self, id: &SandboxId, tenant: &str, epoch: u64) -> NodeResult<Sandbox> {
+        Ok(Sandbox::from(
+            self.node.adopt(id, tenant, epoch).await.map_err(fault)?,
+        ))
+    }
+
+    async fn discard(&self, id: &SandboxId) -> NodeResult<()> {
+        self.node.discard(id).await.map_err(fault)
+    }
+
+    async fn publish_template(&self, template: &TemplateRef) -> NodeResult<()> {
+        self.node.publish_template(template).await.map_err(fault)
+    }
+
+    async fn fetch_template(&self, template: &TemplateRef) -> NodeResult<TemplateInfo> {
+        match self.node.fetch_template(template).await.map_err(fault)? {
+            Some(t) => Ok(self.info(&t)),
+            None => Err(Fault::new(
+                FaultCode::TemplateNotFound,
+                format!("template {template} is not published in the object store"),
+            )),
+        }
     }
 }

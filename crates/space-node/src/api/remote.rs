@@ -235,6 +235,40 @@ impl NodeApi for RemoteNode {
         self.call(Call::Kill { id: id.clone() }).await
     }
 
+    async fn configure(&self, settings: crate::settings::NodeSettings) -> NodeResult<()> {
+        self.call(Call::Configure {
+            settings: Box::new(settings),
+        })
+        .await
+    }
+
+    async fn adopt(&self, id: &SandboxId, tenant: &str, epoch: u64) -> NodeResult<Sandbox> {
+        self.call(Call::Adopt {
+            id: id.clone(),
+            tenant: tenant.to_owned(),
+            epoch,
+        })
+        .await
+    }
+
+    async fn discard(&self, id: &SandboxId) -> NodeResult<()> {
+        self.call(Call::Discard { id: id.clone() }).await
+    }
+
+    async fn publish_template(&self, template: &TemplateRef) -> NodeResult<()> {
+        self.call(Call::PublishTemplate {
+            template: template.clone(),
+        })
+        .await
+    }
+
+    async fn fetch_template(&self, template: &TemplateRef) -> NodeResult<TemplateInfo> {
+        self.call(Call::FetchTemplate {
+            template: template.clone(),
+        })
+        .await
+    }
+
     async fn touch(&self, id: &SandboxId) -> NodeResult<()> {
         self.call(Call::Touch { id: id.clone() }).await
     }

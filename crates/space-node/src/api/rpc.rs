@@ -105,6 +105,23 @@ pub enum Call {
     },
     Pools,
     CaPem,
+    Configure {
+        settings: Box<crate::settings::NodeSettings>,
+    },
+    Adopt {
+        id: SandboxId,
+        tenant: String,
+        epoch: u64,
+    },
+    Discard {
+        id: SandboxId,
+    },
+    PublishTemplate {
+        template: TemplateRef,
+    },
+    FetchTemplate {
+        template: TemplateRef,
+    },
 }
 
 impl Call {
@@ -136,6 +153,11 @@ impl Call {
             Call::DeleteTemplate { .. } => "delete_template",
             Call::Pools => "pools",
             Call::CaPem => "ca_pem",
+            Call::Configure { .. } => "configure",
+            Call::Adopt { .. } => "adopt",
+            Call::Discard { .. } => "discard",
+            Call::PublishTemplate { .. } => "publish_template",
+            Call::FetchTemplate { .. } => "fetch_template",
         }
     }
 }
@@ -192,6 +214,11 @@ pub async fn dispatch(api: &dyn NodeApi, call: Call) -> NodeResult<Value> {
         Call::DeleteTemplate { template } => json(api.delete_template(&template).await?),
         Call::Pools => json(api.pools().await?),
         Call::CaPem => json(api.ca_pem().await?),
+        Call::Configure { settings } => json(api.configure(*settings).await?),
+        Call::Adopt { id, tenant, epoch } => json(api.adopt(&id, &tenant, epoch).await?),
+        Call::Discard { id } => json(api.discard(&id).await?),
+        Call::PublishTemplate { template } => json(api.publish_template(&template).await?),
+        Call::FetchTemplate { template } => json(api.fetch_template(&template).await?),
     }
 }
 

@@ -247,6 +247,13 @@ pub struct NodeReport {
     pub pools: Vec<Pool>,
     /// The sandboxes it holds now.
     pub sandboxes: Vec<Usage>,
+    /// The digest of the settings it applied last ([`crate::settings::NodeSettings::digest`];
+    /// `None`: it has none yet).
+    #[serde(default)]
+    pub settings: Option<String>,
+    /// Key events not yet carried to the audit log, oldest first.
+    #[serde(default)]
+    pub key_events: Vec<crate::settings::KeyEventReport>,
 }
 
 /// Why a sandbox was woken on access.

@@ -34,6 +34,39 @@ pub(crate) async fn adopt_archived(ctx: &Ctx, cfg: &ArchiveConfig) -> Result<Vec
     Ok(adopted)
 }
 
+/// The record of sandbox `id` of `tenant`, from the newest snapshot the store holds,
+/// Suspended on it, owned here under `epoch` (the control plane moved the sandbox to this
+/// node). Refused when the store holds no such sandbox of that tenant, when it was killed,
+/// and when its head names a newer epoch (it moved again).
+pub(crate) async fn adopt_moved(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    id: &SandboxId,
+    tenant: &str,
+    epoch: u64,
+) -> Result<SandboxRecord> {
+    let h = cfg
+        .archive
+        .head(id.as_str())
+        .await
+        .map_err(|e| NodeError::Archive(format!("reading the head of {id}: {e}")))?
+        .filter(|h| h.tenant == tenant)
+        .ok_or_else(|| NodeError::NotFound(id.clone()))?;
+    if h.terminated {
+        return Err(NodeError::NotFound(id.clone()));
+    }
+    if h.epoch > epoch {
+        return Err(NodeError::Invalid(format!(
+            "{id} was moved again (epoch {} in the store, {epoch} asked)",
+            h.epoch
+        )));
+    }
+    let mut r = adopt_one(ctx, cfg, &h, id).await?;
+    r.epoch = epoch;
+    ctx.records.write(&r)?;
+    Ok(r)
+}
+
 async fn adopt_one(
     ctx: &Ctx,
     cfg: &ArchiveConfig,

@@ -125,7 +125,7 @@ impl crate::sandbox::Sandbox {
             .layout
             .snapshot_dir(self.record.id.as_str(), snap.as_str())?;
         let remote = self.record.snapshot(snap).and_then(|s| s.remote.clone());
-        match (&self.ctx.archive, remote) {
+        match (self.ctx.archive.get(), remote) {
             (Some(cfg), Some(remote)) if !full_snapshot_present(&dir) => {
                 let cfg = cfg.clone();
                 let incoming = super::fetch_for_restore(
@@ -153,7 +153,7 @@ impl crate::sandbox::Sandbox {
     /// directory (in the background, one pass after the restore), and once one is there
     /// records that its snapshot is local.
     pub(crate) fn fetch_cache_copies(&mut self) {
-        let Some(cfg) = self.ctx.archive.clone() else {
+        let Some(cfg) = self.ctx.archive.get().cloned() else {
             self.caching.clear();
             return;
         };
@@ -214,7 +214,7 @@ impl crate::sandbox::Sandbox {
         if full_snapshot_present(&dir) {
             // A snapshot that is in the store is sealed under the tenant's keys: a local copy
             // starts only while those keys still open (a revoked master key stops it too).
-            if let (Some(cfg), Some(_)) = (&self.ctx.archive, &remote) {
+            if let (Some(cfg), Some(_)) = (self.ctx.archive.get(), &remote) {
                 cfg.keyring
                     .lineage_keys(&self.record.tenant, self.record.lineage(), false, true)
                     .await
@@ -222,7 +222,7 @@ impl crate::sandbox::Sandbox {
             }
             return Ok(dir);
         }
-        let (Some(cfg), Some(remote)) = (self.ctx.archive.clone(), remote) else {
+        let (Some(cfg), Some(remote)) = (self.ctx.archive.get().cloned(), remote) else {
             return Err(NodeError::Archive(format!(
                 "snapshot {snap} of {} is neither on this node nor in an object store it uses",
                 self.record.id
@@ -267,7 +267,7 @@ pub(crate) async fn pass(
     last_gc_ms: &std::sync::atomic::AtomicU64,
 ) -> ArchiveReport {
     let mut report = ArchiveReport::default();
-    let Some(cfg) = ctx.archive.clone() else {
+    let Some(cfg) = ctx.archive.get().cloned() else {
         return report;
     };
     for (id, h) in &handles {
@@ -370,7 +370,7 @@ fn free_bytes(p: &std::path::Path) -> Option<u64> {
 /// sandbox that is not terminated, or terminated more recently, is left alone. Failures are
 /// logged and retried on the next pass.
 pub(crate) async fn shred_expired(ctx: &Ctx, records: &[SandboxRecord], max_age: Duration) {
-    let Some(cfg) = &ctx.archive else { return };
+    let Some(cfg) = ctx.archive.get() else { return };
     let now = now_ms();
     let mut by_lineage: std::collections::BTreeMap<&str, Vec<&SandboxRecord>> = Default::default();
     for r in records.iter().filter(|r| !r.is_pooled()) {

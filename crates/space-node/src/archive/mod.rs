@@ -148,11 +148,11 @@ mod background;
 mod restore;
 mod templates;
 
-pub(crate) use adopt::adopt_archived;
+pub(crate) use adopt::{adopt_archived, adopt_moved};
 pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
 pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
-use templates::{local_template, template_base};
+pub(crate) use templates::{local_template, published, template_base};
 
 /// Points a runtime snapshot manifest at this node's copy of the kernel.
 pub(super) fn fix_kernel_path(manifest: &Path, kernel: &Path) -> Result<()> {
@@ -397,8 +397,9 @@ pub(crate) async fn upload_snapshot(
         manifest_hash: report.manifest_hash.clone(),
         updated_unix_ms: now_ms(),
         terminated: false,
+        epoch: r.epoch,
     };
-    a.put_head(&head)
+    commit_head(ctx, cfg, r, &head)
         .await
         .map_err(|e| NodeError::Archive(format!("committing snapshot {snap} of {}: {e}", r.id)))?;
     tracing::info!(
@@ -439,7 +440,7 @@ pub(crate) fn archived(r: &SandboxRecord, ids: &[SnapshotId]) -> Vec<SnapshotId>
 /// garbage collection once nothing references them). Failures are logged: an unlisted
 /// manifest is only space.
 pub(crate) async fn delete_remote(ctx: &Ctx, id: &SandboxId, snaps: &[SnapshotId]) {
-    let Some(cfg) = &ctx.archive else { return };
+    let Some(cfg) = ctx.archive.get() else { return };
     for s in snaps {
         let r = match cfg.archive.manifest_path(id.as_str(), s.as_str()) {
             Ok(p) => cfg.archive.delete(&p).await,
@@ -451,9 +452,51 @@ pub(crate) async fn delete_remote(ctx: &Ctx, id: &SandboxId, snaps: &[SnapshotId
     }
 }
 
+/// Why a head is not written.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitError {
+    #[error("{0}")]
+    Store(#[from] space_archive::StoreError),
+    #[error(
+        "the sandbox moved to another node (the store's head is of epoch {theirs}, this \
+         node's ownership is of epoch {ours}): nothing is committed"
+    )]
+    Moved { ours: u64, theirs: u64 },
+    #[error("this node is fenced (it could not renew its lease): nothing is committed")]
+    Fenced,
+}
+
+/// Writes `head` for `r` unless this node may no longer commit for the sandbox: while the
+/// node is fenced, or when the store's head is of a newer ownership epoch than the
+/// record's (the sandbox was moved to another node, which wrote since). The check is made
+/// just before the write; a node fences well before the control plane may move its
+/// sandboxes (`docs/cluster.md`), so no commit started before the fence lands after a move.
+pub(crate) async fn commit_head(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    r: &SandboxRecord,
+    head: &space_archive::Head,
+) -> std::result::Result<(), CommitError> {
+    if ctx.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(CommitError::Fenced);
+    }
+    if let Some(current) = cfg.archive.head(r.id.as_str()).await? {
+        if current.epoch > r.epoch {
+            return Err(CommitError::Moved {
+                ours: r.epoch,
+                theirs: current.epoch,
+            });
+        }
+    }
+    if ctx.fenced.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(CommitError::Fenced);
+    }
+    Ok(cfg.archive.put_head(head).await?)
+}
+
 /// Marks a killed sandbox's head as terminated, so no node brings it back from the store.
 pub(crate) async fn mark_terminated(ctx: &Ctx, r: &SandboxRecord) {
-    let Some(cfg) = &ctx.archive else { return };
+    let Some(cfg) = ctx.archive.get() else { return };
     if !r.snapshots.iter().any(|s| s.remote.is_some()) {
         return;
     }
@@ -463,7 +506,8 @@ pub(crate) async fn mark_terminated(ctx: &Ctx, r: &SandboxRecord) {
         };
         head.terminated = true;
         head.updated_unix_ms = now_ms();
-        cfg.archive.put_head(&head).await
+        head.epoch = head.epoch.max(r.epoch);
+        commit_head(ctx, cfg, r, &head).await
     }
     .await;
     if let Err(e) = result {

@@ -61,11 +61,13 @@ pub(crate) async fn template_base(ctx: &Ctx, cfg: &ArchiveConfig, t: &Template) 
         .await
         .map_err(|e| NodeError::Archive(e.to_string()))?
     {
-        // Versions are immutable and unique per build: the store's copy is this build.
-        Some(bytes) => {
-            serde_json::from_slice::<TemplateArchived>(&bytes)
-                .map_err(archive_error("template head"))?
-                .manifest_hash
+        // This node did not put it there (it would have recorded so): another node's build
+        // of the same name and version, which this node's is not.
+        Some(_) => {
+            return Err(NodeError::Archive(format!(
+                "template {tref} in the object store is another build than this node's; \
+                 fetch the published one instead of building it here"
+            )))
         }
         None => {
             let lineage = template_lineage(tref);
@@ -144,11 +146,10 @@ pub(crate) async fn local_template(
             .and_then(|b| serde_json::from_slice::<TemplateArchived>(&b).ok());
         return match ours {
             Some(r) if r.manifest_hash == base.manifest_hash => Ok(t),
-            Some(_) => Err(NodeError::Archive(format!(
+            // Built here and never archived, or archived by another node: not the base.
+            _ => Err(NodeError::Archive(format!(
                 "template {tref} on this node is not the build the snapshot was based on"
             ))),
-            // Built here and never archived: versions are unique per build, so it is that one.
-            None => Ok(t),
         };
     }
     let _guard = ctx.archive_lock.lock().await;
@@ -204,4 +205,27 @@ pub(crate) async fn local_template(
     )?;
     tracing::info!(template = %tref, took = ?t0.elapsed(), "template fetched from the object store");
     template::resolve(&ctx.layout, &name, &VersionReq::Exact(tref.version))
+}
+
+/// The build of `t` published in the store, if any.
+pub(crate) async fn published(cfg: &ArchiveConfig, t: &TemplateRef) -> Result<Option<BaseRef>> {
+    let head_path = cfg
+        .archive
+        .template_path(t.name.as_str(), t.version.as_str(), "head")
+        .map_err(archive_error("template head"))?;
+    let Some(bytes) = cfg
+        .archive
+        .get_small(&head_path)
+        .await
+        .map_err(|e| NodeError::Archive(e.to_string()))?
+    else {
+        return Ok(None);
+    };
+    let head: TemplateArchived =
+        serde_json::from_slice(&bytes).map_err(archive_error("template head"))?;
+    Ok(Some(BaseRef {
+        name: t.name.to_string(),
+        version: t.version.to_string(),
+        manifest_hash: head.manifest_hash,
+    }))
 }

@@ -92,8 +92,10 @@ impl Node {
             ready_timeout: config.ready_timeout,
             auto_restore: config.auto_restore,
             gateway,
-            archive: config.archive.clone(),
+            archive: std::sync::OnceLock::new(),
             archive_lock: tokio::sync::Mutex::new(()),
+            fenced: false.into(),
+            discarding: Default::default(),
         });
         let node = Node {
             inner: Arc::new(Inner {
@@ -108,41 +110,24 @@ impl Node {
                 last_gc_ms: now_ms().into(),
             }),
         };
+        // A node process that died while fenced left its guests stopped (crate::fence):
+        // recovery adopts them, so they continue; a member fences them again at its start.
+        for pid in node.vm_pids() {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if stat
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                tracing::warn!(pid, "continuing a VM a fence stopped");
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+            }
+        }
         node.recover_pass(true).await?;
-        if let Some(cfg) = &node.inner.ctx.archive {
-            // A store that cannot be reached or listed does not keep the node's own sandboxes
-            // down: it is logged, and uploads retry on every archive pass.
-            let checked = cfg.archive.check().await;
-            if let Err(e) = &checked {
-                tracing::error!(error = %e, "object store");
-            }
-            let found = match checked {
-                Ok(()) => crate::archive::adopt_archived(&node.inner.ctx, cfg).await,
-                Err(e) => Err(NodeError::Archive(e.to_string())),
-            };
-            match found {
-                Ok(found) => {
-                    for r in found {
-                        let h = Sandbox::spawn(node.inner.ctx.clone(), r.clone(), None)?;
-                        node.lock_sandboxes().insert(r.id.clone(), h);
-                        node.inner
-                            .adopted
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .push(r);
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "object store: archived sandboxes not listed")
-                }
-            }
-            tokio::spawn(reconcile_every(
-                Arc::downgrade(&node.inner),
-                crate::archive::ARCHIVE_TICK,
-                |inner| async move {
-                    crate::archive::pass(&inner.ctx, handles_of(&inner), &inner.last_gc_ms).await;
-                },
-            ));
+        if let Some(cfg) = config.archive.clone() {
+            node.attach_archive(cfg, true).await?;
         }
         if let Some(tick) = config.timeout_tick {
             tokio::spawn(reconcile_every(
@@ -167,6 +152,57 @@ impl Node {
         Ok(node)
     }
 
+    /// Gives the node its object store, once: when `adopt`, every sandbox the store holds
+    /// that this node has no record of comes back as a Suspended record (a single host that
+    /// lost its disk; see [`Node::take_adopted`]); a node of a cluster adopts only the
+    /// sandboxes the control plane moves to it ([`Node::adopt`]). Then the archive pass
+    /// starts. A store that cannot be reached or listed does not keep the node's own
+    /// sandboxes down: it is logged, and uploads retry on every pass.
+    pub async fn attach_archive(&self, cfg: ArchiveConfig, adopt: bool) -> Result<()> {
+        if self.inner.ctx.archive.set(cfg).is_err() {
+            return Err(NodeError::Invalid(
+                "this node already has an object store".into(),
+            ));
+        }
+        let cfg = self.inner.ctx.archive.get().expect("just set");
+        let checked = cfg.archive.check().await;
+        if let Err(e) = &checked {
+            tracing::error!(error = %e, "object store");
+        }
+        if adopt {
+            let found = match checked {
+                Ok(()) => crate::archive::adopt_archived(&self.inner.ctx, cfg).await,
+                Err(e) => Err(NodeError::Archive(e.to_string())),
+            };
+            match found {
+                Ok(found) => {
+                    for r in found {
+                        let h = Sandbox::spawn(self.inner.ctx.clone(), r.clone(), None)?;
+                        self.lock_sandboxes().insert(r.id.clone(), h);
+                        self.inner
+                            .adopted
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(r);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "object store: archived sandboxes not listed")
+                }
+            }
+        }
+        tokio::spawn(reconcile_every(
+            Arc::downgrade(&self.inner),
+            crate::archive::ARCHIVE_TICK,
+            |inner| async move {
+                if !Node::is_fenced(&inner) {
+                    crate::archive::pass(&inner.ctx, handles_of(&inner), &inner.last_gc_ms).await;
+                }
+            },
+        ));
+        Ok(())
+    }
+
     fn lock_sandboxes(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Handle>> {
         self.inner
             .sandboxes
@@ -183,7 +219,7 @@ impl Node {
 
     /// The object store configuration, when the node has one.
     pub fn archive(&self) -> Option<&ArchiveConfig> {
-        self.inner.ctx.archive.as_ref()
+        self.inner.ctx.archive.get()
     }
 
     /// The data directory layout.
@@ -776,6 +812,140 @@ impl Node {
         Ok(())
     }
 
+    /// Takes sandbox `id` of `tenant` from the object store as this node's, under ownership
+    /// `epoch`: it is Suspended here on its newest archived snapshot, and a restore (or a
+    /// wake on access) fetches it. The control plane calls this when it moved the sandbox
+    /// here from a lost or draining node. Adopting a sandbox this node already holds under
+    /// the same epoch answers it as it is.
+    pub async fn adopt(&self, id: &SandboxId, tenant: &str, epoch: u64) -> Result<SandboxInfo> {
+        let cfg = self
+            .archive()
+            .ok_or_else(|| NodeError::Invalid("this node has no object store".into()))?
+            .clone();
+        if let Ok(r) = self.info(id).await {
+            if r.epoch == epoch && r.tenant == tenant {
+                return Ok(r);
+            }
+            // An older stay here: what this node has of it is stale.
+            self.discard(id).await?;
+        }
+        let r = crate::archive::adopt_moved(&self.inner.ctx, &cfg, id, tenant, epoch).await?;
+        let h = Sandbox::spawn(self.inner.ctx.clone(), r.clone(), None)?;
+        self.lock_sandboxes().insert(r.id.clone(), h);
+        Ok(r)
+    }
+
+    /// Forgets sandbox `id`, which belongs to another node now: its VM is killed, its
+    /// directory, local snapshots and record removed, and nothing is written to the object
+    /// store (the new owner's). Unknown ids are not an error.
+    pub async fn discard(&self, id: &SandboxId) -> Result<()> {
+        // The VM goes first, at once: its driver may be waiting on it (a snapshot cut short
+        // by a fence), and must not be waited for while the VM could still run.
+        self.kill_vm_now(id);
+        match self.call(id, Request::Discard).await {
+            Ok(()) | Err(NodeError::NotFound(_)) => {}
+            // A record without a driver (terminated here): only files to remove.
+            Err(NodeError::IllegalState { .. }) => {
+                let ctx = &self.inner.ctx;
+                for dir in [
+                    ctx.layout.sandbox_dir(id.as_str())?,
+                    ctx.layout.snapshots_of(id.as_str())?,
+                ] {
+                    if dir.exists() {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                }
+                ctx.records.remove(id)?;
+            }
+            Err(e) => return Err(e),
+        }
+        self.lock_sandboxes().remove(id);
+        Ok(())
+    }
+
+    /// Publishes template build `t` to the object store (once per build; the first upload
+    /// of a snapshot made from it would do it anyway), so that every node can fetch it.
+    pub async fn publish_template(&self, t: &TemplateRef) -> Result<()> {
+        let cfg = self
+            .archive()
+            .ok_or_else(|| NodeError::Invalid("this node has no object store".into()))?;
+        let built = self.template(&t.name, &VersionReq::Exact(t.version.clone()))?;
+        crate::archive::template_base(&self.inner.ctx, cfg, &built).await?;
+        Ok(())
+    }
+
+    /// Template build `t` from the object store, fetched when this node does not have it;
+    /// `None` when the store has no published build of it.
+    pub async fn fetch_template(&self, t: &TemplateRef) -> Result<Option<Template>> {
+        let cfg = self
+            .archive()
+            .ok_or_else(|| NodeError::Invalid("this node has no object store".into()))?;
+        let Some(base) = crate::archive::published(cfg, t).await? else {
+            return Ok(None);
+        };
+        crate::archive::local_template(&self.inner.ctx, cfg, &base)
+            .await
+            .map(Some)
+    }
+
+    /// Kills the QEMU process of sandbox `id`, if it has one, without waiting for its
+    /// driver (which notices the VM's end as it would a crash).
+    pub fn kill_vm_now(&self, id: &SandboxId) {
+        self.inner
+            .ctx
+            .discarding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone());
+        let Ok(dir) = self.inner.ctx.layout.sandbox_dir(id.as_str()) else {
+            return;
+        };
+        let pid = std::fs::read_to_string(dir.join(space_runtime::cmdline::PID_FILE))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok());
+        let Some(pid) = pid else { return };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.starts_with("qemu") {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
+    /// The pids of the QEMU processes of this node's VMs now (sandboxes and warm pools), from
+    /// the pidfiles in their directories, each checked to be a live QEMU process.
+    pub fn vm_pids(&self) -> Vec<u32> {
+        let Ok(dirs) = std::fs::read_dir(self.inner.ctx.layout.sandboxes()) else {
+            return Vec::new();
+        };
+        dirs.filter_map(|e| {
+            let dir = e.ok()?.path();
+            let pid: u32 = std::fs::read_to_string(dir.join(space_runtime::cmdline::PID_FILE))
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+            comm.starts_with("qemu").then_some(pid)
+        })
+        .collect()
+    }
+
+    /// Fences the node (a member that could not renew its lease) or lifts the fence: while
+    /// fenced, no commit reaches the object store and the background passes (timeouts,
+    /// rolling snapshots, uploads) do nothing.
+    pub fn set_fenced(&self, fenced: bool) {
+        self.inner
+            .ctx
+            .fenced
+            .store(fenced, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn is_fenced(inner: &Inner) -> bool {
+        inner.ctx.fenced.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     // ---- background work -----------------------------------------------------------------
 
     /// Suspends (or kills, per policy) every Running or Paused sandbox whose idle timeout or
@@ -886,6 +1056,9 @@ pub struct SandboxUsage {
 }
 
 async fn reconcile(inner: &Inner) -> usize {
+    if Node::is_fenced(inner) {
+        return 0;
+    }
     let now = now_ms();
     let due: Vec<_> = inner
         .sandboxes
@@ -924,6 +1097,9 @@ fn handles_of(inner: &Inner) -> Vec<(SandboxId, Handle)> {
 }
 
 async fn rolling_pass(inner: &Inner) -> RollingReport {
+    if Node::is_fenced(inner) {
+        return RollingReport::default();
+    }
     let handles: Vec<(SandboxId, Handle)> = inner
         .sandboxes
         .lock()

@@ -63,6 +63,7 @@ pub(crate) fn new_record(
         tenant: owner.tenant,
         lineage: owner.lineage,
         shredded_unix_ms: None,
+        epoch: 0,
     }
 }
 

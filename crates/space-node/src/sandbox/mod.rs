@@ -73,9 +73,15 @@ pub(crate) struct Ctx {
     /// The egress gateway ([`crate::gateway`]).
     pub gateway: Arc<Gateway>,
     /// The object store, when the node has one ([`crate::archive`]).
-    pub archive: Option<crate::archive::ArchiveConfig>,
+    pub archive: std::sync::OnceLock<crate::archive::ArchiveConfig>,
     /// Serializes template uploads and fetches (one per template build, not per sandbox).
     pub archive_lock: tokio::sync::Mutex<()>,
+    /// Set while the node is fenced (a member that could not renew its lease): no commit to
+    /// the object store is made.
+    pub fenced: std::sync::atomic::AtomicBool,
+    /// Sandboxes whose VM was killed because they belong to another node now: their VM is
+    /// not brought back when it exits.
+    pub discarding: Mutex<std::collections::HashSet<crate::ids::SandboxId>>,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -346,6 +352,12 @@ impl Sandbox {
             }
             Request::Kill(r) => {
                 let res = self.kill().await;
+                let done = res.is_ok();
+                let _ = r.send(res);
+                return done;
+            }
+            Request::Discard(r) => {
+                let res = self.discard().await;
                 let done = res.is_ok();
                 let _ = r.send(res);
                 return done;
@@ -648,7 +660,7 @@ impl Sandbox {
     async fn suspend(&mut self, require_remote: bool) -> Result<SnapshotRecord> {
         let id = self.new_snapshot_id("suspend");
         self.begin("suspend", Suspended, Some(&id))?;
-        let archive = self.ctx.archive.clone();
+        let archive = self.ctx.archive.get().cloned();
         // Stopped for the whole upload: the state uploaded is the state that stays.
         let stopped_here = archive.is_some() && self.record.state == Running;
         if stopped_here {
@@ -884,6 +896,30 @@ impl Sandbox {
         Ok(())
     }
 
+    async fn discard(&mut self) -> Result<()> {
+        self.stop_vm().await;
+        let (s, d) = (self.ctx.storage.clone(), self.dir.clone());
+        blocking(move || Ok(s.delete_volume(&d)?)).await?;
+        // Its snapshots are in the store, under the new owner's control.
+        let snaps = self.ctx.layout.snapshots_of(self.record.id.as_str())?;
+        for snap in &self.record.snapshots {
+            let dir = snaps.join(snap.id.as_str());
+            if dir.exists() {
+                let s = self.ctx.storage.clone();
+                blocking(move || Ok(s.delete_volume(&dir)?)).await?;
+            }
+        }
+        let _ = std::fs::remove_dir(&snaps);
+        self.ctx.records.remove(&self.record.id)?;
+        self.ctx
+            .discarding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.record.id);
+        tracing::warn!(id = %self.record.id, "sandbox discarded: it belongs to another node now");
+        Ok(())
+    }
+
     fn set_timeouts(&mut self, policy: TimeoutPolicy) -> Result<SandboxRecord> {
         let old = self.record.options.timeouts;
         self.record.options.timeouts = policy;
@@ -931,7 +967,14 @@ impl Sandbox {
         tracing::error!(id = %self.record.id, %exit, "sandbox VM exited on its own\n{console}");
         drop(self.client.take());
         drop(self.vm.take());
-        if self.ctx.auto_restore {
+        let discarding = self
+            .ctx
+            .discarding
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&self.record.id);
+        let fenced = self.ctx.fenced.load(Ordering::SeqCst);
+        if self.ctx.auto_restore && !discarding && !fenced {
             self.record.last_activity_unix_ms =
                 self.status.last_activity_ms.load(Ordering::Relaxed);
             let why = format!("the VM exited ({exit})");

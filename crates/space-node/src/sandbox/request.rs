@@ -26,6 +26,9 @@ pub(crate) enum Request {
     Touch(Reply<()>),
     /// VM and sandbox directory gone; record and snapshots stay.
     Kill(Reply<()>),
+    /// The sandbox is another node's now: VM, directory and record gone from this node,
+    /// nothing written to the object store.
+    Discard(Reply<()>),
     /// From the reconciler: act if the timeout is (still) expired. Answers whether it acted.
     Timeout(TimeoutKind, Reply<bool>),
     /// From the snapshot scheduler: the due rolling snapshot (Running only), then retention.
@@ -66,6 +69,7 @@ impl Request {
             Request::Guest(_) => "guest access",
             Request::Touch(_) => "touch",
             Request::Kill(_) => "kill",
+            Request::Discard(_) => "discard",
             Request::Rolling(..) => "rolling snapshot",
             Request::Timeout(..) => "timeout",
             Request::SetTimeouts(..) => "set timeouts",
@@ -80,7 +84,7 @@ impl Request {
     /// The states in which the request is legal.
     pub fn legal(&self) -> &'static [State] {
         match self {
-            Request::Info(_) | Request::Shutdown(..) => ALL,
+            Request::Info(_) | Request::Shutdown(..) | Request::Discard(_) => ALL,
             Request::SetTimeouts(..) | Request::SetEgress(..) => ALIVE_OR_SUSPENDED,
             Request::Pause(_) | Request::Guest(_) => &[Running],
             Request::Resume(_) => &[Paused],
@@ -103,6 +107,7 @@ impl Request {
                 | Request::Timeout(..)
                 | Request::Shutdown(..)
                 | Request::Kill(_)
+                | Request::Discard(_)
                 | Request::Rolling(..)
                 | Request::UploadJob(..)
                 | Request::Uploaded(..)
@@ -120,6 +125,7 @@ impl Request {
             | Request::Rollback(_, r)
             | Request::Touch(r)
             | Request::Kill(r)
+            | Request::Discard(r)
             | Request::Shutdown(_, r) => drop(r.send(Err(err))),
             Request::SetTimeouts(_, r) | Request::SetEgress(_, r) => drop(r.send(Err(err))),
             Request::Suspend(r) | Request::Snapshot(_, r) => drop(r.send(Err(err))),

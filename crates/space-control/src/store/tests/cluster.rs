@@ -1,4 +1,4 @@
-//! Nodes, leases, join tokens, reservations and sandbox owners, on both databases.
+//! Nodes, leases, join tokens, reservations, sandbox owners and claims, on both databases.
 
 use super::*;
 
@@ -232,3 +232,52 @@ async fn reservations_never_book_more_than_a_node_has(db: Db) {
 }
 
 on_both!(reservations_never_book_more_than_a_node_has);
+
+async fn one_holder_per_claim_until_it_runs_out(db: Db) {
+    let store = std::sync::Arc::new(db.open().await);
+    // Eight replicas claim the same work at once: one gets it.
+    let asks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .claim("tenant-key:acme", &format!("r{i}"), 60_000)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut won = 0;
+    for a in asks {
+        won += usize::from(a.await.unwrap());
+    }
+    assert_eq!(won, 1);
+    // The holder extends it; another holder's release changes nothing; the holder's frees it.
+    let mut current = None;
+    for i in 0..8 {
+        if store
+            .claim("tenant-key:acme", &format!("r{i}"), 60_000)
+            .await
+            .unwrap()
+        {
+            current = Some(format!("r{i}"));
+        }
+    }
+    let current = current.expect("the holder claims again");
+    let other = if current == "r0" { "r1" } else { "r0" };
+    store.release_claim("tenant-key:acme", other).await.unwrap();
+    assert!(!store.claim("tenant-key:acme", other, 60_000).await.unwrap());
+    store
+        .release_claim("tenant-key:acme", &current)
+        .await
+        .unwrap();
+    assert!(store.claim("tenant-key:acme", other, 200).await.unwrap());
+    // A claim that ran out is taken over.
+    assert!(!store.claim("tenant-key:acme", &current, 200).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(store.claim("tenant-key:acme", &current, 200).await.unwrap());
+    // Claims of other names are apart.
+    assert!(store.claim("failover:node-a", other, 200).await.unwrap());
+}
+
+on_both!(one_holder_per_claim_until_it_runs_out);
