@@ -5,6 +5,8 @@
 //! - [`storage`]: the storage group (`space-bench storage`): the node's drivers without VMs;
 //! - [`archive`]: the archive group (`space-bench archive`): sandboxes through the object store;
 //! - [`egress`]: the egress group (`space-bench egress`): what the gateway adds to HTTPS;
+//! - [`cluster`]: the cluster group (`space-bench cluster`): creates over several nodes;
+//! - [`failover`]: the failover group (`space-bench failover`): a node's loss, with processes;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
 //! - [`scratch`]: the loop-mounted btrfs (or plain) directory a run works in;
@@ -18,6 +20,7 @@ pub mod bare;
 pub mod bench;
 pub mod cluster;
 pub mod egress;
+pub mod failover;
 pub mod host;
 pub mod node;
 pub mod procmem;

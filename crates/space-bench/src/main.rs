@@ -109,6 +109,10 @@ enum Command {
     /// Measures a cluster on this machine: a control replica and several nodes joined over
     /// mutual TLS; a burst of concurrent creates over all nodes against one node.
     Cluster(ClusterArgs),
+    /// Measures a node's loss with real processes (a replica, three `space node`s, Garage):
+    /// SIGKILL to its running sandboxes answering elsewhere, and restores of its suspended
+    /// ones on other nodes against restores in place.
+    Failover(FailoverArgs),
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
@@ -179,6 +183,19 @@ struct ClusterArgs {
     /// Members of the `minimal` pool on each node.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
     pool_size: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct FailoverArgs {
+    /// Rounds, each killing one node.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=20))]
+    rounds: u64,
+    /// Running sandboxes on the killed node per round.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    running: u64,
+    /// Suspended sandboxes on the killed node per round.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=8))]
+    suspended: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -310,6 +327,16 @@ async fn run(cli: Cli) -> Result<()> {
             qemu: cli.qemu.clone(),
         };
         return space_bench::cluster::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Failover(args)) = &cli.command {
+        let plan = space_bench::failover::FailoverPlan {
+            rounds: args.rounds as usize,
+            running: args.running as usize,
+            suspended: args.suspended as usize,
+            kernel: kernel.clone(),
+            rootfs: rootfs.clone(),
+        };
+        return space_bench::failover::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Archive(args)) = &cli.command {
         let plan = space_bench::archive::ArchivePlan {

@@ -5,7 +5,8 @@
 //! running, paused). A create, fork or restore takes the tenant's lock ([`QuotaLocks`]),
 //! counts ([`usage`]), checks ([`check`]), starts the VM and, for a new sandbox, writes the
 //! ownership row before letting go of the lock, so two concurrent creates cannot both pass
-//! a quota that has room for one.
+//! a quota that has room for one. Replicas of a cluster hold the tenant's claim in the
+//! database as well ([`QuotaLocks::shared`]), so the same holds across replicas.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -16,10 +17,34 @@ use tokio::sync::OwnedMutexGuard;
 use crate::error::{ApiError, ApiResult};
 use crate::store::{Quotas, Store, TenantName};
 
+/// How long a replica may hold a tenant's quota claim (a replica that dies holding it
+/// blocks the tenant's creates this long at most).
+const CLAIM_TTL: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One async lock per tenant, held across a quota check and the start it admits.
 #[derive(Debug, Default)]
 pub struct QuotaLocks {
     locks: Mutex<HashMap<TenantName, Arc<tokio::sync::Mutex<()>>>>,
+    shared: Option<(Arc<Store>, String)>,
+}
+
+/// A tenant's quota lock, held: released when dropped.
+#[derive(Debug)]
+pub struct QuotaGuard {
+    _local: OwnedMutexGuard<()>,
+    claim: Option<(Arc<Store>, String, String)>,
+}
+
+impl Drop for QuotaGuard {
+    fn drop(&mut self) {
+        if let Some((store, name, holder)) = self.claim.take() {
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(async move {
+                    let _ = store.release_claim(&name, &holder).await;
+                });
+            }
+        }
+    }
 }
 
 impl QuotaLocks {
@@ -28,8 +53,17 @@ impl QuotaLocks {
         Self::default()
     }
 
+    /// Locks that also hold a claim in `store` as `holder`, for replicas sharing one
+    /// database.
+    pub fn shared(store: Arc<Store>, holder: String) -> Self {
+        QuotaLocks {
+            locks: Mutex::default(),
+            shared: Some((store, holder)),
+        }
+    }
+
     /// Waits for and takes the lock of `tenant`.
-    pub async fn lock(&self, tenant: &TenantName) -> OwnedMutexGuard<()> {
+    pub async fn lock(&self, tenant: &TenantName) -> ApiResult<QuotaGuard> {
         let lock = self
             .locks
             .lock()
@@ -37,7 +71,35 @@ impl QuotaLocks {
             .entry(tenant.clone())
             .or_default()
             .clone();
-        lock.lock_owned().await
+        let local = lock.lock_owned().await;
+        let Some((store, holder)) = &self.shared else {
+            return Ok(QuotaGuard {
+                _local: local,
+                claim: None,
+            });
+        };
+        let name = format!("quota:{tenant}");
+        let until = std::time::Instant::now() + CLAIM_TTL;
+        while !store
+            .claim(&name, holder, CLAIM_TTL.as_millis() as u64)
+            .await?
+        {
+            if std::time::Instant::now() > until {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "quota_busy",
+                    format!(
+                        "another replica has held tenant {tenant}'s quota for {}s",
+                        CLAIM_TTL.as_secs()
+                    ),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        Ok(QuotaGuard {
+            _local: local,
+            claim: Some((store.clone(), name, holder.clone())),
+        })
     }
 }
 
@@ -128,8 +190,8 @@ pub async fn admit(
     store: &Store,
     tenant: &TenantName,
     need: Usage,
-) -> ApiResult<OwnedMutexGuard<()>> {
-    let guard = locks.lock(tenant).await;
+) -> ApiResult<QuotaGuard> {
+    let guard = locks.lock(tenant).await?;
     let quotas = store
         .tenant(tenant)
         .await?

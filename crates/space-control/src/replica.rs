@@ -121,7 +121,7 @@ impl Replica {
             node: nodes.clone(),
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
-            quotas: QuotaLocks::new(),
+            quotas: QuotaLocks::shared(store.clone(), cluster.holder().to_owned()),
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.ready_timeout,
             builds: tokio::sync::Mutex::new(()),

@@ -5,7 +5,7 @@
 //! - a wrong or reused join token is refused; both nodes are listed live;
 //! - creates spread over the nodes, and each sandbox answers exec and a 2 MiB upload and
 //!   download (by SHA-256) through either replica;
-//! - tenants stay isolated across replicas;
+//! - tenants stay isolated across replicas, and a tenant's quota holds across them;
 //! - a sandbox the database gives to another node is discarded by the node it left;
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
 
@@ -279,11 +279,40 @@ fn two_replicas_two_nodes() {
                 "POST",
                 "/v1/tenants",
                 &admin,
-                Some(json!({"name": "other"})),
+                Some(json!({"name": "other", "quotas": {"max_sandboxes": 2}})),
                 201,
             )
             .await;
         let other = created["key"]["key"].as_str().unwrap().to_owned();
+        // Its quota holds across replicas: six creates at once through both, room for two.
+        let tries: Vec<_> = (0..6)
+            .map(|i| {
+                let api = if i % 2 == 0 { a1.clone() } else { a2.clone() };
+                let key = other.clone();
+                tokio::spawn(async move {
+                    api.call(
+                        "POST",
+                        "/v1/sandboxes",
+                        Some(&key),
+                        Some(json!({"template": "minimal"})),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut theirs = Vec::new();
+        let mut refused = 0;
+        for t in tries {
+            match t.await.unwrap() {
+                (201, v) => theirs.push(v["id"].as_str().unwrap().to_owned()),
+                (429, v) => {
+                    assert_eq!(v["error"]["code"], "quota_exceeded", "{v}");
+                    refused += 1;
+                }
+                (status, v) => panic!("a create answered {status}: {v}"),
+            }
+        }
+        assert_eq!((theirs.len(), refused), (2, 4), "{theirs:?}");
         a2.err(
             "GET",
             &format!("/v1/sandboxes/{}", ids[0]),
@@ -294,7 +323,11 @@ fn two_replicas_two_nodes() {
         )
         .await;
         let listed = a2.ok("GET", "/v1/sandboxes", &other, None, 200).await;
-        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 0);
+        assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2);
+        for id in &theirs {
+            a1.ok("DELETE", &format!("/v1/sandboxes/{id}"), &other, None, 200)
+                .await;
+        }
         let listed = a1.ok("GET", "/v1/sandboxes", &admin, None, 200).await;
         assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 3);
 

@@ -722,7 +722,17 @@ fn failover_fencing_drain_and_replicas() {
         if *id == sleeping {
             continue;
         }
-        assert_eq!(c.running_on(id), vec![other], "{id} after the drain");
+        // The drain restores it on the other node right after moving it.
+        let until = Instant::now() + Duration::from_secs(120);
+        while c.running_on(id) != vec![other] || !c.exec(0, id, "true").status.success() {
+            assert!(
+                Instant::now() < until,
+                "{id} does not run on node {other} after the drain: {:?}\n{}",
+                c.running_on(id),
+                c.logs()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
         let got = ok(&c.exec(0, id, "sha256sum /root/blob | cut -d' ' -f1"));
         assert_eq!(got.trim(), blobs[id], "{id}'s file after the drain");
     }

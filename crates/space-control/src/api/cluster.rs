@@ -331,20 +331,26 @@ pub async fn heartbeat(
             }
             cl.configure_if_stale(&row, report["settings"].as_str())
                 .await;
-            // A VM the node still runs for a sandbox the database gives to another node
-            // (it moved while this node was away) must go: the node kills what is listed.
+            // What the node holds of a sandbox the database gives to another node at an
+            // epoch as new as the node's (it moved while this node was away) must go: the
+            // node discards what is listed. A sandbox the node holds under a newer epoch
+            // than the database's is being moved to it (adopted, not yet recorded).
             let report: space_node::api::NodeReport =
                 serde_json::from_value(report).unwrap_or_default();
-            let held: Vec<String> = report
+            let held: std::collections::HashMap<String, u64> = report
                 .sandboxes
                 .iter()
                 .filter(|u| !matches!(u.state, space_node::State::Terminated))
-                .map(|u| u.id.to_string())
+                .map(|u| (u.id.to_string(), u.epoch))
                 .collect();
-            let owners = st.store.owners(held).await?;
+            let owners = st.store.owners(held.keys().cloned().collect()).await?;
             let foreign: Vec<&String> = owners
                 .iter()
-                .filter(|(_, owner)| owner.as_deref().is_some_and(|o| o != body.node_id))
+                .filter(|(id, (owner, epoch))| {
+                    let mine = held.get(*id).copied().unwrap_or(0);
+                    owner.as_deref().is_some_and(|o| o != body.node_id)
+                        && u64::try_from(*epoch).unwrap_or(0) >= mine
+                })
                 .map(|(id, _)| id)
                 .collect();
             if !foreign.is_empty() {

@@ -73,12 +73,17 @@ impl ClusterNodes {
         if matches!(row.state, NodeState::Lost | NodeState::Removed)
             && self.cluster.archive().is_some()
         {
-            let memory = report_of(&row)
-                .sandboxes
-                .iter()
-                .find(|u| &u.id == id)
-                .map_or(0, |u| u.memory_mib);
-            let moved = relocate(&self.cluster, id, &row.id, epoch, memory, false, Why::Wake)
+            let last = report_of(&row).sandboxes.into_iter().find(|u| &u.id == id);
+            let memory = last.as_ref().map_or(0, |u| u.memory_mib);
+            // One that ran there runs again (the failover pass would have restored it).
+            let run = last.as_ref().is_some_and(|u| {
+                matches!(
+                    u.state,
+                    space_node::State::Running | space_node::State::Paused
+                )
+            });
+            let why = if run { Why::Failover } else { Why::Wake };
+            let moved = relocate(&self.cluster, id, &row.id, epoch, memory, run, why)
                 .await
                 .map_err(|mut f| {
                     if f.code == FaultCode::NotFound {

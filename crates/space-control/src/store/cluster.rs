@@ -635,12 +635,12 @@ impl Store {
         .await
     }
 
-    /// The owner node of each of `ids` that has an ownership row (`None`: recorded, but
-    /// placed nowhere, as on `space up`). Ids without a row are left out.
+    /// The owner node and epoch of each of `ids` that has an ownership row (`None`:
+    /// recorded, but placed nowhere, as on `space up`). Ids without a row are left out.
     pub async fn owners(
         &self,
         ids: Vec<String>,
-    ) -> Result<std::collections::HashMap<String, Option<String>>, StoreError> {
+    ) -> Result<std::collections::HashMap<String, (Option<String>, i64)>, StoreError> {
         if ids.is_empty() {
             return Ok(Default::default());
         }
@@ -652,11 +652,11 @@ impl Store {
                 let found = rows(
                     c,
                     &format!(
-                        "SELECT id, node FROM sandboxes WHERE id IN ({})",
+                        "SELECT id, node, epoch FROM sandboxes WHERE id IN ({})",
                         marks.join(", ")
                     ),
                     &args,
-                    |r| Ok((r.text(0)?, r.opt_text(1)?)),
+                    |r| Ok((r.text(0)?, (r.opt_text(1)?, r.int(2)?))),
                 )?;
                 out.extend(found);
             }

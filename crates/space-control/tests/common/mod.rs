@@ -171,6 +171,7 @@ pub fn unmount(data: &Path) {
 }
 
 /// A client of one server.
+#[derive(Clone)]
 pub struct Api {
     pub url: String,
     http: reqwest::Client,

@@ -179,6 +179,9 @@ pub struct Usage {
     pub vcpus: u32,
     /// Guest RAM of its VM in MiB.
     pub memory_mib: u64,
+    /// The ownership epoch the node holds it under (0: its first owner).
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 impl From<SandboxUsage> for Usage {
@@ -188,6 +191,7 @@ impl From<SandboxUsage> for Usage {
             state: u.state,
             vcpus: u.vcpus,
             memory_mib: u.memory_mib,
+            epoch: u.epoch,
         }
     }
 }

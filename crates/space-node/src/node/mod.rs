@@ -620,6 +620,7 @@ impl Node {
                 state: h.status.state(),
                 vcpus: h.status.vcpus,
                 memory_mib: h.status.memory_mib,
+                epoch: h.status.epoch,
             })
             .filter(|u| u.state != State::Terminated)
             .collect()
@@ -1053,6 +1054,8 @@ pub struct SandboxUsage {
     pub vcpus: u32,
     /// Guest RAM of its VM in MiB (when it has one).
     pub memory_mib: u64,
+    /// The ownership epoch this node holds it under (0: its first owner).
+    pub epoch: u64,
 }
 
 async fn reconcile(inner: &Inner) -> usize {

@@ -97,6 +97,8 @@ pub(crate) struct Status {
     /// vCPUs and guest RAM (MiB) of the sandbox's VM, for admission control.
     pub vcpus: u32,
     pub memory_mib: u64,
+    /// The ownership epoch this node holds the sandbox under ([`SandboxRecord::epoch`]).
+    pub epoch: u64,
     /// Policy and bindings the sandbox's gateway loop reads; the policy is changed by
     /// [`Request::SetEgress`].
     pub egress: Arc<SandboxGateway>,
@@ -205,6 +207,7 @@ impl Sandbox {
             timeouts: Mutex::new(record.options.timeouts),
             vcpus: record.vcpus,
             memory_mib: record.memory_mib,
+            epoch: record.epoch,
             egress: ctx.gateway.sandbox(
                 record.id.clone(),
                 record.options.egress.clone(),
