@@ -79,6 +79,10 @@ impl QuotaLocks {
             });
         };
         let name = format!("quota:{tenant}");
+        // Each hold is its own holder: a release still on its way must not drop the next
+        // hold of this replica.
+        let holder = format!("{holder}/{}", crate::store::cluster::random_alnum(8));
+        let holder = &holder;
         let until = std::time::Instant::now() + CLAIM_TTL;
         while !store
             .claim(&name, holder, CLAIM_TTL.as_millis() as u64)

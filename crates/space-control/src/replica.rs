@@ -20,6 +20,9 @@ use crate::server::{redact, DEFAULT_TENANT, PUBLIC_URL_ENV, SHUTDOWN_GRACE};
 use crate::store::{KeyCreated, NewAuditEvent, Store, TenantName};
 use crate::vault::{Vault, VaultKey};
 
+/// How often the shared store's garbage is collected, and the age below which nothing is.
+const GC_EVERY: Duration = Duration::from_secs(3600);
+
 /// How often a replica looks for nodes whose lease ran out.
 const LOST_TICK: Duration = Duration::from_secs(1);
 
@@ -160,6 +163,22 @@ impl Replica {
                 }
             });
         }
+        if cluster.archive().is_some() {
+            // The shared store's garbage, once an hour for the whole cluster (nodes of a
+            // cluster leave it to the replicas): whichever replica holds the claim.
+            let cluster = Arc::downgrade(&cluster);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(GC_EVERY);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(cluster) = cluster.upgrade() else {
+                        return;
+                    };
+                    collect_garbage(&cluster).await;
+                }
+            });
+        }
         tracing::info!(%addr, store = store.backend(), "serving the cluster's API");
         Ok(Replica {
             addr,
@@ -268,5 +287,30 @@ async fn watch_leases(cluster: std::sync::Weak<Cluster>) {
             }
             Err(e) => tracing::warn!(error = %e, "listing nodes to drain"),
         }
+    }
+}
+
+/// Collects the shared store's garbage if no other replica did in the last hour.
+async fn collect_garbage(cluster: &Cluster) {
+    let Some(a) = cluster.archive() else { return };
+    let hold = u64::try_from(GC_EVERY.as_millis()).unwrap_or(u64::MAX) - 60_000;
+    match cluster.store().claim("gc", cluster.holder(), hold).await {
+        Ok(true) => {}
+        Ok(false) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "claiming the store's garbage collection");
+            return;
+        }
+    }
+    let keyring = a.keyring();
+    match space_archive::gc::collect(keyring.archive(), keyring, GC_EVERY).await {
+        Ok(r) => tracing::info!(
+            packs = r.packs_deleted,
+            bytes = r.bytes_deleted,
+            shredded = r.shredded_removed.len(),
+            skipped = r.skipped.len(),
+            "object store garbage collected"
+        ),
+        Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
     }
 }

@@ -355,6 +355,8 @@ impl Applied {
                 let mut cfg = ArchiveConfig::new(archive, keyring);
                 cfg.upload_interval = s.upload_interval_ms.map(Duration::from_millis);
                 cfg.cache_max_bytes = s.cache_max_bytes;
+                // The shared store's garbage is the control plane's to collect, once.
+                cfg.collect_garbage = false;
                 *attached = store.clone();
                 Some(cfg)
             }

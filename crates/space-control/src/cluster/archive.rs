@@ -164,6 +164,9 @@ impl ClusterArchive {
             return Ok(());
         }
         let claim = format!("tenant-key:{tenant}");
+        // Two creates of one new tenant in this replica must not both hold it.
+        let holder = format!("{holder}/{}", crate::store::cluster::random_alnum(8));
+        let holder = holder.as_str();
         let deadline = std::time::Instant::now() + TENANT_KEY_CLAIM;
         loop {
             if store

@@ -258,7 +258,7 @@ pub struct ArchiveReport {
 /// How often the archive pass runs (each sandbox's own interval decides what it uploads).
 pub(crate) const ARCHIVE_TICK: Duration = Duration::from_secs(5);
 /// How often (and with how much grace for uploads in progress) garbage is collected.
-const GC_EVERY: Duration = Duration::from_secs(3600);
+pub const GC_EVERY: Duration = Duration::from_secs(3600);
 
 /// One archive pass over `handles` (see [`crate::Node::reconcile_archive`]).
 pub(crate) async fn pass(
@@ -302,7 +302,7 @@ pub(crate) async fn pass(
     }
     // Garbage in the store, once an hour.
     let last = last_gc_ms.load(std::sync::atomic::Ordering::Relaxed);
-    if now_ms().saturating_sub(last) >= GC_EVERY.as_millis() as u64 {
+    if cfg.collect_garbage && now_ms().saturating_sub(last) >= GC_EVERY.as_millis() as u64 {
         last_gc_ms.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
         match space_archive::gc::collect(&cfg.archive, &cfg.keyring, GC_EVERY).await {
             Ok(r) => tracing::info!(

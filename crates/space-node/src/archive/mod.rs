@@ -61,6 +61,9 @@ pub struct ArchiveConfig {
     pub cache_max_bytes: Option<u64>,
     /// ... and while the data directory's filesystem has less free space than this.
     pub min_free_bytes: u64,
+    /// Whether this node collects the store's garbage (hourly). A node of a cluster does
+    /// not: the control plane does, once for the whole shared store.
+    pub collect_garbage: bool,
 }
 
 impl std::fmt::Debug for ArchiveConfig {
@@ -88,6 +91,7 @@ impl ArchiveConfig {
             upload_interval: Some(Duration::from_secs(60)),
             cache_max_bytes: None,
             min_free_bytes: 2 << 30,
+            collect_garbage: true,
         }
     }
 }
