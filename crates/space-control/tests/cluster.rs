@@ -5,6 +5,7 @@
 //! - a wrong or reused join token is refused; both nodes are listed live;
 //! - creates spread over the nodes, and each sandbox answers exec and a 2 MiB upload and
 //!   download (by SHA-256) through either replica;
+//! - secret values reach only the node of a sandbox bound to them, and follow a new value;
 //! - tenants stay isolated across replicas, and a tenant's quota holds across them;
 //! - a sandbox the database gives to another node is discarded by the node it left;
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
@@ -22,7 +23,9 @@ use space_control::replica::{Replica, ReplicaConfig};
 use space_control::vault::VaultKey;
 use space_node::api::{LocalNode, TemplateBuild};
 use space_node::member::{Member, MemberConfig};
+use space_node::settings::SecretValues;
 use space_node::{Node, NodeApi, TemplateRef};
+use std::sync::Arc;
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -41,13 +44,17 @@ async fn start_node(
     id: &str,
     control: &str,
     token: &str,
-) -> (Node, Member) {
-    let node = Node::open(node_config(data)).await.expect("opening a node");
+) -> (Node, Member, Arc<SecretValues>) {
+    let secrets = Arc::new(SecretValues::default());
+    let mut cfg = node_config(data);
+    cfg.gateway.secrets = Some(secrets.clone());
+    let node = Node::open(cfg).await.expect("opening a node");
     let local = LocalNode::new(
         node.clone(),
         env_path("SPACE_KERNEL"),
         BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]),
-    );
+    )
+    .with_secrets(secrets.clone());
     local
         .build_template(TemplateBuild {
             template: TemplateRef::new("minimal", "1").unwrap(),
@@ -72,7 +79,7 @@ async fn start_node(
     )
     .await
     .expect("joining");
-    (node, member)
+    (node, member, secrets)
 }
 
 async fn token(api: &Api, admin: &str) -> String {
@@ -139,8 +146,8 @@ fn two_replicas_two_nodes() {
         );
         let t1 = token(&a1, &admin).await;
         let t2 = token(&a2, &admin).await;
-        let (node_a, member_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
-        let (node_b, member_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
+        let (node_a, member_a, secrets_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
+        let (node_b, member_b, secrets_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
         let (status, v) = a1
             .call(
                 "POST",
@@ -235,6 +242,76 @@ fn two_replicas_two_nodes() {
                 .await;
             assert_eq!(in_guest.trim(), sha(&data));
         }
+
+        // Secret values reach the node of a sandbox bound to them, in memory, and only that
+        // node; a new value replaces them there; a kill drops them.
+        a1.ok(
+            "PUT",
+            "/v1/secrets/TOKEN",
+            &admin,
+            Some(json!({"value": "first-value", "hosts": ["api.example.com"]})),
+            201,
+        )
+        .await;
+        let sb = a2
+            .ok(
+                "POST",
+                "/v1/sandboxes",
+                &admin,
+                Some(json!({"template": "minimal", "secrets": ["TOKEN"]})),
+                201,
+            )
+            .await;
+        let bound: space_node::SandboxId = sb["id"].as_str().unwrap().parse().unwrap();
+        let (home, _) = r1
+            .store()
+            .sandbox_node(bound.as_str())
+            .await
+            .unwrap()
+            .unwrap();
+        let (mine, theirs) = if home == "node-a" {
+            (&secrets_a, &secrets_b)
+        } else {
+            (&secrets_b, &secrets_a)
+        };
+        let wait_value = |want: Option<&'static [u8]>| {
+            let (mine, bound) = (mine.clone(), bound.clone());
+            async move {
+                for _ in 0..200 {
+                    if mine.get(&bound, "TOKEN").as_deref() == want {
+                        return true;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                false
+            }
+        };
+        assert!(
+            wait_value(Some(b"first-value")).await,
+            "the value did not reach {home}"
+        );
+        assert!(!theirs.has(&bound), "the other node got the values");
+        a2.ok(
+            "PUT",
+            "/v1/secrets/TOKEN",
+            &admin,
+            Some(json!({"value": "second-value", "hosts": ["api.example.com"]})),
+            200,
+        )
+        .await;
+        assert!(
+            wait_value(Some(b"second-value")).await,
+            "the new value did not replace it"
+        );
+        a1.ok(
+            "DELETE",
+            &format!("/v1/sandboxes/{bound}"),
+            &admin,
+            None,
+            200,
+        )
+        .await;
+        assert!(wait_value(None).await, "a killed sandbox keeps its values");
 
         // A sandbox given to another node (as failover does) stops running on the node it
         // left: that node's next heartbeat names it, and the node discards it (VM, files

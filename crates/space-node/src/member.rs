@@ -616,4 +616,6 @@ fenced_calls! {
     discard(id: &SandboxId) -> ();
     publish_template(template: &crate::ids::TemplateRef) -> ();
     fetch_template(template: &crate::ids::TemplateRef) -> crate::api::TemplateInfo;
+    set_secrets(id: &SandboxId, values: crate::settings::SecretMap) -> ();
+    forget_secret(name: &str) -> ();
 }

@@ -366,3 +366,118 @@ impl Applied {
         Ok(cfg)
     }
 }
+
+/// The secret values of the sandboxes a node of a cluster holds, in memory only: the control
+/// plane sends each sandbox the values of the secrets it is bound to
+/// ([`crate::api::NodeApi::set_secrets`]) when the node's heartbeat says it lacks them (after
+/// a create, a move here, a restart of the node, or a change of a value). This is the
+/// node's [`crate::gateway::SecretSource`].
+#[derive(Default)]
+pub struct SecretValues {
+    values: RwLock<std::collections::HashMap<crate::ids::SandboxId, BTreeMap<String, Vec<u8>>>>,
+}
+
+impl std::fmt::Debug for SecretValues {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.values.read().map(|v| v.len()).unwrap_or(0);
+        f.debug_struct("SecretValues")
+            .field("sandboxes", &n)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretValues {
+    /// Replaces what sandbox `id` has (the values of the secrets it is bound to that
+    /// exist; a secret deleted from the vault is absent).
+    pub fn set(&self, id: &crate::ids::SandboxId, values: BTreeMap<String, Vec<u8>>) {
+        let mut all = self.values.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = all.insert(id.clone(), values) {
+            wipe(old);
+        }
+    }
+
+    /// Forgets sandbox `id`'s values.
+    pub fn forget(&self, id: &crate::ids::SandboxId) {
+        let old = self
+            .values
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Some(old) = old {
+            wipe(old);
+        }
+    }
+
+    /// Forgets the values of every sandbox that has secret `name` (its value changed), so
+    /// that the next heartbeat asks for them again.
+    pub fn forget_name(&self, name: &str) {
+        let mut all = self.values.write().unwrap_or_else(|e| e.into_inner());
+        let stale: Vec<_> = all
+            .iter()
+            .filter(|(_, v)| v.contains_key(name))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            if let Some(old) = all.remove(&id) {
+                wipe(old);
+            }
+        }
+    }
+
+    /// Whether sandbox `id` was sent its values.
+    pub fn has(&self, id: &crate::ids::SandboxId) -> bool {
+        self.values
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(id)
+    }
+
+    /// The value of `name` sandbox `id` has, if any (tests look with this).
+    pub fn get(&self, id: &crate::ids::SandboxId, name: &str) -> Option<Vec<u8>> {
+        self.values
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .and_then(|v| v.get(name).cloned())
+    }
+}
+
+fn wipe(values: BTreeMap<String, Vec<u8>>) {
+    for (_, v) in values {
+        drop(crate::gateway::SecretValue::new(v));
+    }
+}
+
+impl crate::gateway::SecretSource for SecretValues {
+    fn value<'a>(
+        &'a self,
+        sandbox: &'a crate::ids::SandboxId,
+        name: &'a str,
+    ) -> std::pin::Pin<
+        Box<dyn std::future::Future<Output = Option<crate::gateway::SecretValue>> + Send + 'a>,
+    > {
+        let v = self
+            .get(sandbox, name)
+            .map(crate::gateway::SecretValue::new);
+        Box::pin(async move { v })
+    }
+}
+
+/// Secret values as a call carries them: base64, and never shown by `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretMap(pub BTreeMap<String, String>);
+
+impl std::fmt::Debug for SecretMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.0.keys()).finish()
+    }
+}
+
+/// A sandbox that lacks the values of the secrets it is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretsWanted {
+    /// The sandbox.
+    pub id: crate::ids::SandboxId,
+    /// The names it is bound to.
+    pub names: Vec<String>,
+}

@@ -224,6 +224,11 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     if let Some(n) = a.pool_size {
         pool_size(&mut cfg.pools, n, &[])?;
     }
+    // A member's gateway injects the values the control plane sends, kept in memory.
+    let secrets = std::sync::Arc::new(space_node::settings::SecretValues::default());
+    if a.control.is_some() {
+        cfg.gateway.secrets = Some(secrets.clone());
+    }
     eprintln!("space node: opening {}", a.data_dir.display());
     let node = Node::open(cfg).await.context("opening the node")?;
     let sandboxes = node.list().await.map(|l| l.len()).unwrap_or(0);
@@ -239,19 +244,25 @@ pub async fn node(a: NodeArgs) -> Result<()> {
         node.shutdown_detach().await;
         return Ok(());
     };
-    let result = member(&a, &node, control).await;
+    let result = member(&a, &node, control, secrets).await;
     node.shutdown_detach().await;
     result
 }
 
-async fn member(a: &NodeArgs, node: &Node, control: String) -> Result<()> {
+async fn member(
+    a: &NodeArgs,
+    node: &Node,
+    control: String,
+    secrets: std::sync::Arc<space_node::settings::SecretValues>,
+) -> Result<()> {
     let images = if a.images.is_empty() && std::env::var_os("SPACE_ROOTFS_MINIMAL").is_none() {
         BTreeMap::new()
     } else {
         images(&a.images)?
     };
     let kernel = a.kernel.clone().unwrap_or_default();
-    let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone());
+    let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone())
+        .with_secrets(secrets);
     // Stock templates: built once in the cluster, from this node's images.
     let mut builds = Vec::new();
     if kernel.is_file() {

@@ -30,6 +30,8 @@ fn ms(d: std::time::Duration) -> u64 {
 
 /// Key events one heartbeat may carry.
 const MAX_KEY_EVENTS: usize = 1000;
+/// Sandboxes whose secret values one heartbeat may ask for.
+const MAX_SECRETS_WANTED: usize = 100;
 
 fn cluster(st: &Shared) -> ApiResult<&Cluster> {
     st.cluster.as_deref().ok_or_else(|| {
@@ -331,6 +333,11 @@ pub async fn heartbeat(
             }
             cl.configure_if_stale(&row, report["settings"].as_str())
                 .await;
+            let wanted: Vec<space_node::settings::SecretsWanted> =
+                serde_json::from_value(report["secrets_wanted"].clone()).unwrap_or_default();
+            if !wanted.is_empty() {
+                send_secrets(&st, &row, wanted);
+            }
             // What the node holds of a sandbox the database gives to another node at an
             // epoch as new as the node's (it moved while this node was away) must go: the
             // node discards what is listed. A sandbox the node holds under a newer epoch
@@ -504,4 +511,54 @@ pub async fn claim(
         .clamp(1000, MAX_CLAIM_MS);
     let held = st.store.claim(&body.name, &holder, ttl).await?;
     Ok(Json(json!({"held": held})))
+}
+
+/// Sends node `row` the secret values its sandboxes lack, in the background (each sandbox
+/// once at a time): only for sandboxes the database gives to that node, only their tenant's
+/// secrets, only the names they are bound to.
+fn send_secrets(st: &Shared, row: &NodeRow, wanted: Vec<space_node::settings::SecretsWanted>) {
+    use space_node::NodeApi as _;
+    let Some(cluster) = st.cluster.clone() else {
+        return;
+    };
+    for w in wanted.into_iter().take(MAX_SECRETS_WANTED) {
+        if !cluster.start_sending_secrets(&w.id) {
+            continue;
+        }
+        let (st, row, cluster) = (st.clone(), row.clone(), cluster.clone());
+        tokio::spawn(async move {
+            let id = w.id.clone();
+            let sent = async {
+                let owner = st.store.sandbox_node(id.as_str()).await?;
+                if owner.as_ref().map(|(n, _)| n.as_str()) != Some(row.id.as_str()) {
+                    return Ok::<_, ApiError>(false);
+                }
+                let Some(tenant) = st.store.sandbox_tenant(id.as_str()).await? else {
+                    return Ok(false);
+                };
+                let mut values = std::collections::BTreeMap::new();
+                for name in w.names.iter().take(64) {
+                    if let Some(v) = st.vault.value(&tenant, name).await? {
+                        values.insert(name.clone(), space_node::api::rpc::encode_bytes(&v));
+                    }
+                }
+                let client = cluster
+                    .client(&row)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                client
+                    .set_secrets(&id, space_node::api::SecretMap(values))
+                    .await?;
+                Ok(true)
+            }
+            .await;
+            match sent {
+                Ok(true) => tracing::info!(%id, node = %row.id, "secret values sent"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(%id, node = %row.id, error = %e.message, "sending secret values")
+                }
+            }
+            cluster.done_sending_secrets(&id);
+        });
+    }
 }

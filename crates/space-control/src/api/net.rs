@@ -117,6 +117,8 @@ pub async fn put_secret(
     )
     .await;
     let (info, created) = result?;
+    // Nodes that keep values in memory (a cluster's) ask for the new one.
+    st.node.forget_secret(&info.name).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -142,6 +144,7 @@ pub async fn delete_secret(
     let result = async {
         validate_secret_name(&name)?;
         if st.vault.delete(&who.tenant, &name).await? {
+            st.node.forget_secret(&name).await?;
             Ok(StatusCode::NO_CONTENT)
         } else {
             Err(secret_not_found(&name))

@@ -63,6 +63,8 @@ pub struct Cluster {
     archive: Option<ClusterArchive>,
     /// Nodes this replica is sending settings to now.
     configuring: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Sandboxes this replica is sending secret values to now.
+    sending_secrets: std::sync::Mutex<std::collections::HashSet<space_node::SandboxId>>,
     /// This replica's name in claims.
     holder: String,
 }
@@ -102,6 +104,7 @@ impl Cluster {
             clients: Default::default(),
             archive,
             configuring: Default::default(),
+            sending_secrets: Default::default(),
             holder: format!("replica-{}", crate::store::cluster::random_alnum(12)),
         })
     }
@@ -114,6 +117,22 @@ impl Cluster {
     /// This replica's name in claims.
     pub fn holder(&self) -> &str {
         &self.holder
+    }
+
+    /// Marks `id`'s secret values as being sent; `false` when they are already.
+    pub fn start_sending_secrets(&self, id: &space_node::SandboxId) -> bool {
+        self.sending_secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.clone())
+    }
+
+    /// The sending of `id`'s secret values ended.
+    pub fn done_sending_secrets(&self, id: &space_node::SandboxId) {
+        self.sending_secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
     }
 
     /// Sends node `row` the deployment's settings when the digest it reported is not theirs

@@ -479,6 +479,15 @@ impl NodeApi for ClusterNodes {
             .collect())
     }
 
+    async fn forget_secret(&self, name: &str) -> NodeResult<()> {
+        for (row, c) in self.live().await? {
+            if let Err(f) = c.forget_secret(name).await {
+                tracing::warn!(node = %row.id, error = %f, "telling a node a secret changed");
+            }
+        }
+        Ok(())
+    }
+
     async fn ca_pem(&self) -> NodeResult<String> {
         self.any_live().await?.ca_pem().await
     }

@@ -29,7 +29,7 @@ pub mod serve;
 pub mod tls;
 pub mod wire;
 
-pub use crate::settings::NodeSettings;
+pub use crate::settings::{NodeSettings, SecretMap};
 pub use remote::RemoteNode;
 pub use serve::NodeServer;
 pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
@@ -139,6 +139,16 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn fetch_template(&self, _template: &TemplateRef) -> NodeResult<TemplateInfo> {
         Err(not_here("fetch_template"))
     }
+    /// Gives sandbox `id` the values of the secrets it is bound to, in memory
+    /// ([`crate::settings::SecretValues`]).
+    async fn set_secrets(&self, _id: &SandboxId, _values: SecretMap) -> NodeResult<()> {
+        Err(not_here("set_secrets"))
+    }
+    /// Secret `name` changed in the vault: sandboxes that have its old value forget their
+    /// values and ask again. A node that reads the vault itself has nothing to forget.
+    async fn forget_secret(&self, _name: &str) -> NodeResult<()> {
+        Ok(())
+    }
 }
 
 fn not_here(call: &str) -> Fault {
@@ -155,6 +165,7 @@ pub struct LocalNode {
     kernel: PathBuf,
     images: BTreeMap<String, PathBuf>,
     settings: std::sync::Arc<crate::settings::Applied>,
+    secrets: Option<std::sync::Arc<crate::settings::SecretValues>>,
 }
 
 impl std::fmt::Debug for LocalNode {
@@ -172,7 +183,15 @@ impl LocalNode {
             kernel,
             images,
             settings: Default::default(),
+            secrets: None,
         }
+    }
+
+    /// Keeps secret values sent by the control plane in `secrets`, which must be the node's
+    /// gateway's secret source (a node of a cluster).
+    pub fn with_secrets(mut self, secrets: std::sync::Arc<crate::settings::SecretValues>) -> Self {
+        self.secrets = Some(secrets);
+        self
     }
 
     /// The settings the control plane sent, as applied.
@@ -200,6 +219,17 @@ impl LocalNode {
             sandboxes: self.usage().await?,
             settings: self.settings.digest(),
             key_events: self.settings.key_events(MAX_REPORTED_KEY_EVENTS),
+            secrets_wanted: match &self.secrets {
+                Some(values) => self
+                    .node
+                    .secret_bindings()
+                    .into_iter()
+                    .filter(|(id, _)| !values.has(id))
+                    .take(MAX_REPORTED_SECRETS_WANTED)
+                    .map(|(id, names)| crate::settings::SecretsWanted { id, names })
+                    .collect(),
+                None => Vec::new(),
+            },
         })
     }
 
@@ -231,6 +261,8 @@ impl LocalNode {
 
 /// Key events one heartbeat carries at most.
 const MAX_REPORTED_KEY_EVENTS: usize = 500;
+/// Sandboxes lacking secret values one heartbeat names at most.
+const MAX_REPORTED_SECRETS_WANTED: usize = 100;
 
 fn fault(e: crate::error::NodeError) -> Fault {
     Fault::from(e)
@@ -292,6 +324,9 @@ impl NodeApi for LocalNode {
     }
 
     async fn kill(&self, id: &SandboxId) -> NodeResult<()> {
+        if let Some(s) = &self.secrets {
+            s.forget(id);
+        }
         self.node.kill(id).await.map_err(fault)
     }
 
@@ -422,7 +457,32 @@ impl NodeApi for LocalNode {
     }
 
     async fn discard(&self, id: &SandboxId) -> NodeResult<()> {
+        if let Some(s) = &self.secrets {
+            s.forget(id);
+        }
         self.node.discard(id).await.map_err(fault)
+    }
+
+    async fn set_secrets(&self, id: &SandboxId, values: SecretMap) -> NodeResult<()> {
+        let Some(store) = &self.secrets else {
+            return Err(not_here("set_secrets"));
+        };
+        let mut decoded = BTreeMap::new();
+        for (name, v) in values.0 {
+            let bytes = rpc::decode_bytes(&v)?;
+            decoded.insert(name, bytes);
+        }
+        // Only for a sandbox this node holds.
+        self.node.info(id).await.map_err(fault)?;
+        store.set(id, decoded);
+        Ok(())
+    }
+
+    async fn forget_secret(&self, name: &str) -> NodeResult<()> {
+        if let Some(s) = &self.secrets {
+            s.forget_name(name);
+        }
+        Ok(())
     }
 
     async fn publish_template(&self, template: &TemplateRef) -> NodeResult<()> {

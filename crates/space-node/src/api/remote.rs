@@ -255,6 +255,25 @@ impl NodeApi for RemoteNode {
         self.call(Call::Discard { id: id.clone() }).await
     }
 
+    async fn set_secrets(
+        &self,
+        id: &SandboxId,
+        values: crate::settings::SecretMap,
+    ) -> NodeResult<()> {
+        self.call(Call::SetSecrets {
+            id: id.clone(),
+            values,
+        })
+        .await
+    }
+
+    async fn forget_secret(&self, name: &str) -> NodeResult<()> {
+        self.call(Call::ForgetSecret {
+            name: name.to_owned(),
+        })
+        .await
+    }
+
     async fn publish_template(&self, template: &TemplateRef) -> NodeResult<()> {
         self.call(Call::PublishTemplate {
             template: template.clone(),

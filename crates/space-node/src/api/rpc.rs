@@ -122,6 +122,13 @@ pub enum Call {
     FetchTemplate {
         template: TemplateRef,
     },
+    SetSecrets {
+        id: SandboxId,
+        values: crate::settings::SecretMap,
+    },
+    ForgetSecret {
+        name: String,
+    },
 }
 
 impl Call {
@@ -158,6 +165,8 @@ impl Call {
             Call::Discard { .. } => "discard",
             Call::PublishTemplate { .. } => "publish_template",
             Call::FetchTemplate { .. } => "fetch_template",
+            Call::SetSecrets { .. } => "set_secrets",
+            Call::ForgetSecret { .. } => "forget_secret",
         }
     }
 }
@@ -219,6 +228,8 @@ pub async fn dispatch(api: &dyn NodeApi, call: Call) -> NodeResult<Value> {
         Call::Discard { id } => json(api.discard(&id).await?),
         Call::PublishTemplate { template } => json(api.publish_template(&template).await?),
         Call::FetchTemplate { template } => json(api.fetch_template(&template).await?),
+        Call::SetSecrets { id, values } => json(api.set_secrets(&id, values).await?),
+        Call::ForgetSecret { name } => json(api.forget_secret(&name).await?),
     }
 }
 

@@ -258,6 +258,9 @@ pub struct NodeReport {
     /// Key events not yet carried to the audit log, oldest first.
     #[serde(default)]
     pub key_events: Vec<crate::settings::KeyEventReport>,
+    /// Sandboxes bound to secrets whose values the node has not been sent.
+    #[serde(default)]
+    pub secrets_wanted: Vec<crate::settings::SecretsWanted>,
 }
 
 /// Why a sandbox was woken on access.

@@ -889,6 +889,19 @@ impl Node {
             .map(Some)
     }
 
+    /// The secret names each live sandbox is bound to (sandboxes bound to none are left out).
+    pub fn secret_bindings(&self) -> Vec<(SandboxId, Vec<String>)> {
+        self.lock_sandboxes()
+            .iter()
+            .filter(|(_, h)| h.status.state() != State::Terminated)
+            .filter(|(_, h)| !h.status.egress.bindings.is_empty())
+            .map(|(id, h)| {
+                let names = h.status.egress.bindings.iter().map(|b| b.name.clone());
+                (id.clone(), names.collect())
+            })
+            .collect()
+    }
+
     /// Kills the QEMU process of sandbox `id`, if it has one, without waiting for its
     /// driver (which notices the VM's end as it would a crash).
     pub fn kill_vm_now(&self, id: &SandboxId) {
