@@ -171,6 +171,19 @@ impl Cluster {
         }
     }
 
+    /// A restore through the API, to the first exec that answers.
+    async fn restore_to_exec(&self, id: &str) -> Result<Duration> {
+        let t = Instant::now();
+        self.call(
+            reqwest::Method::POST,
+            &format!("/v1/sandboxes/{id}/restore"),
+            json!({}),
+        )
+        .await?;
+        while !self.exec_ok(id).await {}
+        Ok(t.elapsed())
+    }
+
     fn start_node(&mut self, i: usize, token: Option<String>) -> Result<()> {
         let n = &self.nodes[i];
         let mut cmd = Command::new(&self.space);
@@ -462,15 +475,7 @@ async fn measure(
         }
         // The reference: a restore on the node that suspended it (its local copy).
         for id in reference.iter().take(plan.suspended) {
-            let t = Instant::now();
-            c.call(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{id}/restore"),
-                json!({}),
-            )
-            .await?;
-            while !c.exec_ok(id).await {}
-            local.push_duration(t.elapsed());
+            local.push_duration(c.restore_to_exec(id).await?);
         }
         progress(&format!(
             "round {}: SIGKILL of {} ({} running, {} suspended there)",
@@ -503,15 +508,7 @@ async fn measure(
         }
         // The node is lost by now: its suspended sandboxes move when restored.
         for id in sleeping {
-            let t = Instant::now();
-            c.call(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{id}/restore"),
-                json!({}),
-            )
-            .await?;
-            while !c.exec_ok(id).await {}
-            elsewhere.push_duration(t.elapsed());
+            elsewhere.push_duration(c.restore_to_exec(id).await?);
         }
         progress(&format!("round {}: cleaning up", round + 1));
         for id in &ids {

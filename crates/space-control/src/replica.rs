@@ -20,8 +20,8 @@ use crate::server::{redact, DEFAULT_TENANT, PUBLIC_URL_ENV, SHUTDOWN_GRACE};
 use crate::store::{KeyCreated, NewAuditEvent, Store, TenantName};
 use crate::vault::{Vault, VaultKey};
 
-/// How often the shared store's garbage is collected, and the age below which nothing is.
-const GC_EVERY: Duration = Duration::from_secs(3600);
+/// How often the shared store's garbage is collected (the node's own period).
+use space_node::archive::GC_EVERY;
 
 /// How often a replica looks for nodes whose lease ran out.
 const LOST_TICK: Duration = Duration::from_secs(1);
@@ -302,15 +302,5 @@ async fn collect_garbage(cluster: &Cluster) {
             return;
         }
     }
-    let keyring = a.keyring();
-    match space_archive::gc::collect(keyring.archive(), keyring, GC_EVERY).await {
-        Ok(r) => tracing::info!(
-            packs = r.packs_deleted,
-            bytes = r.bytes_deleted,
-            shredded = r.shredded_removed.len(),
-            skipped = r.skipped.len(),
-            "object store garbage collected"
-        ),
-        Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
-    }
+    space_node::archive::collect_garbage(a.keyring().archive(), a.keyring()).await;
 }

@@ -153,7 +153,7 @@ mod restore;
 mod templates;
 
 pub(crate) use adopt::{adopt_archived, adopt_moved};
-pub use background::ArchiveReport;
+pub use background::{collect_garbage, ArchiveReport, GC_EVERY};
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
 pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
 pub(crate) use templates::{local_template, published, template_base};
