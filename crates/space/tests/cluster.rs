@@ -157,11 +157,38 @@ struct NodeProc {
     data: PathBuf,
 }
 
-/// Which sandboxes each node's QEMU processes belong to, and whether they are stopped:
-/// (node index, sandbox id, stopped). A VM is the process its sandbox directory's pidfile
-/// names, if that process is QEMU and has the directory as its root or working directory
-/// (a jailed QEMU sees it under another path, so by device and inode).
-fn vms(nodes: &[PathBuf]) -> Vec<(usize, String, bool)> {
+/// Whether a process can run no more code: stopped (`T`), exiting (`PF_EXITING` in the flags
+/// of `/proc/<pid>/stat`), or with SIGKILL pending (a VM being killed is woken from its stop
+/// only to die). `rest` is the part of `stat` after the command name.
+fn halted(proc: &std::path::Path, rest: &str) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    const SIGKILL_BIT: u64 = 1 << (9 - 1);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"T") {
+        return true;
+    }
+    if fields
+        .get(6)
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|f| f & PF_EXITING != 0)
+    {
+        return true;
+    }
+    let status = std::fs::read_to_string(proc.join("status")).unwrap_or_default();
+    status.lines().any(|l| {
+        let Some((k, v)) = l.split_once(':') else {
+            return false;
+        };
+        matches!(k, "SigPnd" | "ShdPnd")
+            && u64::from_str_radix(v.trim(), 16).is_ok_and(|m| m & SIGKILL_BIT != 0)
+    })
+}
+
+/// Which sandboxes each node's QEMU processes belong to, and whether they are halted (see
+/// [`halted`]): (node index, sandbox id, pid, halted). A VM is the process its sandbox
+/// directory's pidfile names, if that process is QEMU and has the directory as its root or
+/// working directory (a jailed QEMU sees it under another path, so by device and inode).
+fn vms(nodes: &[PathBuf]) -> Vec<(usize, String, u32, bool)> {
     use std::os::unix::fs::MetadataExt;
     let mut out = Vec::new();
     for (i, n) in nodes.iter().enumerate() {
@@ -186,20 +213,19 @@ fn vms(nodes: &[PathBuf]) -> Vec<(usize, String, bool)> {
                 continue;
             }
             let stat = std::fs::read_to_string(proc.join("stat")).unwrap_or_default();
-            let state = stat
-                .rsplit_once(") ")
-                .and_then(|(_, r)| r.chars().next())
-                .unwrap_or('?');
+            let rest = stat.rsplit_once(") ").map(|(_, r)| r).unwrap_or("");
+            let state = rest.chars().next().unwrap_or('?');
             if state == 'Z' || state == '?' {
                 continue;
             }
+            let stopped = halted(&proc, rest);
             let here = ["root", "cwd"].iter().any(|l| {
                 std::fs::metadata(proc.join(l))
                     .is_ok_and(|p| (p.dev(), p.ino()) == (m.dev(), m.ino()))
             });
             if here {
                 let id = e.file_name().to_string_lossy().into_owned();
-                out.push((i, id, state == 'T'));
+                out.push((i, id, pid, stopped));
             }
         }
     }
@@ -218,19 +244,21 @@ impl Sampler {
         let stop = Arc::new(AtomicBool::new(false));
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (s, v) = (stop.clone(), seen.clone());
+        let started = Instant::now();
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::SeqCst) {
-                let mut running: HashMap<String, Vec<usize>> = HashMap::new();
-                for (node, id, stopped) in vms(&nodes) {
+                let mut running: HashMap<String, Vec<(usize, u32)>> = HashMap::new();
+                for (node, id, pid, stopped) in vms(&nodes) {
                     if !stopped {
-                        running.entry(id).or_default().push(node);
+                        running.entry(id).or_default().push((node, pid));
                     }
                 }
                 for (id, on) in running {
                     if on.len() > 1 {
-                        v.lock()
-                            .unwrap()
-                            .push(format!("{id} ran on nodes {on:?} at once"));
+                        v.lock().unwrap().push(format!(
+                            "{id} ran on (node, pid) {on:?} at once, {:.1} s in",
+                            started.elapsed().as_secs_f64()
+                        ));
                     }
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -401,8 +429,8 @@ impl Cluster {
     fn running_on(&self, id: &str) -> Vec<usize> {
         vms(&self.data_dirs())
             .into_iter()
-            .filter(|(_, s, stopped)| s == id && !stopped)
-            .map(|(n, _, _)| n)
+            .filter(|(_, s, _, stopped)| s == id && !stopped)
+            .map(|(n, _, _, _)| n)
             .collect()
     }
 
@@ -577,9 +605,9 @@ fn failover_fencing_drain_and_replicas() {
     loop {
         let mine: Vec<_> = vms(&c.data_dirs())
             .into_iter()
-            .filter(|(n, _, _)| *n == x)
+            .filter(|(n, _, _, _)| *n == x)
             .collect();
-        if !mine.is_empty() && mine.iter().all(|(_, _, stopped)| *stopped) {
+        if !mine.is_empty() && mine.iter().all(|(_, _, _, stopped)| *stopped) {
             break;
         }
         assert!(
@@ -600,8 +628,8 @@ fn failover_fencing_drain_and_replicas() {
         assert!(
             vms(&c.data_dirs())
                 .iter()
-                .filter(|(n, s, _)| *n == x && s == id)
-                .all(|(_, _, stopped)| *stopped),
+                .filter(|(n, s, _, _)| *n == x && s == id)
+                .all(|(_, _, _, stopped)| *stopped),
             "{id} runs on the stopped node too"
         );
         // Memory and files came back: the counter process runs on from the snapshot.
@@ -703,7 +731,7 @@ fn failover_fencing_drain_and_replicas() {
     loop {
         let left: Vec<_> = vms(&c.data_dirs())
             .into_iter()
-            .filter(|(n, _, _)| *n == z)
+            .filter(|(n, _, _, _)| *n == z)
             .collect();
         let moved_files = on_z
             .iter()

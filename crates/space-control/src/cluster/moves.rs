@@ -69,13 +69,14 @@ pub struct Moved {
 pub async fn relocate(
     cluster: &Arc<Cluster>,
     id: &SandboxId,
-    from: &str,
+    from_node: &NodeRow,
     epoch: i64,
     memory_mib: u64,
     run: bool,
     why: Why,
 ) -> Result<Moved, Fault> {
     let store = cluster.store();
+    let from = from_node.id.as_str();
     let tenant = store
         .sandbox_tenant(id.as_str())
         .await
@@ -125,10 +126,17 @@ pub async fn relocate(
                 continue;
             }
         };
-        match store
-            .move_sandbox(id.as_str(), Some((from, epoch)), &row.id)
-            .await
-        {
+        // From a lost node only while it is still lost: a rejoin in between keeps it there.
+        let moved = if from_node.state == NodeState::Lost {
+            store
+                .move_from_lost(id.as_str(), (from, epoch), from_node.incarnation, &row.id)
+                .await
+        } else {
+            store
+                .move_sandbox(id.as_str(), Some((from, epoch)), &row.id)
+                .await
+        };
+        match moved {
             Ok(Some(e)) => {
                 audit(cluster, &tenant, id, from, &row.id, e, &adopted, why).await;
                 if run {
@@ -144,12 +152,12 @@ pub async fn relocate(
                 });
             }
             Ok(None) => {
-                // Another replica moved it first.
+                // Another replica moved it first, or its node came back first.
                 let _ = client.discard(id).await;
                 let _ = store.release(&reservation).await;
                 return Err(Fault::new(
                     FaultCode::IllegalState,
-                    format!("sandbox {id} was moved by another replica"),
+                    format!("sandbox {id} was moved by another replica, or its node rejoined"),
                 ));
             }
             Err(e) => {
@@ -259,7 +267,7 @@ pub async fn failover_pass(cluster: &Arc<Cluster>) {
             match relocate(
                 cluster,
                 &u.id,
-                &node.id,
+                node,
                 epoch,
                 u.memory_mib,
                 true,
@@ -358,7 +366,7 @@ pub async fn drain_pass(cluster: &Arc<Cluster>, row: &NodeRow) -> Result<usize, 
             }
             _ => continue,
         };
-        match relocate(cluster, &id, &row.id, epoch, sb.memory_mib, run, Why::Drain).await {
+        match relocate(cluster, &id, row, epoch, sb.memory_mib, run, Why::Drain).await {
             Ok(m) => {
                 // Its local copy here is the old owner's: gone.
                 let _ = client.discard(&id).await;

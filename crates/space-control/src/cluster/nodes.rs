@@ -83,7 +83,7 @@ impl ClusterNodes {
                 )
             });
             let why = if run { Why::Failover } else { Why::Wake };
-            let moved = relocate(&self.cluster, id, &row.id, epoch, memory, run, why)
+            let moved = relocate(&self.cluster, id, &row, epoch, memory, run, why)
                 .await
                 .map_err(|mut f| {
                     if f.code == FaultCode::NotFound {

@@ -606,10 +606,54 @@ impl Store {
         from: Option<(&str, i64)>,
         node: &str,
     ) -> Result<Option<i64>, StoreError> {
+        self.move_guarded(id, from, None, node).await
+    }
+
+    /// [`Store::move_sandbox`] from node `from`, lost as incarnation `incarnation`: the move
+    /// happens only while that node is still lost as that incarnation. The node's row is
+    /// locked for the move (PostgreSQL), so a rejoin of the node waits for it, and the
+    /// rejoined node's first heartbeat sees the new owner: a node never continues a sandbox
+    /// that is being restored elsewhere.
+    pub async fn move_from_lost(
+        &self,
+        id: &str,
+        from: (&str, i64),
+        incarnation: i64,
+        node: &str,
+    ) -> Result<Option<i64>, StoreError> {
+        self.move_guarded(id, Some(from), Some(incarnation), node)
+            .await
+    }
+
+    async fn move_guarded(
+        &self,
+        id: &str,
+        from: Option<(&str, i64)>,
+        lost: Option<i64>,
+        node: &str,
+    ) -> Result<Option<i64>, StoreError> {
         validate_node_id(node)?;
         let (id, node) = (id.to_owned(), node.to_owned());
         let from = from.map(|(n, e)| (n.to_owned(), e));
         self.write(move |c| {
+            if let (Some((old, _)), Some(incarnation)) = (&from, lost) {
+                let lock = match c.kind() {
+                    sql::Kind::Postgres => " FOR UPDATE",
+                    sql::Kind::Sqlite => "",
+                };
+                let still = one(
+                    c,
+                    &format!(
+                        "SELECT 1 FROM nodes WHERE id = $1 AND state = 'lost' \
+                         AND incarnation = $2{lock}"
+                    ),
+                    args![old.as_str(), incarnation],
+                    |r| r.int(0),
+                )?;
+                if still.is_none() {
+                    return Ok(None);
+                }
+            }
             let n = match &from {
                 Some((old, epoch)) => c.execute(
                     "UPDATE sandboxes SET node = $2, epoch = epoch + 1

@@ -175,9 +175,78 @@ async fn a_sandbox_moves_only_from_the_owner_and_epoch_it_had(db: Db) {
     ));
 }
 
+async fn a_move_from_a_lost_node_loses_to_its_rejoin(db: Db) {
+    let store = db.open().await;
+    let acme = t("acme");
+    store.create_tenant(&acme, Quotas::default()).await.unwrap();
+    let token = store.create_join_token(60_000).await.unwrap();
+    store
+        .join_node(&token.token, join("node-a", "secret-a"), 1)
+        .await
+        .unwrap();
+    for id in ["sbx-1", "sbx-2"] {
+        store.add_sandbox(id, &acme).await.unwrap();
+        store.move_sandbox(id, None, "node-a").await.unwrap();
+    }
+    // Not lost (yet): the guarded move refuses.
+    assert_eq!(
+        store
+            .move_from_lost("sbx-1", ("node-a", 1), 1, "node-b")
+            .await
+            .unwrap(),
+        None
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let lost = store.mark_lost(0).await.unwrap();
+    assert_eq!(lost.len(), 1);
+    // Lost as incarnation 1: the move wins, and a second one from the old epoch loses.
+    assert_eq!(
+        store
+            .move_from_lost("sbx-1", ("node-a", 1), 1, "node-b")
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    assert_eq!(
+        store
+            .move_from_lost("sbx-1", ("node-a", 1), 1, "node-c")
+            .await
+            .unwrap(),
+        None
+    );
+    // The node rejoins (incarnation 2) before its other sandbox moved: it stays there.
+    let back = store
+        .rejoin_node(
+            "node-a",
+            "secret-a",
+            "node-a.internal:7443",
+            &serde_json::json!({}),
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(back.incarnation, 2);
+    assert_eq!(
+        store
+            .move_from_lost("sbx-2", ("node-a", 1), 1, "node-b")
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        store.sandbox_node("sbx-2").await.unwrap(),
+        Some(("node-a".to_string(), 1))
+    );
+    assert_eq!(
+        store.sandbox_node("sbx-1").await.unwrap(),
+        Some(("node-b".to_string(), 2))
+    );
+}
+
 on_both!(
     nodes_join_once_renew_leases_and_are_lost_after_the_grace,
     a_sandbox_moves_only_from_the_owner_and_epoch_it_had,
+    a_move_from_a_lost_node_loses_to_its_rejoin,
 );
 
 async fn reservations_never_book_more_than_a_node_has(db: Db) {
