@@ -532,8 +532,10 @@ impl Drop for Cluster {
     }
 }
 
-const COUNTER: &str = "setsid sh -c 'n=0; while true; do n=$((n+1)); echo $n > /root/counter; \
-                       sleep 0.1; done' </dev/null >/dev/null 2>&1 &";
+/// The counter each guest runs; each value replaces the file whole (a reader never sees it
+/// half written).
+const COUNTER: &str = "setsid sh -c 'n=0; while true; do n=$((n+1)); echo $n > /root/counter.new; \
+                       mv /root/counter.new /root/counter; sleep 0.1; done' </dev/null >/dev/null 2>&1 &";
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
