@@ -1,17 +1,18 @@
 //! The daemon's shared state and its top-level run loop: options, start time, identity, the
 //! process table, counters that bound concurrent work, and the shutdown signal.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use space_proto::limits::{MAX_ENV_BYTES, MAX_ENV_VARS, MAX_FINISHED_PROCESSES, MAX_PROCESSES};
-use space_proto::{ErrorKind, ExitStatus, ProcessInfo, ProtoError};
+use space_proto::limits::{MAX_ENV_BYTES, MAX_ENV_VARS};
+use space_proto::{ErrorKind, ProtoError};
 use tokio::sync::watch;
 
+pub use crate::processes::ProcessTable;
 use crate::ratelimit::RateLimiter;
 use crate::reaper::{Reaper, ReaperError};
 
@@ -107,86 +108,6 @@ pub struct IdentityState {
     pub sandbox_id: Option<String>,
     pub hostname: Option<String>,
     pub env: BTreeMap<String, String>,
-}
-
-/// Processes the daemon started. Running ones are bounded by `MAX_PROCESSES`; the most recent
-/// finished ones are kept so a host that lost a stream can still learn how a process ended.
-#[derive(Default)]
-pub struct ProcessTable {
-    inner: Mutex<Procs>,
-}
-
-#[derive(Default)]
-struct Procs {
-    running: HashMap<u32, ProcessInfo>,
-    finished: VecDeque<ProcessInfo>,
-    reserved: usize,
-}
-
-/// A slot for a process about to be spawned; released on drop unless registered.
-pub struct Reservation<'a> {
-    table: &'a ProcessTable,
-    live: bool,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        if self.live {
-            self.table.lock().reserved -= 1;
-        }
-    }
-}
-
-impl ProcessTable {
-    fn lock(&self) -> MutexGuard<'_, Procs> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn reserve(&self) -> Result<Reservation<'_>, ProtoError> {
-        let mut p = self.lock();
-        if p.running.len() + p.reserved >= MAX_PROCESSES {
-            return Err(ProtoError::new(
-                ErrorKind::Busy,
-                format!("{MAX_PROCESSES} processes are already running"),
-            ));
-        }
-        p.reserved += 1;
-        Ok(Reservation {
-            table: self,
-            live: true,
-        })
-    }
-
-    pub fn register(&self, mut slot: Reservation<'_>, info: ProcessInfo) {
-        slot.live = false;
-        let mut p = self.lock();
-        p.reserved -= 1;
-        p.running.insert(info.pid, info);
-    }
-
-    pub fn finish(&self, pid: u32, exit: ExitStatus) {
-        let mut p = self.lock();
-        if let Some(mut info) = p.running.remove(&pid) {
-            info.running = false;
-            info.exit = Some(exit);
-            p.finished.push_back(info);
-            while p.finished.len() > MAX_FINISHED_PROCESSES {
-                p.finished.pop_front();
-            }
-        }
-    }
-
-    pub fn is_running(&self, pid: u32) -> bool {
-        self.lock().running.contains_key(&pid)
-    }
-
-    pub fn list(&self) -> Vec<ProcessInfo> {
-        let p = self.lock();
-        let mut out: Vec<ProcessInfo> = p.running.values().cloned().collect();
-        out.sort_by_key(|i| (i.started_at_unix_ms, i.pid));
-        out.extend(p.finished.iter().cloned());
-        out
-    }
 }
 
 /// Shared state of the daemon, one per process.

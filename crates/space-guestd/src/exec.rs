@@ -6,8 +6,9 @@
 //! SIGKILL hit everything it started in that group.
 //!
 //! If the host drops the response stream the process keeps running until it exits on its own
-//! (or its timeout fires); its output is read and discarded so it never blocks on a full pipe,
-//! and it stays in the process list, where the host can signal it. Nothing outlives the
+//! (or its timeout fires); its output is read and discarded so it never blocks on a full pipe
+//! (or goes to the readers attached since, `crate::processes`), and it stays in the process
+//! list, where the host can signal it, feed its stdin and attach to its output. Nothing outlives the
 //! process: the tasks serving it end when it exits and its pipes reach end-of-file (or go quiet
 //! for `DRAIN_IDLE` after the exit, when a background child still holds them open).
 
@@ -35,6 +36,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::body::{ChannelBody, FrameReader, HandlerResult};
 use crate::daemon::{unix_ms, Daemon};
+use crate::processes::{Control, Input, Records};
 use crate::reaper::ExitWaiter;
 
 /// How long the host has to send the `Spec` record after opening the request.
@@ -51,18 +53,34 @@ const OUTPUT_QUEUE: usize = 8;
 pub struct Prepared {
     pub command: std::process::Command,
     pub argv: Vec<String>,
+    /// Its working directory.
+    pub cwd: String,
+}
+
+/// Who a process runs as and where: the fields shared by exec and PTY specs.
+pub struct Who<'a> {
+    pub username: Option<&'a str>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub cwd: Option<&'a str>,
 }
 
 /// Checks a command and its environment and builds the `std::process::Command` for it. The
-/// caller adds stdio and a `pre_exec` hook.
+/// caller adds stdio and a `pre_exec` hook. With a username, the account's uid, gid and
+/// variables (`HOME`, `USER`, `LOGNAME`, `SHELL`; the spec's own `env` wins) apply, and its
+/// home is the default working directory.
 pub fn prepare(
     d: &Daemon,
     command: &Command,
     env: &BTreeMap<String, String>,
-    cwd: Option<&str>,
-    uid: Option<u32>,
-    gid: Option<u32>,
+    who: Who<'_>,
 ) -> Result<Prepared, ProtoError> {
+    let Who {
+        username,
+        mut uid,
+        mut gid,
+        cwd,
+    } = who;
     let argv = command.to_argv();
     if argv.is_empty() || argv[0].is_empty() {
         return Err(ProtoError::invalid("the command is empty"));
@@ -83,8 +101,28 @@ pub fn prepare(
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(ProtoError::invalid("an argument contains a NUL byte"));
     }
-    let env = d.environment(env)?;
-    let cwd = cwd.unwrap_or("/");
+    let mut env = env.clone();
+    let mut home = None;
+    if let Some(name) = username {
+        let account = crate::users::lookup(name)?;
+        uid = uid.or(Some(account.uid));
+        gid = gid.or(Some(account.gid));
+        for (k, v) in [
+            ("HOME", account.home.as_str()),
+            ("USER", name),
+            ("LOGNAME", name),
+            ("SHELL", account.shell.as_str()),
+        ] {
+            env.entry(k.to_owned()).or_insert_with(|| v.to_owned());
+        }
+        home = Some(account.home);
+    }
+    let env = d.environment(&env)?;
+    let cwd = cwd
+        .map(str::to_owned)
+        .or(home.filter(|h| std::path::Path::new(h).is_dir()))
+        .unwrap_or_else(|| "/".into());
+    let cwd = cwd.as_str();
     validate_path(cwd)?;
     match std::fs::metadata(cwd) {
         Ok(m) if m.is_dir() => {}
@@ -105,7 +143,11 @@ pub fn prepare(
     } else if let Some(gid) = gid {
         cmd.gid(gid);
     }
-    Ok(Prepared { command: cmd, argv })
+    Ok(Prepared {
+        command: cmd,
+        argv,
+        cwd: cwd.to_owned(),
+    })
 }
 
 /// The error for a failed spawn, naming the command.
@@ -148,7 +190,15 @@ pub async fn read_spec<T: serde::de::DeserializeOwned>(
     }
 }
 
-pub fn info(pid: u32, argv: Vec<String>, pty: bool) -> ProcessInfo {
+/// The process list's entry of a process that just started.
+pub fn info(
+    pid: u32,
+    prepared: (Vec<String>, String),
+    env: &BTreeMap<String, String>,
+    tag: Option<String>,
+    pty: bool,
+) -> ProcessInfo {
+    let (argv, cwd) = prepared;
     ProcessInfo {
         pid,
         argv,
@@ -156,6 +206,61 @@ pub fn info(pid: u32, argv: Vec<String>, pty: bool) -> ProcessInfo {
         running: true,
         pty,
         exit: None,
+        tag,
+        env: env.clone(),
+        cwd: Some(cwd),
+    }
+}
+
+/// Where the output records of a process go: the stream of the request that started it
+/// (until that reader goes away) and every reader attached since.
+#[derive(Clone)]
+pub struct Fanout {
+    pub first: Records,
+    pub control: Arc<Control>,
+}
+
+impl Fanout {
+    /// Sends one record; `first_gone` is set once the first reader went away.
+    async fn send(&self, record: Bytes, first_gone: &mut bool) {
+        if !*first_gone && self.first.send(Ok(record.clone())).await.is_err() {
+            *first_gone = true;
+        }
+        self.control.broadcast(&record).await;
+    }
+
+    /// Sends the last records (an error, if any, then the exit) to the first reader and to
+    /// `attached`, the readers the process table handed over when the process finished.
+    pub async fn finish(&self, attached: Vec<Records>, last: Vec<Bytes>) {
+        for r in std::iter::once(&self.first).chain(attached.iter()) {
+            for rec in &last {
+                if r.send(Ok(rec.clone())).await.is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Writes what [`Input`] brings to a process's stdin until the end of its input, the
+/// process closing its stdin, or the process exiting (the task is aborted then).
+async fn write_stdin(d: Arc<Daemon>, pid: u32, mut rx: mpsc::Receiver<Input>, pipe: pipe::Sender) {
+    let mut pipe = Some(pipe);
+    while let Some(input) = rx.recv().await {
+        match input {
+            Input::Data(bytes) => {
+                if let Some(p) = pipe.as_mut() {
+                    if p.write_all(&bytes).await.is_err() {
+                        // The process closed its stdin; later input has nowhere to go.
+                        pipe = None;
+                    }
+                }
+            }
+            Input::Eof => pipe = None,
+            Input::Resize(_) => {
+                d.warn_limited("exec input", &format!("process {pid} has no terminal"))
+            }
+        }
     }
 }
 
@@ -168,13 +273,20 @@ struct Spawned {
 pub async fn exec(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
     let mut frames = FrameReader::new(req.into_body());
     let spec: ExecSpec = read_spec(&mut frames).await?;
-    let Prepared { mut command, argv } = prepare(
+    let Prepared {
+        mut command,
+        argv,
+        cwd,
+    } = prepare(
         &d,
         &spec.command,
         &spec.env,
-        spec.cwd.as_deref(),
-        spec.uid,
-        spec.gid,
+        Who {
+            username: spec.username.as_deref(),
+            uid: spec.uid,
+            gid: spec.gid,
+            cwd: spec.cwd.as_deref(),
+        },
     )?;
     command
         .stdin(Stdio::piped())
@@ -214,27 +326,37 @@ pub async fn exec(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
     .await
     .map_err(|e| ProtoError::internal(format!("spawn task failed: {e}")))?;
     let (pid, pipes, waiter) = spawned.map_err(|e| spawn_error(&argv[0], &e))?;
-    d.processes.register(slot, info(pid, argv, false));
+    let (control, input) = Control::new(false);
+    d.processes.register(
+        slot,
+        info(pid, (argv, cwd), &spec.env, spec.tag.clone(), false),
+        control.clone(),
+    );
 
     let (tx, body) = ChannelBody::new(OUTPUT_QUEUE);
     // Cannot fail: the channel is new and has room.
     let _ = tx.try_send(Ok(
         Frame::json(FrameKind::Started, &Started { pid }).encode()
     ));
+    let out = Fanout { first: tx, control };
     let stdin = pipe::Sender::from_owned_fd(pipes.stdin);
     let stdout = pipe::Receiver::from_owned_fd(pipes.stdout);
     let stderr = pipe::Receiver::from_owned_fd(pipes.stderr);
+    let run = Run {
+        d: d.clone(),
+        pid,
+        keep_stdin: spec.keep_stdin,
+    };
     match (stdin, stdout, stderr) {
         (Ok(stdin), Ok(stdout), Ok(stderr)) => {
             tokio::spawn(supervise(
-                d,
-                pid,
+                run,
                 spec.timeout_ms,
                 waiter,
                 frames,
-                Some(stdin),
+                Some((input, stdin)),
                 vec![(stdout, FrameKind::Stdout), (stderr, FrameKind::Stderr)],
-                tx,
+                out,
             ));
         }
         _ => {
@@ -242,43 +364,59 @@ pub async fn exec(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
             // means the runtime is out of resources. The process cannot be served: kill it.
             let _ = d.reaper.signal_group(pid, Signal::SIGKILL);
             tokio::spawn(supervise::<pipe::Receiver>(
-                d,
-                pid,
+                run,
                 None,
                 waiter,
                 frames,
                 None,
                 Vec::new(),
-                tx,
+                out,
             ));
         }
     }
     Ok(Response::new(body.boxed()))
 }
 
+/// The process a supervisor serves.
+pub struct Run {
+    pub d: Arc<Daemon>,
+    pub pid: u32,
+    /// Stdin stays open when the request body ends.
+    pub keep_stdin: bool,
+}
+
 /// Serves one process until it exits: feeds stdin, forwards output, enforces the timeout, and
 /// sends the exit status last.
-#[allow(clippy::too_many_arguments)]
-pub async fn supervise<R>(
-    d: Arc<Daemon>,
-    pid: u32,
+async fn supervise<R>(
+    run: Run,
     timeout_ms: Option<u64>,
     mut waiter: ExitWaiter,
     frames: FrameReader,
-    stdin: Option<pipe::Sender>,
+    stdin: Option<(mpsc::Receiver<Input>, pipe::Sender)>,
     outputs: Vec<(R, FrameKind)>,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    out: Fanout,
 ) where
     R: AsyncRead + Unpin + Send + 'static,
 {
+    let Run { d, pid, keep_stdin } = run;
     // Set by the input task before it kills the process, so its `Error` record always comes
     // before the exit status.
     let broke: Arc<std::sync::Mutex<Option<ProtoError>>> = Arc::default();
-    let input = tokio::spawn(feed_stdin(d.clone(), pid, frames, stdin, broke.clone()));
+    let writer = stdin.map(|(rx, pipe)| tokio::spawn(write_stdin(d.clone(), pid, rx, pipe)));
+    let input = tokio::spawn(feed_stdin(
+        Run {
+            d: d.clone(),
+            pid,
+            keep_stdin,
+        },
+        frames,
+        out.control.input(),
+        broke.clone(),
+    ));
     let (exited_tx, exited_rx) = watch::channel(false);
     let pumps: Vec<_> = outputs
         .into_iter()
-        .map(|(r, kind)| tokio::spawn(pump(r, kind, tx.clone(), exited_rx.clone())))
+        .map(|(r, kind)| tokio::spawn(pump(r, kind, out.clone(), exited_rx.clone())))
         .collect();
 
     let mut timed_out = false;
@@ -300,6 +438,9 @@ pub async fn supervise<R>(
         let _ = p.await;
     }
     input.abort();
+    if let Some(w) = writer {
+        w.abort();
+    }
     let exit = match status {
         Some(mut s) => {
             s.timed_out = timed_out;
@@ -311,16 +452,14 @@ pub async fn supervise<R>(
             timed_out,
         },
     };
-    d.processes.finish(pid, exit);
+    let attached = d.processes.finish(pid, exit);
+    let mut last = Vec::new();
     let broke = broke.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(err) = broke {
-        let _ = tx
-            .send(Ok(Frame::json(FrameKind::Error, &err).encode()))
-            .await;
+        last.push(Frame::json(FrameKind::Error, &err).encode());
     }
-    let _ = tx
-        .send(Ok(Frame::json(FrameKind::Exit, &exit).encode()))
-        .await;
+    last.push(Frame::json(FrameKind::Exit, &exit).encode());
+    out.finish(attached, last).await;
 }
 
 /// Applies the request's records after the `Spec`: stdin bytes, end of stdin, signals.
@@ -329,16 +468,21 @@ pub async fn supervise<R>(
 /// trusted further: the process group is killed and the response carries an `Error` record
 /// before the exit status. A body that merely ends closes stdin.
 async fn feed_stdin(
-    d: Arc<Daemon>,
-    pid: u32,
+    run: Run,
     mut frames: FrameReader,
-    mut stdin: Option<pipe::Sender>,
+    stdin: mpsc::Sender<Input>,
     broke: Arc<std::sync::Mutex<Option<ProtoError>>>,
 ) {
+    let Run { d, pid, keep_stdin } = run;
     loop {
         let frame = match frames.next().await {
             Ok(Some(f)) => f,
-            Ok(None) => return,
+            Ok(None) => {
+                if !keep_stdin {
+                    let _ = stdin.send(Input::Eof).await;
+                }
+                return;
+            }
             Err(e @ crate::body::FrameReadError::Frame(_)) => {
                 let err = e.to_proto();
                 d.warn_limited("exec request stream", &err);
@@ -346,19 +490,22 @@ async fn feed_stdin(
                 let _ = d.reaper.signal_group(pid, Signal::SIGKILL);
                 return;
             }
-            // The host's side of the stream failed (reset, connection gone): stdin ends.
-            Err(_) => return,
+            // The host's side of the stream failed (reset, connection gone): stdin ends,
+            // unless it is kept for other requests.
+            Err(_) => {
+                if !keep_stdin {
+                    let _ = stdin.send(Input::Eof).await;
+                }
+                return;
+            }
         };
         match frame.kind {
             FrameKind::Stdin => {
-                if let Some(pipe) = stdin.as_mut() {
-                    if pipe.write_all(&frame.payload).await.is_err() {
-                        // The process closed its stdin; later input has nowhere to go.
-                        stdin = None;
-                    }
-                }
+                let _ = stdin.send(Input::Data(frame.payload)).await;
             }
-            FrameKind::StdinEof => stdin = None,
+            FrameKind::StdinEof => {
+                let _ = stdin.send(Input::Eof).await;
+            }
             FrameKind::Signal => {
                 if let Ok(req) = frame.parse::<SignalRequest>() {
                     if let Err(e) = crate::server::signal(&d, pid, req.signal) {
@@ -381,7 +528,7 @@ async fn feed_stdin(
 pub async fn pump<R: AsyncRead + Unpin>(
     mut reader: R,
     kind: FrameKind,
-    tx: mpsc::Sender<io::Result<Bytes>>,
+    out: Fanout,
     mut exited: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; READ_CHUNK];
@@ -406,12 +553,8 @@ pub async fn pump<R: AsyncRead + Unpin>(
         match read {
             Ok(0) => return,
             Ok(n) => {
-                if !host_gone {
-                    let frame = Frame::new(kind, Bytes::copy_from_slice(&buf[..n]));
-                    if tx.send(Ok(frame.encode())).await.is_err() {
-                        host_gone = true;
-                    }
-                }
+                let frame = Frame::new(kind, Bytes::copy_from_slice(&buf[..n]));
+                out.send(frame.encode(), &mut host_gone).await;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             // EIO is how a PTY master reports that the terminal closed.

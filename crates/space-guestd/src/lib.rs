@@ -14,6 +14,7 @@ pub mod files;
 pub mod grow;
 pub mod identity;
 pub mod init;
+pub mod processes;
 pub mod proxy;
 pub mod pty;
 pub mod ratelimit;
@@ -22,6 +23,7 @@ pub mod server;
 pub mod sys;
 pub mod tcp;
 pub mod transport;
+pub mod users;
 pub mod watch;
 
 pub use daemon::{Daemon, Options};

@@ -23,11 +23,12 @@ use space_proto::{
 };
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, ReadBuf};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::body::{ChannelBody, FrameReader, HandlerResult};
 use crate::daemon::Daemon;
-use crate::exec::{info, prepare, pump, read_spec, spawn_error, Prepared};
+use crate::exec::{info, prepare, pump, read_spec, spawn_error, Fanout, Prepared, Who};
+use crate::processes::{Control, Input};
 use crate::sys::{raw_read, raw_write};
 
 /// The terminal side the daemon holds, shared by the output reader and the input writer.
@@ -127,8 +128,21 @@ pub async fn pty(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         .command
         .clone()
         .unwrap_or_else(|| Command::Argv(vec!["/bin/sh".into()]));
-    let Prepared { mut command, argv } =
-        prepare(&d, &command, &env, spec.cwd.as_deref(), spec.uid, spec.gid)?;
+    let Prepared {
+        mut command,
+        argv,
+        cwd,
+    } = prepare(
+        &d,
+        &command,
+        &env,
+        Who {
+            username: spec.username.as_deref(),
+            uid: spec.uid,
+            gid: spec.gid,
+            cwd: spec.cwd.as_deref(),
+        },
+    )?;
     // SAFETY: the hook runs in the forked child before exec and makes only async-signal-safe
     // calls (setsid, ioctl) without allocating. Its stdin is the terminal's slave side, so
     // TIOCSCTTY on fd 0 makes that terminal the new session's controlling tty.
@@ -171,7 +185,12 @@ pub async fn pty(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
     .await
     .map_err(|e| ProtoError::internal(format!("spawn task failed: {e}")))?;
     let (pid, master, waiter) = spawned.map_err(|e| spawn_error(&argv[0], &e))?;
-    d.processes.register(slot, info(pid, argv, true));
+    let (control, input) = Control::new(true);
+    d.processes.register(
+        slot,
+        info(pid, (argv, cwd), &spec.env, spec.tag.clone(), true),
+        control.clone(),
+    );
 
     let (tx, body) = ChannelBody::new(8);
     let _ = tx.try_send(Ok(
@@ -184,7 +203,8 @@ pub async fn pty(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
             return Err(ProtoError::internal(format!("terminal setup failed: {e}")));
         }
     };
-    tokio::spawn(supervise(d, pid, waiter, frames, master, tx));
+    let out = Fanout { first: tx, control };
+    tokio::spawn(supervise(d, pid, waiter, frames, (master, input), out));
     Ok(Response::new(body.boxed()))
 }
 
@@ -193,33 +213,58 @@ async fn supervise(
     pid: u32,
     waiter: crate::reaper::ExitWaiter,
     frames: FrameReader,
-    master: Arc<Master>,
-    tx: tokio::sync::mpsc::Sender<io::Result<bytes::Bytes>>,
+    (master, input): (Arc<Master>, mpsc::Receiver<Input>),
+    out: Fanout,
 ) {
-    let input = tokio::spawn(feed_input(d.clone(), pid, frames, master.clone()));
+    let writer = tokio::spawn(write_input(d.clone(), input, master.clone()));
+    let feeder = tokio::spawn(feed_input(d.clone(), pid, frames, out.control.input()));
     let (exited_tx, exited_rx) = watch::channel(false);
     let output = tokio::spawn(pump(
         MasterReader(master),
         FrameKind::Stdout,
-        tx.clone(),
+        out.clone(),
         exited_rx,
     ));
     let status = waiter.await.ok();
     let _ = exited_tx.send(true);
     let _ = output.await;
-    input.abort();
+    feeder.abort();
+    writer.abort();
     let exit = status.unwrap_or(space_proto::ExitStatus {
         exit_code: None,
         signal: None,
         timed_out: false,
     });
-    d.processes.finish(pid, exit);
-    let _ = tx
-        .send(Ok(Frame::json(FrameKind::Exit, &exit).encode()))
+    let attached = d.processes.finish(pid, exit);
+    out.finish(attached, vec![Frame::json(FrameKind::Exit, &exit).encode()])
         .await;
 }
 
-async fn feed_input(d: Arc<Daemon>, pid: u32, mut frames: FrameReader, master: Arc<Master>) {
+/// Applies the terminal's input, from any request, until the session ends.
+async fn write_input(d: Arc<Daemon>, mut input: mpsc::Receiver<Input>, master: Arc<Master>) {
+    while let Some(i) = input.recv().await {
+        let result = match i {
+            Input::Data(bytes) => master
+                .write_all(&bytes)
+                .await
+                .map_err(|e| ProtoError::io("terminal input", &e)),
+            Input::Resize(r) => check_size(r.rows, r.cols).and_then(|_| {
+                master
+                    .resize(r.rows, r.cols)
+                    .map_err(|e| ProtoError::io("terminal resize", &e))
+            }),
+            // A terminal has no separate end of input; the host sends ^D for that.
+            Input::Eof => Ok(()),
+        };
+        if let Err(e) = result {
+            d.warn_limited("pty input", &e);
+        }
+    }
+}
+
+/// Passes the records of the starting request on: input and resizes to the terminal,
+/// signals to the session.
+async fn feed_input(d: Arc<Daemon>, pid: u32, mut frames: FrameReader, input: mpsc::Sender<Input>) {
     loop {
         let frame = match frames.next().await {
             Ok(Some(f)) => f,
@@ -230,16 +275,15 @@ async fn feed_input(d: Arc<Daemon>, pid: u32, mut frames: FrameReader, master: A
             }
         };
         let result = match frame.kind {
-            FrameKind::Stdin => master
-                .write_all(&frame.payload)
-                .await
-                .map_err(|e| ProtoError::io("terminal input", &e)),
+            FrameKind::Stdin => {
+                let _ = input.send(Input::Data(frame.payload)).await;
+                Ok(())
+            }
             FrameKind::Resize => match frame.parse::<Resize>() {
-                Ok(r) => check_size(r.rows, r.cols).and_then(|_| {
-                    master
-                        .resize(r.rows, r.cols)
-                        .map_err(|e| ProtoError::io("terminal resize", &e))
-                }),
+                Ok(r) => {
+                    let _ = input.send(Input::Resize(r)).await;
+                    Ok(())
+                }
                 Err(e) => Err(ProtoError::invalid(e.to_string())),
             },
             FrameKind::Signal => match frame.parse::<SignalRequest>() {

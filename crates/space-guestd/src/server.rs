@@ -47,11 +47,31 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
         (&Method::POST, routes::TCP) => crate::tcp::tcp(d, req).await,
-        (&Method::POST, p) if routes::parse_signal_path(p).is_some() => {
-            let pid = routes::parse_signal_path(p).unwrap_or(0);
-            let body: SignalRequest = read_json(req.into_body()).await?;
-            signal(&d, pid, body.signal)?;
-            ok_json(&serde_json::json!({}))
+        (&Method::GET, routes::USER) => {
+            let pairs = space_proto::query::parse_query(req.uri().query())?;
+            match pairs.as_slice() {
+                [(k, name)] if k == "name" => ok_json(&crate::users::lookup(name)?),
+                _ => Err(ProtoError::invalid("expected the one query parameter name")),
+            }
+        }
+        (m, p) if routes::parse_process_path(p).is_some() => {
+            use crate::processes;
+            use routes::ProcessAction as A;
+            let (pid, action) = routes::parse_process_path(p).unwrap_or((0, A::Signal));
+            match (m, action) {
+                (&Method::POST, A::Signal) => {
+                    let body: SignalRequest = read_json(req.into_body()).await?;
+                    signal(&d, pid, body.signal)?;
+                    ok_json(&serde_json::json!({}))
+                }
+                (&Method::GET, A::Attach) => processes::attach(d, pid).await,
+                (&Method::POST, A::Stdin) => processes::stdin(d, pid, req).await,
+                (&Method::POST, A::Resize) => processes::resize(d, pid, req).await,
+                _ => Err(ProtoError::new(
+                    ErrorKind::NotFound,
+                    format!("no route for {method} {path}"),
+                )),
+            }
         }
         _ => Err(ProtoError::new(
             ErrorKind::NotFound,

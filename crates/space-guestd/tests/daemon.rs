@@ -744,3 +744,173 @@ async fn shutdown_stops_the_daemon_outside_a_vm() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// Reads an exec handle's stdout until it contains `needle` (5 s at most).
+async fn stdout_until(h: &mut space_proto::ExecHandle, needle: &str) -> String {
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !seen.contains(needle) {
+        let next = tokio::time::timeout_at(deadline.into(), h.next_output())
+            .await
+            .unwrap_or_else(|_| panic!("{needle:?} not seen in {seen:?}"))
+            .unwrap();
+        match next {
+            Some(ExecOutput::Stdout(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Some(ExecOutput::Stderr(_)) => {}
+            None => panic!("the process ended before {needle:?}: {seen:?}"),
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_is_fed_and_read_from_other_connections() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let mut spec = ExecSpec::argv(["cat"]).env("MARK", "m1");
+    spec.tag = Some("reader".into());
+    spec.keep_stdin = true;
+    let mut first = c.exec(spec).await.unwrap();
+    let pid = first.pid();
+    // The starting request's own stdin ends: with keep_stdin the process's stays open.
+    drop(first.take_stdin());
+
+    let other = d.client().await;
+    let listed = other.processes().await.unwrap();
+    let me = listed.iter().find(|p| p.pid == pid).expect("listed");
+    assert_eq!(
+        (
+            me.tag.as_deref(),
+            me.env.get("MARK").map(String::as_str),
+            me.cwd.as_deref()
+        ),
+        (Some("reader"), Some("m1"), Some("/"))
+    );
+    let mut attached = other.attach(pid).await.unwrap();
+    assert_eq!(attached.pid(), pid);
+    other
+        .send_stdin(pid, Bytes::from_static(b"hello from afar\n"), false)
+        .await
+        .unwrap();
+    stdout_until(&mut attached, "hello from afar").await;
+    stdout_until(&mut first, "hello from afar").await;
+    other.send_stdin(pid, Bytes::new(), true).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), attached.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(first.wait().await.unwrap().success());
+    // Gone: every route of the process says so.
+    for r in [
+        guest_kind(other.attach(pid).await.map(|h| h.pid())),
+        guest_kind(other.send_stdin(pid, Bytes::from_static(b"x"), false).await),
+        guest_kind(other.resize(pid, 10, 10).await),
+    ] {
+        assert_eq!(r.0, ErrorKind::NotFound, "{r:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_whose_stream_was_dropped_can_be_attached_and_ended() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let h = c
+        .exec(ExecSpec::shell(
+            "while true; do echo tick; sleep 0.05; done",
+        ))
+        .await
+        .unwrap();
+    let pid = h.pid();
+    drop(h);
+    drop(c);
+    let other = d.client().await;
+    let mut attached = other.attach(pid).await.unwrap();
+    stdout_until(&mut attached, "tick\ntick").await;
+    // Not a terminal: no resize.
+    assert_eq!(
+        guest_kind(other.resize(pid, 10, 10).await).0,
+        ErrorKind::InvalidArgument
+    );
+    other.signal(pid, 9).await.unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(5), attached.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.signal, Some(9));
+    assert_eq!(
+        guest_kind(other.attach(999_999_999).await.map(|h| h.pid())).0,
+        ErrorKind::NotFound
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_is_resized_and_typed_into_by_pid() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let mut pty = c.pty(PtySpec::new(24, 80)).await.unwrap();
+    let pid = pty.pid();
+    let other = d.client().await;
+    other.resize(pid, 33, 111).await.unwrap();
+    other
+        .send_stdin(pid, Bytes::from_static(b"stty size\n"), false)
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !seen.contains("33 111") {
+        let chunk = tokio::time::timeout_at(deadline.into(), pty.next_output())
+            .await
+            .unwrap_or_else(|_| panic!("no new size in {seen:?}"))
+            .unwrap()
+            .expect("session ended early");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert_eq!(
+        guest_kind(other.resize(pid, 0, 10).await).0,
+        ErrorKind::InvalidArgument
+    );
+    other.signal(pid, 9).await.unwrap();
+    assert_eq!(pty.wait().await.unwrap().signal, Some(9));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accounts_and_running_as_one_by_name() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let root = c.account("root").await.unwrap();
+    assert_eq!((root.uid, root.gid, root.home.as_str()), (0, 0, "/root"));
+    assert_eq!(
+        guest_kind(c.account("no-such-account").await).0,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        guest_kind(c.account("a:b").await).0,
+        ErrorKind::InvalidArgument
+    );
+    let nobody = c.account("nobody").await.unwrap();
+    let mut spec = ExecSpec::shell("id -u; echo $USER $LOGNAME $HOME; pwd");
+    spec.username = Some("nobody".into());
+    let out = c.run(spec).await.unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let home_dir = std::path::Path::new(&nobody.home).is_dir();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!(
+            "{}\nnobody nobody {}\n{}\n",
+            nobody.uid,
+            nobody.home,
+            if home_dir { nobody.home.as_str() } else { "/" }
+        )
+    );
+    // The spec's own variables and working directory win.
+    let mut spec = ExecSpec::shell("echo $HOME; pwd")
+        .env("HOME", "/tmp")
+        .cwd("/tmp");
+    spec.username = Some("root".into());
+    let out = c.run(spec).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "/tmp\n/tmp\n");
+    let mut spec = ExecSpec::shell("true");
+    spec.username = Some("no-such-account".into());
+    assert_eq!(guest_kind(c.run(spec).await).0, ErrorKind::NotFound);
+}

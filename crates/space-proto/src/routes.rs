@@ -6,9 +6,11 @@
 pub const HEALTH: &str = "/v1/health";
 pub const EXEC: &str = "/v1/exec";
 pub const PROCESSES: &str = "/v1/processes";
-/// Prefix of `POST /v1/processes/{pid}/signal`.
+/// Prefix of the routes of one process, `/v1/processes/{pid}/{action}`.
 pub const PROCESSES_PREFIX: &str = "/v1/processes/";
 pub const SIGNAL_SUFFIX: &str = "/signal";
+/// `GET /v1/user?name=N`: one account of `/etc/passwd`.
+pub const USER: &str = "/v1/user";
 pub const PTY: &str = "/v1/pty";
 pub const FILES: &str = "/v1/files";
 pub const STAT: &str = "/v1/stat";
@@ -29,19 +31,67 @@ pub fn tcp_path(port: u16) -> String {
     format!("{TCP}?port={port}")
 }
 
+/// What a route of one process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessAction {
+    /// `POST .../signal` with `{"signal": n}`.
+    Signal,
+    /// `GET .../attach`: the process's output from now on, as the records of an exec
+    /// response (`Started` first, `Exit` last).
+    Attach,
+    /// `POST .../stdin[?eof=true]`: the body's bytes go to its stdin (its terminal, for a
+    /// PTY); with `eof=true` stdin is closed after them.
+    Stdin,
+    /// `POST .../resize` with `{"rows", "cols"}` (a PTY).
+    Resize,
+}
+
+impl ProcessAction {
+    const ALL: [ProcessAction; 4] = [
+        ProcessAction::Signal,
+        ProcessAction::Attach,
+        ProcessAction::Stdin,
+        ProcessAction::Resize,
+    ];
+
+    fn suffix(self) -> &'static str {
+        match self {
+            ProcessAction::Signal => SIGNAL_SUFFIX,
+            ProcessAction::Attach => "/attach",
+            ProcessAction::Stdin => "/stdin",
+            ProcessAction::Resize => "/resize",
+        }
+    }
+}
+
+/// Path of a route of one process.
+pub fn process_path(pid: u32, action: ProcessAction) -> String {
+    format!("{PROCESSES_PREFIX}{pid}{}", action.suffix())
+}
+
 /// Path of the signal route for one process.
 pub fn signal_path(pid: u32) -> String {
-    format!("{PROCESSES_PREFIX}{pid}{SIGNAL_SUFFIX}")
+    process_path(pid, ProcessAction::Signal)
+}
+
+/// Parses `/v1/processes/{pid}/{action}`; `None` if it is not one.
+pub fn parse_process_path(path: &str) -> Option<(u32, ProcessAction)> {
+    let rest = path.strip_prefix(PROCESSES_PREFIX)?;
+    let (pid, action) = ProcessAction::ALL
+        .iter()
+        .find_map(|a| rest.strip_suffix(a.suffix()).map(|p| (p, *a)))?;
+    if pid.is_empty() || pid.len() > 10 || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((pid.parse().ok()?, action))
 }
 
 /// Parses the pid out of a `/v1/processes/{pid}/signal` path; `None` if it is not one.
 pub fn parse_signal_path(path: &str) -> Option<u32> {
-    let rest = path.strip_prefix(PROCESSES_PREFIX)?;
-    let pid = rest.strip_suffix(SIGNAL_SUFFIX)?;
-    if pid.is_empty() || pid.len() > 10 || !pid.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
+    match parse_process_path(path)? {
+        (pid, ProcessAction::Signal) => Some(pid),
+        _ => None,
     }
-    pid.parse().ok()
 }
 
 #[cfg(test)]
@@ -55,5 +105,13 @@ mod tests {
         assert_eq!(parse_signal_path("/v1/processes/+4/signal"), None);
         assert_eq!(parse_signal_path("/v1/processes/99999999999/signal"), None);
         assert_eq!(parse_signal_path("/v1/processes/4/kill"), None);
+        for a in ProcessAction::ALL {
+            assert_eq!(parse_process_path(&process_path(7, a)), Some((7, a)));
+        }
+        assert_eq!(parse_process_path("/v1/processes/7/stdin/x"), None);
+        assert_eq!(
+            parse_signal_path(&process_path(7, ProcessAction::Stdin)),
+            None
+        );
     }
 }

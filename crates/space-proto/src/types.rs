@@ -54,6 +54,18 @@ pub struct ExecSpec {
     /// After this long the process group gets SIGKILL and the exit reports `timed_out`.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Run as this account of the guest's `/etc/passwd` (see [`Account`]): its uid and gid,
+    /// `HOME`, `USER`, `LOGNAME` and `SHELL`, and its home as the default working directory.
+    /// `uid`/`gid`, when also given, win.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// A label to find the process by in the process list.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// Stdin stays open when the request body ends: it is fed and closed through
+    /// `POST /v1/processes/{pid}/stdin`, or closes when the process exits.
+    #[serde(default)]
+    pub keep_stdin: bool,
 }
 
 impl ExecSpec {
@@ -77,6 +89,9 @@ impl ExecSpec {
             uid: None,
             gid: None,
             timeout_ms: None,
+            username: None,
+            tag: None,
+            keep_stdin: false,
         }
     }
 
@@ -142,6 +157,12 @@ pub struct PtySpec {
     pub gid: Option<u32>,
     pub rows: u16,
     pub cols: u16,
+    /// As in [`ExecSpec::username`].
+    #[serde(default)]
+    pub username: Option<String>,
+    /// As in [`ExecSpec::tag`].
+    #[serde(default)]
+    pub tag: Option<String>,
     /// `TERM` for the session; `xterm-256color` when absent.
     #[serde(default)]
     pub term: Option<String>,
@@ -157,6 +178,8 @@ impl PtySpec {
             gid: None,
             rows,
             cols,
+            username: None,
+            tag: None,
             term: None,
         }
     }
@@ -201,6 +224,25 @@ pub struct ProcessInfo {
     pub pty: bool,
     /// Set once it ended.
     pub exit: Option<ExitStatus>,
+    /// The spec's tag.
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// The environment the spec added (not the defaults).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Its working directory.
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+/// An account of the guest (`GET /v1/user?name=N`, from `/etc/passwd`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Account {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+    pub shell: String,
 }
 
 /// `GET /v1/processes`: running processes and the most recently finished ones.

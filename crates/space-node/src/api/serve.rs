@@ -3,9 +3,10 @@
 //! A connection must present a leaf of the cluster CA named `control`; another node's leaf is
 //! refused at once, so a node can never drive another. Calls go to [`rpc::dispatch`]; guest
 //! traffic for a sandbox is served with that sandbox's guest client (waking it first), on an
-//! allowlist of guest routes: health, exec, processes and signals, PTY, files, watch and TCP
-//! to a port (whose query the guest checks, as it checks every query). What the node keeps for itself (identity, growing the file system, shutdown) is
-//! not reachable.
+//! allowlist of guest routes: health, exec, processes (list, signal, attach, stdin, resize),
+//! PTY, files, watch, accounts and TCP to a port (whose query the guest checks, as it checks
+//! every query). What the node keeps for itself (identity, growing the file system,
+//! shutdown) is not reachable.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -82,7 +83,8 @@ fn forwardable(path: &str) -> bool {
             | routes::CHMOD
             | routes::WATCH
             | routes::TCP
-    ) || routes::parse_signal_path(path).is_some()
+            | routes::USER
+    ) || routes::parse_process_path(path).is_some()
 }
 
 async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body> {

@@ -36,6 +36,8 @@ use crate::query::{encode_component, validate_path};
 use crate::routes;
 use crate::types::*;
 
+mod processes;
+
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of a request to the guest.
 pub type GuestBody = UnsyncBoxBody<Bytes, BoxError>;
@@ -432,12 +434,18 @@ impl GuestClient {
             .header(http::header::CONTENT_TYPE, "application/x-space-frames")
             .body(ChannelBody { rx }.boxed_unsync())
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let (frames, pid) = self.started(req).await?;
+        Ok((tx, frames, pid))
+    }
+
+    /// Sends a request whose answer is a stream of process records, and reads its `Started`.
+    async fn started(&self, req: Request<ReqBody>) -> Result<(FrameReader, u32)> {
         let resp = self.send(req).await?;
         let mut frames = FrameReader::new(resp.into_body());
         match frames.next().await? {
             Some(f) if f.kind == FrameKind::Started => {
                 let started: Started = f.parse().map_err(ClientError::from_frame)?;
-                Ok((tx, frames, started.pid))
+                Ok((frames, started.pid))
             }
             Some(f) if f.kind == FrameKind::Error => Err(error_frame(&f)),
             Some(f) => Err(ClientError::Protocol(format!(
