@@ -158,6 +158,8 @@ pub fn validate_secret_name(name: &str) -> Result<(), StoreError> {
 pub struct Vault {
     store: Arc<Store>,
     cipher: Aes256Gcm,
+    /// The key of [`Vault::mac`], derived from the vault key.
+    mac_key: [u8; 32],
 }
 
 impl fmt::Debug for Vault {
@@ -185,9 +187,17 @@ impl Vault {
     /// Opens the vault with `key`. The first open of a database records a sealed check
     /// value; later opens with another key fail with a message that says so.
     pub async fn open(store: Arc<Store>, key: &VaultKey) -> Result<Vault, StoreError> {
+        let mac_key: [u8; 32] = {
+            use sha2::Digest;
+            let mut h = sha2::Sha256::new();
+            h.update(b"space vault mac key\0");
+            h.update(key.0);
+            h.finalize().into()
+        };
         let vault = Vault {
             store,
             cipher: Aes256Gcm::new(&key.0.into()),
+            mac_key,
         };
         let (nonce, ct) = vault.seal(b"check", CHECK_PLAINTEXT)?;
         let mut fresh = nonce;
@@ -236,6 +246,19 @@ impl Vault {
         let (mut nonce, ct) = self.seal(purpose.as_bytes(), plaintext)?;
         nonce.extend_from_slice(&ct);
         Ok(nonce)
+    }
+
+    /// HMAC-SHA256 of `data` for `purpose` under a key derived from the vault key: the same
+    /// on every replica of a deployment, and unguessable without the vault key (tokens the
+    /// deployment hands out and checks without storing them).
+    pub fn mac(&self, purpose: &str, data: &[u8]) -> [u8; 32] {
+        use hmac::{Hmac, Mac};
+        let mut m = <Hmac<sha2::Sha256> as Mac>::new_from_slice(&self.mac_key)
+            .expect("HMAC takes a key of any length");
+        m.update(purpose.as_bytes());
+        m.update(&[0]);
+        m.update(data);
+        m.finalize().into_bytes().into()
     }
 
     /// Opens what [`Vault::seal_blob`] sealed for `purpose`.

@@ -30,8 +30,10 @@ impl Daemon {
             .stdin(Stdio::null())
             .spawn()
             .unwrap();
+        // The socket file appears at `bind`, a moment before the daemon listens on it: wait
+        // until a connection is accepted (that probe connection is dropped at once).
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !sock.exists() {
+        while std::os::unix::net::UnixStream::connect(&sock).is_err() {
             assert!(Instant::now() < deadline, "daemon did not start listening");
             std::thread::sleep(Duration::from_millis(5));
         }

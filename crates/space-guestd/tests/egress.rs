@@ -271,7 +271,10 @@ impl Guest {
             log,
             _dir: dir,
         };
-        wait_for("the control socket", || g.ctl.exists()).await;
+        wait_for("the control socket", || {
+            std::os::unix::net::UnixStream::connect(&g.ctl).is_ok()
+        })
+        .await;
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&g.proxy).await.is_err() {
             assert!(Instant::now() < deadline, "the proxy did not start");
@@ -634,7 +637,10 @@ mod port {
         };
         let bridge = PortBridge::new(pty.master);
         connect(&bridge, &log);
-        wait_for("the control socket", || g.ctl.exists()).await;
+        wait_for("the control socket", || {
+            std::os::unix::net::UnixStream::connect(&g.ctl).is_ok()
+        })
+        .await;
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(&g.proxy).await.is_err() {
             assert!(Instant::now() < deadline, "the proxy did not start");

@@ -168,6 +168,52 @@ pub async fn create(
 }
 
 async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> ApiResult<Value> {
+    let timeouts = body
+        .timeouts
+        .as_ref()
+        .map_or(Ok(TimeoutPolicy::default()), |b| {
+            b.apply(TimeoutPolicy::default())
+        })?;
+    let new = NewSandbox {
+        template: body.template,
+        version: body.version,
+        vcpus: body.vcpus,
+        memory_mib: body.memory_mib,
+        disk_mib: body.disk_mib,
+        env: body.env,
+        metadata: body.metadata,
+        timeouts,
+        secrets: body.secrets,
+        egress: body.egress,
+        auto_resume: body.auto_resume,
+    };
+    let info = create_sandbox(st, tenant, new).await?;
+    Ok(sandbox_json(&info, tenant))
+}
+
+/// What a create asks for, from either API.
+#[derive(Debug)]
+pub struct NewSandbox {
+    pub template: String,
+    pub version: Option<String>,
+    pub vcpus: Option<u32>,
+    pub memory_mib: Option<u64>,
+    pub disk_mib: Option<u64>,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub timeouts: TimeoutPolicy,
+    pub secrets: Vec<String>,
+    pub egress: Option<space_node::gateway::EgressPolicy>,
+    pub auto_resume: Option<bool>,
+}
+
+/// Creates a sandbox for `tenant`: the template resolved once, the tenant's quota admitted,
+/// the sandbox recorded as the tenant's.
+pub async fn create_sandbox(
+    st: &Shared,
+    tenant: &TenantName,
+    body: NewSandbox,
+) -> ApiResult<Sandbox> {
     let name: TemplateName = body
         .template
         .parse()
@@ -180,12 +226,7 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
     };
     // The template is resolved once: the create names the exact build it was sized by.
     let t = st.node.template(&name, &version).await?;
-    let timeouts = body
-        .timeouts
-        .as_ref()
-        .map_or(Ok(TimeoutPolicy::default()), |b| {
-            b.apply(TimeoutPolicy::default())
-        })?;
+    let timeouts = body.timeouts;
     let need = Usage {
         sandboxes: 1,
         vcpus: body.vcpus.unwrap_or(t.vcpus),
@@ -214,7 +255,7 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
     let info = st.node.create(req).await?;
     own(st, &info.id, tenant).await?;
     drop(guard);
-    Ok(sandbox_json(&info, tenant))
+    Ok(info)
 }
 
 /// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is killed
@@ -270,19 +311,49 @@ pub async fn list(
             )));
         }
     }
+    let filter = Filter {
+        states: state.map(|s| vec![s]),
+        template,
+        metadata,
+    };
+    let out = list_sandboxes(&st, &who.tenant, &filter).await?;
+    let list: Vec<Value> = out.iter().map(|r| sandbox_json(r, &who.tenant)).collect();
+    Ok(Json(json!({ "sandboxes": list })))
+}
+
+/// Which sandboxes a listing answers.
+#[derive(Debug, Default)]
+pub struct Filter {
+    /// Any of these states; `None`: every state but Terminated.
+    pub states: Option<Vec<SbState>>,
+    pub template: Option<String>,
+    /// Every one of these metadata pairs.
+    pub metadata: Vec<(String, String)>,
+}
+
+/// The sandboxes of `tenant` that `filter` lets through, newest first.
+pub async fn list_sandboxes(
+    st: &Shared,
+    tenant: &TenantName,
+    filter: &Filter,
+) -> ApiResult<Vec<Sandbox>> {
     let mut out: Vec<Sandbox> = Vec::new();
-    // Terminated sandboxes are listed only when asked for: the others are the node's live
+    // Terminated sandboxes are read only when asked for: the others are the node's live
     // ones, so a tenant's history does not make every listing read its records.
-    let live: std::collections::HashSet<SandboxId> = if state == Some(SbState::Terminated) {
+    let terminated = filter
+        .states
+        .as_ref()
+        .is_some_and(|s| s.contains(&SbState::Terminated));
+    let live: std::collections::HashSet<SandboxId> = if terminated {
         Default::default()
     } else {
         st.node.usage().await?.into_iter().map(|u| u.id).collect()
     };
-    for id in st.store.sandboxes_of(&who.tenant).await? {
+    for id in st.store.sandboxes_of(tenant).await? {
         let Ok(id) = id.parse::<SandboxId>() else {
             continue;
         };
-        if state != Some(SbState::Terminated) && !live.contains(&id) {
+        if !terminated && !live.contains(&id) {
             continue;
         }
         let info = match st.node.info(&id).await {
@@ -290,15 +361,16 @@ pub async fn list(
             Err(f) if f.code == space_node::FaultCode::NotFound => continue,
             Err(e) => return Err(e.into()),
         };
-        let state_ok = match state {
-            Some(s) => info.state == s,
+        let state_ok = match &filter.states {
+            Some(s) => s.contains(&info.state),
             None => info.state != SbState::Terminated,
         };
-        let template_ok = match &template {
+        let template_ok = match &filter.template {
             Some(t) => info.template.name.as_str() == t,
             None => true,
         };
-        let meta_ok = metadata
+        let meta_ok = filter
+            .metadata
             .iter()
             .all(|(k, v)| info.options.metadata.get(k) == Some(v));
         if state_ok && template_ok && meta_ok {
@@ -306,8 +378,7 @@ pub async fn list(
         }
     }
     out.sort_by(|a, b| (b.created_unix_ms, b.id.as_str()).cmp(&(a.created_unix_ms, a.id.as_str())));
-    let list: Vec<Value> = out.iter().map(|r| sandbox_json(r, &who.tenant)).collect();
-    Ok(Json(json!({ "sandboxes": list })))
+    Ok(out)
 }
 
 /// `GET /v1/sandboxes/{id}`
@@ -366,12 +437,16 @@ pub async fn kill(
     ApiPath(raw): ApiPath<String>,
 ) -> ApiResult<Json<Value>> {
     lifecycle(&st, &who, &raw, "sandbox.kill", |st, id| async move {
-        st.node.kill(&id).await.map_err(node_error(&id))?;
-        // A terminated sandbox has no ports to reach: its URLs are revoked.
-        st.store.unexpose_all(id.as_str()).await?;
-        Ok(())
+        kill_sandbox(&st, &id).await
     })
     .await
+}
+
+/// Kills sandbox `id` and revokes its port URLs (a terminated sandbox has no ports).
+pub async fn kill_sandbox(st: &Shared, id: &SandboxId) -> ApiResult<()> {
+    st.node.kill(id).await.map_err(node_error(id))?;
+    st.store.unexpose_all(id.as_str()).await?;
+    Ok(())
 }
 
 /// `POST /v1/sandboxes/{id}/pause`
@@ -419,22 +494,27 @@ pub async fn restore(
 ) -> ApiResult<Json<Value>> {
     let tenant = who.tenant.clone();
     lifecycle(&st, &who, &raw, "sandbox.restore", |st, id| async move {
-        let info = st.node.info(&id).await.map_err(node_error(&id))?;
-        // Only a suspended sandbox restores; anything else is refused by the node below
-        // without starting a VM, so it needs no room.
-        let need = if info.state == SbState::Suspended {
-            Usage {
-                sandboxes: 0,
-                vcpus: info.vcpus,
-                memory_mib: info.memory_mib,
-            }
-        } else {
-            Usage::default()
-        };
-        let _guard = quota::admit(&st.quotas, st.node.as_ref(), &st.store, &tenant, need).await?;
-        st.node.restore(&id).await.map_err(node_error(&id))
+        restore_sandbox(&st, &tenant, &id).await
     })
     .await
+}
+
+/// Restores suspended sandbox `id` of `tenant`, within the tenant's quota.
+pub async fn restore_sandbox(st: &Shared, tenant: &TenantName, id: &SandboxId) -> ApiResult<()> {
+    let info = st.node.info(id).await.map_err(node_error(id))?;
+    // Only a suspended sandbox restores; anything else is refused by the node below
+    // without starting a VM, so it needs no room.
+    let need = if info.state == SbState::Suspended {
+        Usage {
+            sandboxes: 0,
+            vcpus: info.vcpus,
+            memory_mib: info.memory_mib,
+        }
+    } else {
+        Usage::default()
+    };
+    let _guard = quota::admit(&st.quotas, st.node.as_ref(), &st.store, tenant, need).await?;
+    st.node.restore(id).await.map_err(node_error(id))
 }
 
 /// `POST /v1/sandboxes/{id}/fork`
