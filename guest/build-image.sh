@@ -5,8 +5,9 @@
 #
 #   minimal  busybox (from the busybox-static package) and nothing else; builds in seconds.
 #   base     Debian bookworm (debootstrap --variant=minbase) with bash, coreutils, python3,
-#            pip/venv, git, curl, ca-certificates, procps, iproute2. The debootstrap tree is
-#            cached, so only the first build pays for it. Needs root.
+#            pip/venv, git, curl, ca-certificates, procps, iproute2, sudo, and the account
+#            `user` (uid 1000, passwordless sudo). The debootstrap tree is cached, so only
+#            the first build pays for it. Needs root.
 #
 # The given binary becomes /sbin/init (mode 0755) and /usr/bin/space-guestd. The image path
 # is printed as the last line of stdout; progress goes to stderr.
@@ -39,7 +40,7 @@ rootfs_dir="$cache_root/rootfs"
 mirror="${SPACE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 keep="${SPACE_IMAGE_KEEP:-3}"
 suite=bookworm
-base_packages=(bash coreutils python3 python3-pip python3-venv git curl ca-certificates procps iproute2)
+base_packages=(bash coreutils python3 python3-pip python3-venv git curl ca-certificates procps iproute2 sudo)
 
 for tool in mkfs.ext4 e2fsck sha256sum flock truncate; do
     command -v "$tool" >/dev/null 2>&1 || die "missing tool '$tool' (apt-get install e2fsprogs coreutils util-linux)"
@@ -245,6 +246,19 @@ fi
 # 127.0.0.1:3128 (docs/egress.md). Point the usual tools at it. Execs and PTYs get the
 # variables from the daemon as well; these cover login shells and tools that read only their
 # own configuration. The CA variables apply once the host installed the deployment CA.
+# The account E2B's SDKs run commands as by default: `user`, uid 1000, home /home/user,
+# bash, passwordless sudo.
+add_user_account() {
+    local root=$1
+    log "adding the account user (uid 1000, passwordless sudo)"
+    if ! chroot "$root" getent passwd user >/dev/null; then
+        chroot "$root" useradd --create-home --uid 1000 --user-group --shell /bin/bash \
+            --groups sudo user >&2
+    fi
+    printf 'user ALL=(ALL:ALL) NOPASSWD: ALL\n' >"$root/etc/sudoers.d/90-user"
+    chmod 0440 "$root/etc/sudoers.d/90-user"
+}
+
 configure_egress_proxy() {
     local root=$1 proxy=http://127.0.0.1:3128 no_proxy=localhost,127.0.0.1,::1
     local ca=/usr/local/share/ca-certificates/space-ca.crt bundle=/etc/ssl/certs/ca-certificates.crt
@@ -290,6 +304,7 @@ base)
     touch "$rootfs_dir/base-$base_key"
     cp -a --reflink=auto "$base_tree/." "$stage/"
     configure_egress_proxy "$stage"
+    add_user_account "$stage"
     ;;
 esac
 # /sbin may be a symlink to usr/sbin (merged /usr); install through it.

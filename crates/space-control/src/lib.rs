@@ -9,6 +9,7 @@
 //! - [`vault`]: the credentials vault (secrets sealed with AES-256-GCM);
 //! - [`egress`]: the secret source and audit sink the node's gateway uses;
 //! - [`masters`]: each tenant's master key (the deployment's key file or a KMS key);
+//! - [`e2b`]: E2B compatibility (its REST API, envd and sandbox-port hosts);
 //! - [`archive`]: the object store and master key, the audit of key unwraps, ownership of
 //!   sandboxes found in the store.
 //!
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod archive;
 pub mod cluster;
+pub mod e2b;
 pub mod egress;
 pub mod error;
 pub mod keys;

@@ -128,6 +128,7 @@ impl Replica {
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
+            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
             vault,
             public_url,
             masters,

@@ -257,6 +257,7 @@ impl Server {
             (local, None)
         };
         let state = Arc::new(AppState {
+            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
             vault,
             public_url,
             node: api.clone(),

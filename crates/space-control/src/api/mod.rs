@@ -171,6 +171,8 @@ pub struct AppState {
     pub keyring: Option<Arc<space_archive::Keyring>>,
     /// The cluster this replica serves (`space control`); `None` on `space up`.
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// E2B compatibility.
+    pub e2b: Arc<crate::e2b::E2bState>,
 }
 
 /// The shared state as handlers see it.
@@ -515,7 +517,7 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
     use net as n;
     use sandboxes as s;
     use streams as x;
-    Router::new()
+    let router = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
@@ -625,7 +627,12 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
                 .delete(n::ingress),
         )
         .fallback(not_found)
-        .method_not_allowed_fallback(wrong_method)
+        .method_not_allowed_fallback(wrong_method);
+    crate::e2b::routes(router)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::e2b::dispatch,
+        ))
         .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
@@ -673,9 +680,11 @@ mod tests {
         let vault = crate::vault::Vault::open(store.clone(), &crate::vault::VaultKey::generate())
             .await
             .expect("opening the vault");
+        let vault = Arc::new(vault);
         let st = Arc::new(AppState {
             node,
-            vault: Arc::new(vault),
+            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), 7070)),
+            vault,
             public_url: None,
             store,
             metrics: Arc::new(Metrics::new()),

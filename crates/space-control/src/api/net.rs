@@ -552,7 +552,7 @@ fn upgrade_of(headers: &HeaderMap) -> Option<HeaderValue> {
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn proxy(
+pub(crate) async fn proxy(
     st: &Shared,
     who: Option<&crate::store::Principal>,
     id: &SandboxId,

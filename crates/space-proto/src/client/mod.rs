@@ -987,6 +987,11 @@ impl PtyHandle {
         self.status
             .ok_or_else(|| ClientError::Protocol("no exit status".into()))
     }
+
+    /// The exit status, once [`next_output`](PtyHandle::next_output) returned `None`.
+    pub fn status(&self) -> Option<ExitStatus> {
+        self.status
+    }
 }
 
 /// A file's bytes as they arrive.

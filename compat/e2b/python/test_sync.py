@@ -1,0 +1,155 @@
+"""The synchronous E2B Python SDK: lifecycle and commands."""
+
+import threading
+import time
+
+import pytest
+from e2b import (
+    AuthenticationException,
+    CommandExitException,
+    PtySize,
+    Sandbox,
+    SandboxException,
+    SandboxQuery,
+)
+
+from conftest import TEMPLATE
+
+
+def test_create_with_metadata_and_env_then_info_and_list(sandbox):
+    info = sandbox.get_info()
+    assert info.sandbox_id == sandbox.sandbox_id
+    assert info.metadata == {"suite": "e2b-sync"}
+    assert info.state.value == "running"
+    assert info.cpu_count >= 1 and info.memory_mb >= 64
+    assert info.end_at > info.started_at
+
+    with_env = Sandbox.create(TEMPLATE, envs={"GREETING": "hej"}, metadata={"suite": "e2b-env", "k": "v 1/2"})
+    try:
+        out = with_env.commands.run("echo $GREETING")
+        assert out.stdout == "hej\n"
+        found = Sandbox.list(query=SandboxQuery(metadata={"k": "v 1/2"})).next_items()
+        assert [s.sandbox_id for s in found] == [with_env.sandbox_id]
+        assert found[0].metadata["suite"] == "e2b-env"
+    finally:
+        with_env.kill()
+
+
+def test_commands_output_callbacks_and_exit_codes(sandbox):
+    out = sandbox.commands.run("echo out; echo err >&2")
+    assert (out.stdout, out.stderr, out.exit_code) == ("out\n", "err\n", 0)
+
+    seen = []
+    out = sandbox.commands.run(
+        "for i in 1 2 3; do echo line$i; sleep 0.1; done",
+        on_stdout=lambda line: seen.append(line),
+    )
+    assert "".join(seen) == "line1\nline2\nline3\n"
+
+    with pytest.raises(CommandExitException) as e:
+        sandbox.commands.run("echo bad >&2; exit 3")
+    assert e.value.exit_code == 3
+    assert e.value.stderr == "bad\n"
+
+    out = sandbox.commands.run("pwd; echo $HOME", cwd="/tmp", envs={"HOME": "/tmp/h"})
+    assert out.stdout == "/tmp\n/tmp/h\n"
+
+
+def test_commands_run_as_user_by_default_with_sudo(sandbox):
+    out = sandbox.commands.run("id -un; id -u; pwd; sudo -n id -un")
+    assert out.stdout == "user\n1000\n/home/user\nroot\n"
+    assert sandbox.commands.run("id -un", user="root").stdout == "root\n"
+
+
+def test_background_commands_wait_kill_list_and_stdin(sandbox):
+    h = sandbox.commands.run("sleep 0.3; echo done", background=True)
+    assert h.wait().stdout == "done\n"
+
+    long = sandbox.commands.run("sleep 600", background=True)
+    pids = [p.pid for p in sandbox.commands.list()]
+    assert long.pid in pids
+    assert sandbox.commands.kill(long.pid) is True
+    with pytest.raises(CommandExitException):
+        long.wait()
+    assert sandbox.commands.kill(long.pid) is False
+
+    cat = sandbox.commands.run("cat", background=True, stdin=True)
+    sandbox.commands.send_stdin(cat.pid, "fed through stdin\n")
+    sandbox.commands.close_stdin(cat.pid)
+    assert cat.wait().stdout == "fed through stdin\n"
+
+
+def test_a_background_command_is_reached_again_after_disconnect(sandbox):
+    h = sandbox.commands.run("for i in $(seq 1 40); do echo tick$i; sleep 0.1; done", background=True)
+    h.disconnect()
+    again = sandbox.commands.connect(h.pid)
+    result = again.wait()
+    assert "tick40\n" in result.stdout
+
+
+def test_connect_by_id_set_timeout_pause_and_resume(sandbox):
+    sandbox.commands.run("echo kept > $HOME/kept.txt")
+    worker = sandbox.commands.run("sleep 1000", background=True)
+
+    second = Sandbox.connect(sandbox.sandbox_id)
+    assert second.commands.run("cat $HOME/kept.txt").stdout == "kept\n"
+
+    before = sandbox.get_info().end_at
+    sandbox.set_timeout(1200)
+    assert sandbox.get_info().end_at > before
+
+    assert sandbox.pause() is True
+    assert sandbox.get_info().state.value == "paused"
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert resumed.get_info().state.value == "running"
+    assert resumed.commands.run("cat $HOME/kept.txt").stdout == "kept\n"
+    assert worker.pid in [p.pid for p in resumed.commands.list()]
+
+
+def test_kill_then_connect_fails():
+    sbx = Sandbox.create(TEMPLATE)
+    assert sbx.kill() is True
+    assert Sandbox.kill(sbx.sandbox_id) is False
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sbx.sandbox_id)
+    assert sbx.is_running() is False
+
+
+def test_keys_and_tenants(sandbox, other_key):
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(TEMPLATE, api_key="space_nonexistent_key_0000")
+    # Another tenant sees nothing of the sandbox and cannot connect to it.
+    ids = [s.sandbox_id for s in Sandbox.list(api_key=other_key).next_items()]
+    assert sandbox.sandbox_id not in ids
+    with pytest.raises(SandboxException):
+        Sandbox.connect(sandbox.sandbox_id, api_key=other_key)
+
+
+def test_pty_output_resize_and_kill(sandbox):
+    seen = bytearray()
+    term = sandbox.pty.create(PtySize(rows=24, cols=80))
+
+    def read():
+        try:
+            term.wait(on_pty=lambda b: seen.extend(b))
+        except CommandExitException:
+            pass
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def until(needle):
+        deadline = time.time() + 20
+        while needle not in seen and time.time() < deadline:
+            time.sleep(0.05)
+        assert needle in seen, bytes(seen)
+
+    sandbox.pty.send_stdin(term.pid, b"stty size; echo pty-$((40+2))\n")
+    until(b"pty-42")
+    assert b"24 80" in seen
+    sandbox.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sandbox.pty.send_stdin(term.pid, b"stty size\n")
+    until(b"30 100")
+    assert sandbox.pty.kill(term.pid) is True
+    reader.join(10)
+    assert not reader.is_alive()

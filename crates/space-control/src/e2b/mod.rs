@@ -1,0 +1,213 @@
+//! E2B compatibility (`docs/e2b.md`): the unmodified E2B SDKs drive space through
+//!
+//! - the REST API ([`rest`]) on the main listener, with space API keys as `X-API-KEY`;
+//! - envd, the in-sandbox API ([`envd`]): requests that carry `E2b-Sandbox-Id` (or whose
+//!   host is `49983-{id}.{domain}`), Connect-protocol services ([`process`]) over the
+//!   sandbox's guest;
+//! - ports: a host `{port}-{id}.{domain}` reaches that port of the sandbox, as the SDKs'
+//!   `get_host` names it.
+//!
+//! All of it is built on the service calls the `/v1` handlers use, so tenants, quotas, audit,
+//! timeouts and wake on access behave the same. A replica keeps no E2B state of its own but a
+//! cache of which sandboxes have E2B's default account.
+
+pub mod connect;
+pub mod envd;
+pub mod process;
+pub mod rest;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use space_node::SandboxId;
+
+use crate::api::Shared;
+
+/// The envd version reported: the SDKs' feature gates up to it are what this facade serves.
+pub const ENVD_VERSION: &str = "0.5.2";
+/// The port E2B's SDKs address envd on.
+pub const ENVD_PORT: u16 = 49983;
+/// The variable that sets the domain of E2B sandbox hosts.
+pub const DOMAIN_ENV: &str = "SPACE_E2B_DOMAIN";
+/// Sandboxes whose default account is remembered, at most.
+const USER_CACHE: usize = 65_536;
+
+/// What the facade needs beside the API's state.
+pub struct E2bState {
+    /// The domain of sandbox hosts (`{port}-{id}.{domain}`), as create answers name it.
+    pub domain: String,
+    vault: Arc<crate::vault::Vault>,
+    default_user: Mutex<HashMap<SandboxId, bool>>,
+}
+
+impl std::fmt::Debug for E2bState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2bState")
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl E2bState {
+    /// With the domain of `SPACE_E2B_DOMAIN`, else `localhost:<port>` of the listener (names
+    /// under `localhost` resolve to loopback in browsers, curl and systemd's resolver).
+    pub fn new(vault: Arc<crate::vault::Vault>, listen_port: u16) -> E2bState {
+        let domain = std::env::var(DOMAIN_ENV)
+            .ok()
+            .map(|d| d.trim().trim_end_matches('.').to_ascii_lowercase())
+            .filter(|d| !d.is_empty())
+            .unwrap_or_else(|| format!("localhost:{listen_port}"));
+        E2bState {
+            domain,
+            vault,
+            default_user: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The envd access token of sandbox `id`: a MAC of its id under the vault key, the same
+    /// on every replica, never stored.
+    pub fn access_token(&self, id: &SandboxId) -> String {
+        hex::encode(
+            self.vault
+                .mac("e2b envd access token", id.as_str().as_bytes()),
+        )
+    }
+
+    /// Whether `token` is sandbox `id`'s (compared in constant time).
+    pub fn token_ok(&self, id: &SandboxId, token: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let want = self.access_token(id);
+        want.len() == token.len() && bool::from(want.as_bytes().ct_eq(token.as_bytes()))
+    }
+
+    fn users(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, bool>> {
+        self.default_user.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn has_default_user(&self, id: &SandboxId) -> Option<bool> {
+        self.users().get(id).copied()
+    }
+
+    fn set_default_user(&self, id: &SandboxId, has: bool) {
+        let mut m = self.users();
+        if m.len() >= USER_CACHE {
+            m.clear();
+        }
+        m.insert(id.clone(), has);
+    }
+
+    /// The sandbox and port a host names: `{port}-{id}.{domain}`.
+    pub fn parse_host(&self, host: &str) -> Option<(u16, String)> {
+        parse_host(&self.domain, host)
+    }
+}
+
+fn parse_host(domain: &str, host: &str) -> Option<(u16, String)> {
+    let host = host.to_ascii_lowercase();
+    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0)?;
+    (!id.is_empty() && !id.contains('.')).then(|| (port, id.to_owned()))
+}
+
+/// The facade's state of the API's state.
+pub fn state(st: &Shared) -> Arc<E2bState> {
+    st.e2b.clone()
+}
+
+/// E2B's REST routes, added to the API's router.
+pub fn routes(r: Router<Shared>) -> Router<Shared> {
+    r.route("/v2/sandboxes", post(rest::create).get(rest::list))
+        .route("/sandboxes", post(rest::create))
+        .route("/sandboxes/{id}", get(rest::get).delete(rest::kill))
+        .route("/v2/sandboxes/{id}/connect", post(rest::connect))
+        .route("/sandboxes/{id}/connect", post(rest::connect))
+        .route("/sandboxes/{id}/timeout", post(rest::set_timeout))
+        .route("/sandboxes/{id}/pause", post(rest::pause))
+        .route("/sandboxes/{id}/metrics", get(rest::metrics))
+        .route("/sandboxes/{id}/snapshots", post(rest::unsupported))
+        .route("/sandboxes/{id}/fork", post(rest::unsupported))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(rest::unsupported),
+        )
+}
+
+/// Sends envd requests (by header or host) and sandbox-port hosts where they go, before the
+/// API's own routes.
+pub async fn dispatch(State(st): State<Shared>, req: Request, next: Next) -> Response {
+    let e2b = state(&st);
+    let by_header = req
+        .headers()
+        .get("e2b-sandbox-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let by_host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|h| e2b.parse_host(h));
+    let envd_id = match (&by_header, &by_host) {
+        (Some(id), _) => Some(id.clone()),
+        (None, Some((ENVD_PORT, id))) => Some(id.clone()),
+        _ => None,
+    };
+    if let Some(id) = envd_id {
+        let (parts, body) = req.into_parts();
+        return envd::serve(
+            st,
+            e2b,
+            &id,
+            parts.method,
+            parts.uri.path(),
+            parts.uri.query(),
+            parts.headers,
+            axum::body::Body::new(body),
+        )
+        .await;
+    }
+    if let Some((port, id)) = by_host {
+        let Ok(id) = id.parse::<SandboxId>() else {
+            return envd::sandbox_gone(&id);
+        };
+        let rest = req.uri().path().trim_start_matches('/').to_owned();
+        return crate::api::net::proxy(&st, None, &id, port, "", &rest, req, true)
+            .await
+            .unwrap_or_else(IntoResponse::into_response);
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hosts_name_a_port_and_a_sandbox_under_the_domain() {
+        let parse = parse_host;
+        assert_eq!(
+            parse("localhost:7070", "8000-sbx-1481ede9edc08bbf.localhost:7070"),
+            Some((8000, "sbx-1481ede9edc08bbf".into()))
+        );
+        assert_eq!(
+            parse("e.example.com", "49983-SBX-AB.E.example.com"),
+            Some((49983, "sbx-ab".into()))
+        );
+        for host in [
+            "localhost:7070",
+            "sbx-1.localhost:7070",
+            "0-sbx-1.localhost:7070",
+            "x-sbx.localhost:7070",
+            "8000-.localhost:7070",
+            "8000-a.b.localhost:7070",
+            "8000-sbx-1.otherlocalhost:7070",
+        ] {
+            assert_eq!(parse("localhost:7070", host), None, "{host}");
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! E2B's REST API for sandboxes (`docs/e2b.md`), on the same service calls as `/v1`: the
+//! same tenants and keys (`X-API-KEY`), quotas, audit, timeouts and wake on access.
+//!
+//! E2B's sandbox maps onto a space sandbox so: its `timeout` is the maximum lifetime of the
+//! current VM (no idle timeout), its end is `kill` unless `autoPause` (then `suspend`);
+//! E2B's pause is persistent, so it is suspend; connect restores (or resumes) it; E2B's
+//! `paused` state is space's Paused or Suspended.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use space_node::api::Sandbox;
+use space_node::{SandboxId, State as SbState, TimeoutAction, TimeoutPolicy};
+
+use super::{E2bState, ENVD_VERSION};
+use crate::api::sandboxes::{self as service, Filter, NewSandbox};
+use crate::api::Shared;
+use crate::error::{node_error, ApiError};
+use crate::store::{NewAuditEvent, Principal};
+
+/// The lifetime of a sandbox whose create names none (E2B's default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// The template of a create that names none (E2B's default).
+pub const DEFAULT_TEMPLATE: &str = "base";
+/// Sandboxes per page of a listing, at most and by default.
+pub const MAX_PAGE: usize = 100;
+
+/// An error as E2B's SDKs parse it: `{"code": <status>, "message"}`. `retry: false` adds
+/// `Should-Retry: false`, which stops the Python SDK from sending a create again.
+#[derive(Debug)]
+pub struct E2bError {
+    pub status: StatusCode,
+    pub message: String,
+    pub retry: bool,
+}
+
+impl E2bError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
+        E2bError {
+            status,
+            message: message.into(),
+            retry: true,
+        }
+    }
+
+    fn not_found(id: &str) -> E2bError {
+        E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
+    }
+
+    fn no_retry(mut self) -> E2bError {
+        self.retry = false;
+        self
+    }
+}
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> Self {
+        // Over quota is "too many" for E2B (429); the rest keep their status.
+        let status = if e.code == "quota_exceeded" {
+            StatusCode::TOO_MANY_REQUESTS
+        } else {
+            e.status
+        };
+        E2bError::new(status, e.message)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response();
+        if !self.retry {
+            r.headers_mut()
+                .insert("should-retry", HeaderValue::from_static("false"));
+        }
+        r
+    }
+}
+
+type E2bResult<T> = Result<T, E2bError>;
+
+/// The caller of an E2B request: `X-API-KEY` is a space API key.
+pub struct E2bCaller(pub Principal);
+
+impl axum::extract::FromRequestParts<Shared> for E2bCaller {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        st: &Shared,
+    ) -> Result<Self, E2bError> {
+        let key = parts
+            .headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|k| format!("Bearer {}", k.trim()));
+        match st.store.authenticate(key.as_deref()).await {
+            Ok(p) => Ok(E2bCaller(p)),
+            Err(e) => {
+                let event = NewAuditEvent {
+                    tenant: e.tenant().cloned(),
+                    key_id: e.key_id().map(str::to_owned),
+                    sandbox: None,
+                    operation: "auth".into(),
+                    result: "unauthorized".into(),
+                    detail: Some(format!("E2B API: {e}")),
+                };
+                if let Err(e) = st.store.record(event).await {
+                    tracing::error!(error = %e, "recording an authentication failure");
+                }
+                Err(E2bError::new(
+                    StatusCode::UNAUTHORIZED,
+                    format!("X-API-KEY is not a valid space API key: {e}"),
+                ))
+            }
+        }
+    }
+}
+
+/// A JSON body that answers E2B's error shape when it does not parse (and takes `{}` for
+/// an empty body).
+pub struct E2bJson<T>(pub T);
+
+impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<S> for E2bJson<T> {
+    type Rejection = E2bError;
+
+    async fn from_request(req: axum::extract::Request, st: &S) -> Result<Self, E2bError> {
+        let bytes = axum::body::Bytes::from_request(req, st)
+            .await
+            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(bytes)
+            .map(E2bJson)
+            .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, format!("invalid JSON body: {e}")))
+    }
+}
+
+fn rfc3339(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let ms = unix_ms % 1000;
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (proleptic Gregorian), for the date part.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if m <= 2 { y + 1 } else { y };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{ms:03}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+fn e2b_state(s: SbState) -> &'static str {
+    match s {
+        SbState::Paused | SbState::Suspended => "paused",
+        _ => "running",
+    }
+}
+
+/// When the sandbox's current VM ends by its lifetime (or, without one, never).
+fn end_at(sb: &Sandbox) -> String {
+    match sb.options.timeouts.max_lifetime {
+        Some(l) => rfc3339(sb.started_unix_ms.saturating_add(l.as_millis() as u64)),
+        None => "9999-12-31T23:59:59.000Z".into(),
+    }
+}
+
+/// The fields every E2B sandbox answer has.
+fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
+    json!({
+        "sandboxID": sb.id.as_str(),
+        "templateID": sb.template.name.as_str(),
+        "alias": sb.template.name.as_str(),
+        "clientID": "space",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": e2b.access_token(&sb.id),
+        "trafficAccessToken": Value::Null,
+        "domain": e2b.domain,
+        "startedAt": rfc3339(sb.started_unix_ms.max(sb.created_unix_ms)),
+        "endAt": end_at(sb),
+        "cpuCount": sb.vcpus,
+        "memoryMB": sb.memory_mib,
+        "diskSizeMB": sb.disk_mib,
+        "state": e2b_state(sb.state),
+        "metadata": sb.options.metadata,
+        "lifecycle": {
+            "onTimeout": match sb.options.timeouts.action {
+                TimeoutAction::Suspend => "pause",
+                TimeoutAction::Kill => "kill",
+            },
+            "autoResume": sb.options.auto_resume,
+        },
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AutoResume {
+    enabled: bool,
+}
+
+/// Body of `POST /v2/sandboxes` (fields the SDKs send that space does not act on, such as
+/// `secure`, are accepted and ignored; see `docs/e2b.md`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CreateBody {
+    #[serde(rename = "templateID")]
+    template_id: Option<String>,
+    timeout: Option<u64>,
+    metadata: BTreeMap<String, String>,
+    #[serde(rename = "envVars")]
+    env_vars: BTreeMap<String, String>,
+    #[serde(rename = "autoPause")]
+    auto_pause: Option<bool>,
+    #[serde(rename = "autoResume")]
+    auto_resume: Option<AutoResume>,
+    allow_internet_access: Option<bool>,
+}
+
+fn lifetime(seconds: u64) -> E2bResult<Duration> {
+    if seconds == 0 {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "timeout must be at least one second",
+        ));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+/// `POST /v2/sandboxes` (and the older `POST /sandboxes`): 201 with the sandbox.
+pub async fn create(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    E2bJson(body): E2bJson<CreateBody>,
+) -> Response {
+    let e2b = super::state(&st);
+    let result = async {
+        let timeout = match body.timeout {
+            Some(s) => lifetime(s)?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let egress = match body.allow_internet_access {
+            Some(false) => Some(space_node::gateway::EgressPolicy {
+                default: space_node::gateway::EgressDefault::Deny,
+                ..Default::default()
+            }),
+            _ => None,
+        };
+        let new = NewSandbox {
+            template: body
+                .template_id
+                .clone()
+                .unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
+            version: None,
+            vcpus: None,
+            memory_mib: None,
+            disk_mib: None,
+            env: body.env_vars,
+            metadata: body.metadata,
+            timeouts: TimeoutPolicy {
+                idle: None,
+                max_lifetime: Some(timeout),
+                action: if body.auto_pause == Some(true) {
+                    TimeoutAction::Suspend
+                } else {
+                    TimeoutAction::Kill
+                },
+            },
+            secrets: Vec::new(),
+            egress,
+            auto_resume: Some(body.auto_resume.is_some_and(|a| a.enabled)),
+        };
+        service::create_sandbox(&st, &who.tenant, new)
+            .await
+            .map_err(E2bError::from)
+    }
+    .await;
+    st.audit(
+        &who,
+        result.as_ref().ok().map(|s| s.id.as_str()),
+        "sandbox.create",
+        result
+            .as_ref()
+            .err()
+            .map(|e| ApiError::new(e.status, "e2b", e.message.clone()))
+            .as_ref(),
+        Some("E2B API".into()),
+    )
+    .await;
+    match result {
+        Ok(sb) => (StatusCode::CREATED, Json(sandbox_json(&e2b, &sb))).into_response(),
+        // A create is never sent again by the SDK's retries: a failure after the sandbox
+        // existed must not make a second one.
+        Err(e) => e.no_retry().into_response(),
+    }
+}
+
+/// The caller's sandbox `raw` as it is now, or 404 (another tenant's, unknown, terminated).
+async fn owned(st: &Shared, who: &Principal, raw: &str) -> E2bResult<(SandboxId, Sandbox)> {
+    let id = st
+        .scope(who, raw)
+        .await
+        .map_err(|_| E2bError::not_found(raw))?;
+    let sb = st.node.info(&id).await.map_err(|f| match f.code {
+        space_node::FaultCode::NotFound => E2bError::not_found(raw),
+        _ => E2bError::from(ApiError::from(f)),
+    })?;
+    if matches!(sb.state, SbState::Terminated | SbState::Failed) {
+        return Err(E2bError::not_found(raw));
+    }
+    Ok((id, sb))
+}
+
+/// Audits `operation` on `id` for `who`, with the outcome of `result`.
+async fn audited<T>(
+    st: &Shared,
+    who: &Principal,
+    id: &str,
+    operation: &str,
+    result: E2bResult<T>,
+) -> E2bResult<T> {
+    let err = result
+        .as_ref()
+        .err()
+        .map(|e| ApiError::new(e.status, "e2b", e.message.clone()));
+    st.audit(
+        who,
+        Some(id),
+        operation,
+        err.as_ref(),
+        Some("E2B API".into()),
+    )
+    .await;
+    result
+}
+
+/// `GET /sandboxes/{id}`
+pub async fn get(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+) -> E2bResult<Json<Value>> {
+    let (_, sb) = owned(&st, &who, &raw).await?;
+    Ok(Json(sandbox_json(&super::state(&st), &sb)))
+}
+
+/// Sets the lifetime of sandbox `sb` so that it ends `timeout` from now.
+async fn end_in(st: &Shared, sb: &Sandbox, timeout: Duration) -> E2bResult<()> {
+    let now = space_node::record::now_ms();
+    let lived = Duration::from_millis(now.saturating_sub(sb.started_unix_ms));
+    let policy = TimeoutPolicy {
+        max_lifetime: Some(lived + timeout),
+        ..sb.options.timeouts
+    };
+    st.node
+        .set_timeouts(&sb.id, policy)
+        .await
+        .map_err(node_error(&sb.id))?;
+    Ok(())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct TimeoutBody {
+    timeout: Option<u64>,
+}
+
+/// `POST /v2/sandboxes/{id}/connect` (and `/sandboxes/{id}/connect`): 200 for a sandbox
+/// that ran, 201 for one this call woke (restored or resumed). A timeout only extends.
+pub async fn connect(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+    E2bJson(body): E2bJson<TimeoutBody>,
+) -> Response {
+    let result = async {
+        let (id, sb) = owned(&st, &who, &raw).await?;
+        let woke = match sb.state {
+            SbState::Suspended => {
+                service::restore_sandbox(&st, &who.tenant, &id).await?;
+                true
+            }
+            SbState::Paused => {
+                st.node.resume(&id).await.map_err(node_error(&id))?;
+                true
+            }
+            _ => false,
+        };
+        let mut sb = st.node.info(&id).await.map_err(node_error(&id))?;
+        if let Some(s) = body.timeout {
+            let wanted = lifetime(s)?;
+            let now = space_node::record::now_ms();
+            let ends = sb
+                .options
+                .timeouts
+                .max_lifetime
+                .map(|l| sb.started_unix_ms.saturating_add(l.as_millis() as u64));
+            if ends.is_some_and(|e| e < now.saturating_add(wanted.as_millis() as u64)) {
+                end_in(&st, &sb, wanted).await?;
+                sb = st.node.info(&id).await.map_err(node_error(&id))?;
+            }
+        }
+        Ok((woke, sb))
+    }
+    .await;
+    let result = audited(&st, &who, &raw, "sandbox.connect", result).await;
+    match result {
+        Ok((woke, sb)) => {
+            let status = if woke {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            (status, Json(sandbox_json(&super::state(&st), &sb))).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `DELETE /sandboxes/{id}`: 204.
+pub async fn kill(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+) -> E2bResult<StatusCode> {
+    let result = async {
+        let (id, _) = owned(&st, &who, &raw).await?;
+        service::kill_sandbox(&st, &id).await?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+    .await;
+    audited(&st, &who, &raw, "sandbox.kill", result).await
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now. 204.
+pub async fn set_timeout(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+    E2bJson(body): E2bJson<TimeoutBody>,
+) -> E2bResult<StatusCode> {
+    let result = async {
+        let timeout = lifetime(body.timeout.ok_or_else(|| {
+            E2bError::new(StatusCode::BAD_REQUEST, "timeout (seconds) is required")
+        })?)?;
+        let (_, sb) = owned(&st, &who, &raw).await?;
+        end_in(&st, &sb, timeout).await?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+    .await;
+    audited(&st, &who, &raw, "sandbox.set_timeouts", result).await
+}
+
+/// `POST /sandboxes/{id}/pause`: suspends (memory and files kept, persistently). 204; 409
+/// when it is paused already.
+pub async fn pause(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+) -> E2bResult<StatusCode> {
+    let result = async {
+        let (id, sb) = owned(&st, &who, &raw).await?;
+        if sb.state == SbState::Suspended {
+            return Err(E2bError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox {raw} is already paused"),
+            ));
+        }
+        st.node.suspend(&id).await.map_err(node_error(&id))?;
+        Ok(StatusCode::NO_CONTENT)
+    }
+    .await;
+    audited(&st, &who, &raw, "sandbox.suspend", result).await
+}
+
+/// `GET /sandboxes/{id}/metrics`: no samples are kept yet (an empty list, which the SDKs
+/// take as such).
+pub async fn metrics(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(raw): Path<String>,
+) -> E2bResult<Json<Value>> {
+    owned(&st, &who, &raw).await?;
+    Ok(Json(json!([])))
+}
+
+/// Decodes a percent-encoded string once (`+` stays `+`); `None` for broken escapes.
+fn unescape(s: &str) -> Option<String> {
+    space_proto::query::decode_component(s)
+}
+
+/// The metadata filter of a listing: `k=v&k2=v2`, each key and value escaped once more.
+fn metadata_filter(raw: &str) -> E2bResult<Vec<(String, String)>> {
+    let bad = || {
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("metadata filter {raw:?} is not k=v&k2=v2"),
+        )
+    };
+    let mut out = Vec::new();
+    for pair in raw.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').ok_or_else(bad)?;
+        let (k, v) = (unescape(k).ok_or_else(bad)?, unescape(v).ok_or_else(bad)?);
+        // One more layer, as the SDKs encode it.
+        out.push((unescape(&k).unwrap_or(k), unescape(&v).unwrap_or(v)));
+    }
+    Ok(out)
+}
+
+/// `GET /v2/sandboxes?metadata=&state=running,paused&limit=&nextToken=`: newest first;
+/// `x-next-token` names where the next page starts.
+pub async fn list(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Query(q): Query<Vec<(String, String)>>,
+) -> E2bResult<Response> {
+    let mut filter = Filter::default();
+    let mut limit = MAX_PAGE;
+    let mut after: Option<String> = None;
+    let mut states: Option<Vec<SbState>> = None;
+    for (k, v) in &q {
+        match k.as_str() {
+            "metadata" => filter.metadata.extend(metadata_filter(v)?),
+            "state" => {
+                let mut s = Vec::new();
+                for one in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    match one {
+                        "running" => s.extend([SbState::Running, SbState::Creating]),
+                        "paused" => s.extend([SbState::Paused, SbState::Suspended]),
+                        other => {
+                            return Err(E2bError::new(
+                                StatusCode::BAD_REQUEST,
+                                format!("state {other:?} is not running or paused"),
+                            ))
+                        }
+                    }
+                }
+                states = Some(s);
+            }
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=MAX_PAGE).contains(l))
+                    .ok_or_else(|| {
+                        E2bError::new(
+                            StatusCode::BAD_REQUEST,
+                            format!("limit must be 1 to {MAX_PAGE}"),
+                        )
+                    })?
+            }
+            "nextToken" => after = Some(v.clone()),
+            "template" => filter.template = Some(v.clone()),
+            // Order and start filters the SDKs may send: newest first is the order.
+            "order" | "startedAfter" => {}
+            other => {
+                return Err(E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("unknown query parameter {other:?}"),
+                ))
+            }
+        }
+    }
+    filter.states = Some(states.unwrap_or_else(|| {
+        vec![
+            SbState::Creating,
+            SbState::Running,
+            SbState::Paused,
+            SbState::Suspended,
+        ]
+    }));
+    let all = service::list_sandboxes(&st, &who.tenant, &filter).await?;
+    let start = match &after {
+        Some(t) => all
+            .iter()
+            .position(|s| s.id.as_str() == t)
+            .map(|i| i + 1)
+            .ok_or_else(|| {
+                E2bError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!("nextToken {t:?} is not valid"),
+                )
+            })?,
+        None => 0,
+    };
+    let e2b = super::state(&st);
+    let page: Vec<&Sandbox> = all.iter().skip(start).take(limit).collect();
+    let body: Vec<Value> = page.iter().map(|s| sandbox_json(&e2b, s)).collect();
+    let mut r = Json(body).into_response();
+    if start + page.len() < all.len() {
+        if let Some(last) = page.last() {
+            if let Ok(v) = HeaderValue::from_str(last.id.as_str()) {
+                r.headers_mut().insert("x-next-token", v);
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// Routes the SDKs call that space does not serve answer in E2B's error shape.
+pub async fn unsupported(headers: HeaderMap, uri: axum::http::Uri) -> E2bError {
+    let _ = headers;
+    E2bError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} is not part of space's E2B API (docs/e2b.md)",
+            uri.path()
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_rfc3339_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_796_159_954_590), "2026-12-01T21:19:14.590Z");
+    }
+
+    #[test]
+    fn metadata_filters_decode_as_the_sdks_encode() {
+        // What both SDKs send for {"user id": "a/b&c=d"}, once the query layer decoded it.
+        let py = "user%2520id=a%252Fb%2526c%253Dd";
+        assert_eq!(
+            metadata_filter(py).unwrap(),
+            [("user id".to_string(), "a/b&c=d".to_string())]
+        );
+        assert_eq!(
+            metadata_filter("a=1&b=2").unwrap(),
+            [("a".into(), "1".into()), ("b".into(), "2".into())]
+        );
+        assert!(metadata_filter("nope").is_err());
+    }
+}
