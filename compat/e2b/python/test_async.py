@@ -46,3 +46,20 @@ async def test_async_connect_and_info(asandbox):
     assert info.metadata == {"suite": "e2b-async"}
     results = await asyncio.gather(*(again.commands.run(f"echo {i}") for i in range(4)))
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
+
+
+@pytest.mark.asyncio
+async def test_async_files_and_watch(asandbox):
+    from e2b import FilesystemEventType
+
+    await asandbox.files.make_dir("/tmp/watched")
+    seen = []
+    handle = await asandbox.files.watch_dir("/tmp/watched", on_event=seen.append, recursive=True)
+    await asandbox.files.write("/tmp/watched/new.txt", "x")
+    for _ in range(100):
+        if any(e.name == "new.txt" and e.type == FilesystemEventType.CREATE for e in seen):
+            break
+        await asyncio.sleep(0.1)
+    await handle.stop()
+    assert any(e.name == "new.txt" and e.type == FilesystemEventType.CREATE for e in seen), seen
+    assert await asandbox.files.read("/tmp/watched/new.txt") == "x"

@@ -153,3 +153,45 @@ def test_pty_output_resize_and_kill(sandbox):
     assert sandbox.pty.kill(term.pid) is True
     reader.join(10)
     assert not reader.is_alive()
+
+
+def test_files_round_trip_list_and_errors(sandbox):
+    import hashlib
+    import os as _os
+
+    from e2b import FileType, NotFoundException
+
+    info = sandbox.files.write("notes/hello.txt", "hello files\n")
+    assert info.path == "/home/user/notes/hello.txt"
+    assert sandbox.files.read("notes/hello.txt") == "hello files\n"
+    # Written by the API, owned by the user: a command can append to it.
+    sandbox.commands.run("echo more >> ~/notes/hello.txt")
+    assert sandbox.files.read("/home/user/notes/hello.txt") == "hello files\nmore\n"
+
+    blob = _os.urandom(5 * 1024 * 1024)
+    sandbox.files.write("/tmp/blob.bin", blob)
+    back = sandbox.files.read("/tmp/blob.bin", format="bytes")
+    assert hashlib.sha256(bytes(back)).hexdigest() == hashlib.sha256(blob).hexdigest()
+    out = sandbox.commands.run("sha256sum /tmp/blob.bin")
+    assert out.stdout.split()[0] == hashlib.sha256(blob).hexdigest()
+
+    assert sandbox.files.make_dir("/tmp/d/e") is True
+    assert sandbox.files.make_dir("/tmp/d/e") is False
+    sandbox.files.write("/tmp/d/e/f.txt", "f")
+    entries = sandbox.files.list("/tmp/d", depth=2)
+    assert sorted(e.path for e in entries) == ["/tmp/d/e", "/tmp/d/e/f.txt"]
+    assert {e.path: e.type for e in entries}["/tmp/d/e"] == FileType.DIR
+
+    got = sandbox.files.get_info("/tmp/d/e/f.txt")
+    assert (got.name, got.size, got.type) == ("f.txt", 1, FileType.FILE)
+    assert sandbox.files.exists("/tmp/d/e/f.txt") is True
+    moved = sandbox.files.rename("/tmp/d/e/f.txt", "/tmp/d/g.txt")
+    assert moved.path == "/tmp/d/g.txt"
+    assert sandbox.files.exists("/tmp/d/e/f.txt") is False
+    sandbox.files.remove("/tmp/d")
+    assert sandbox.files.exists("/tmp/d") is False
+
+    with pytest.raises(NotFoundException):
+        sandbox.files.read("/tmp/no-such-file")
+    with pytest.raises(NotFoundException):
+        sandbox.files.get_info("/tmp/no-such-file")

@@ -221,10 +221,48 @@ impl Drop for TempGuard {
     }
 }
 
+/// `owner=UID:GID`.
+fn parse_owner(text: &str) -> Result<(u32, u32), ProtoError> {
+    text.split_once(':')
+        .and_then(|(u, g)| Some((u.parse().ok()?, g.parse().ok()?)))
+        .ok_or_else(|| ProtoError::invalid(format!("owner {text:?} is not UID:GID")))
+}
+
+/// Creates `dir` and its missing parents with `mode`, each new one owned by `owner`.
+fn make_dirs(dir: &Path, mode: u32, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut at = Some(dir);
+    while let Some(d) = at {
+        match fs::symlink_metadata(d) {
+            Ok(_) => break,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => missing.push(d.to_path_buf()),
+            Err(e) => return Err(e),
+        }
+        at = d.parent();
+    }
+    for d in missing.iter().rev() {
+        match fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => {
+                if let Some((uid, gid)) = owner {
+                    std::os::unix::fs::lchown(d, Some(uid), Some(gid))?;
+                }
+            }
+            // Made by someone else meanwhile.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    if !dir.is_dir() {
+        return Err(io::Error::from_raw_os_error(libc::EEXIST));
+    }
+    Ok(())
+}
+
 pub async fn write(req: Request<Incoming>) -> HandlerResult {
     let params = Params::from(&req)?;
     let mode = params.get("mode").map(parse_mode).transpose()?;
     let parents = params.flag("parents")?;
+    let owner = params.get("owner").map(parse_owner).transpose()?;
     let path = params.path.clone();
     let target = PathBuf::from(&path);
     let Some(name) = target.file_name().map(|n| n.to_os_string()) else {
@@ -238,11 +276,7 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
         let (path, dir) = (path.clone(), dir.clone());
         blocking(move || {
             if parents {
-                fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o755)
-                    .create(&dir)
-                    .map_err(|e| create_error(&path, &dir, &e))?;
+                make_dirs(&dir, 0o755, owner).map_err(|e| create_error(&path, &dir, &e))?;
             }
             let existing = match fs::metadata(&path) {
                 Ok(m) if m.is_dir() => {
@@ -251,10 +285,11 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
                         format!("{path} is a directory"),
                     ))
                 }
-                Ok(m) => Some(m.mode() & 0o7777),
+                Ok(m) => Some((m.mode() & 0o7777, (m.uid(), m.gid()))),
                 Err(_) => None,
             };
-            let final_mode = mode.or(existing).unwrap_or(0o644);
+            let final_mode = mode.or(existing.map(|e| e.0)).unwrap_or(0o644);
+            let final_owner = owner.or(existing.map(|e| e.1));
             let n = UPLOADS.fetch_add(1, Ordering::Relaxed);
             let mut tmp_name = std::ffi::OsString::from(".");
             tmp_name.push(&name);
@@ -266,10 +301,11 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
                 .mode(0o600)
                 .open(&tmp)
                 .map_err(|e| create_error(&path, &dir, &e))?;
-            Ok((file, TempGuard(Some(tmp)), final_mode))
+            Ok((file, TempGuard(Some(tmp)), (final_mode, final_owner)))
         })
         .await?
     };
+    let (final_mode, final_owner) = final_mode;
 
     // Body chunks are handed to a blocking writer thread through a small channel, so a slow
     // disk slows the upload instead of buffering it.
@@ -315,6 +351,10 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
     }
     let stat = blocking(move || {
         let mut guard = guard;
+        if let Some((uid, gid)) = final_owner {
+            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                .map_err(|e| io_err("chown", &path, &e))?;
+        }
         file.set_permissions(fs::Permissions::from_mode(final_mode))
             .map_err(|e| io_err("chmod", &path, &e))?;
         drop(file);
@@ -375,10 +415,17 @@ pub async fn mkdir(req: Request<Incoming>) -> HandlerResult {
     let mode = r.mode.unwrap_or(0o755);
     check_mode(mode)?;
     let stat = blocking(move || {
-        let result = fs::DirBuilder::new()
-            .recursive(r.parents)
-            .mode(mode)
-            .create(&r.path);
+        let result = if r.parents {
+            make_dirs(Path::new(&r.path), mode, r.owner)
+        } else {
+            fs::DirBuilder::new()
+                .mode(mode)
+                .create(&r.path)
+                .and_then(|()| match r.owner {
+                    Some((uid, gid)) => std::os::unix::fs::lchown(&r.path, Some(uid), Some(gid)),
+                    None => Ok(()),
+                })
+        };
         match result {
             Ok(()) => {}
             Err(e) if r.parents && e.kind() == io::ErrorKind::AlreadyExists => {

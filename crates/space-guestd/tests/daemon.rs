@@ -222,6 +222,7 @@ async fn fifty_megabyte_file_round_trip() {
             WriteOptions {
                 mode: Some(0o600),
                 create_parents: true,
+                owner: Some((65534, 65534)),
             },
         )
         .await
@@ -229,6 +230,23 @@ async fn fifty_megabyte_file_round_trip() {
     assert_eq!(stat.size, data.len() as u64);
     assert_eq!(stat.mode, 0o600);
     assert_eq!(stat.file_type, FileType::File);
+    // The file and the directories the write made have the owner asked for; the directory
+    // that was there keeps its own.
+    assert_eq!((stat.uid, stat.gid), (65534, 65534));
+    for (d, want) in [("sub", 65534), ("sub/dir", 65534), ("", 0)] {
+        let s = c.stat(dir.path().join(d).to_str().unwrap()).await.unwrap();
+        assert_eq!(s.uid, want, "{d}");
+    }
+    // Written again without an owner: it keeps the one it has.
+    let again = c
+        .write_file(path, Bytes::from_static(b"x"), WriteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!((again.uid, again.size), (65534, 1));
+    let data = Bytes::from(random_bytes(50 * 1024 * 1024, 23));
+    c.write_file(path, data.clone(), WriteOptions::default())
+        .await
+        .unwrap();
     let back = c.read_file_bytes(path).await.unwrap();
     assert_eq!(back.len(), data.len());
     assert_eq!(sha(&back), sha(&data));

@@ -297,6 +297,9 @@ pub struct MkdirRequest {
     /// Permission bits; 0o755 when absent.
     #[serde(default)]
     pub mode: Option<u32>,
+    /// Owner of the directories this creates (uid, gid); the daemon's when absent.
+    #[serde(default)]
+    pub owner: Option<(u32, u32)>,
 }
 
 /// `POST /v1/remove`.
@@ -329,6 +332,9 @@ pub struct WriteOptions {
     pub mode: Option<u32>,
     /// Create missing parent directories.
     pub create_parents: bool,
+    /// Owner (uid, gid) of the file and of the directories the write creates; without it a
+    /// file that existed keeps its owner and a new one is the daemon's.
+    pub owner: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

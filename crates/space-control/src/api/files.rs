@@ -98,6 +98,7 @@ pub async fn upload(
     let options = WriteOptions {
         mode,
         create_parents: q.parents.unwrap_or(false),
+        owner: None,
     };
     let pump = async move {
         let mut tx = tx;

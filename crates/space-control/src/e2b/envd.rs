@@ -109,7 +109,7 @@ pub async fn serve(
     raw_id: &str,
     method: Method,
     path: &str,
-    _query: Option<&str>,
+    query: Option<&str>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -150,6 +150,12 @@ pub async fn serve(
     use super::process as p;
     match (method, path) {
         (Method::GET, "/health") => StatusCode::NO_CONTENT.into_response(),
+        (Method::GET, "/files") => super::files::download(e, query).await,
+        (Method::POST, "/files") => super::files::upload(e, query, headers, body).await,
+        (Method::POST, rpc) if rpc.starts_with("/filesystem.Filesystem/") => {
+            let method = rpc["/filesystem.Filesystem/".len()..].to_owned();
+            super::filesystem::call(e, &method, headers, body).await
+        }
         (Method::POST, "/process.Process/Start") => p::start(e, headers, body).await,
         (Method::POST, "/process.Process/Connect") => p::connect(e, headers, body).await,
         (Method::POST, "/process.Process/List") => p::list(e, headers, body).await,

@@ -13,6 +13,8 @@
 
 pub mod connect;
 pub mod envd;
+pub mod files;
+pub mod filesystem;
 pub mod process;
 pub mod rest;
 

@@ -148,7 +148,7 @@ impl<T: serde::de::DeserializeOwned, S: Send + Sync> axum::extract::FromRequest<
     }
 }
 
-fn rfc3339(unix_ms: u64) -> String {
+pub(crate) fn rfc3339(unix_ms: u64) -> String {
     let secs = (unix_ms / 1000) as i64;
     let ms = unix_ms % 1000;
     let days = secs.div_euclid(86_400);

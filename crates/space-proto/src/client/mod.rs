@@ -534,6 +534,9 @@ impl GuestClient {
         options: WriteOptions,
     ) -> Result<FileStat> {
         let mut extra = vec![("parents", options.create_parents.to_string())];
+        if let Some((uid, gid)) = options.owner {
+            extra.push(("owner", format!("{uid}:{gid}")));
+        }
         if let Some(mode) = options.mode {
             extra.push(("mode", format!("{mode:o}")));
         }
@@ -562,11 +565,22 @@ impl GuestClient {
     }
 
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat> {
+        self.mkdir_owned(path, parents, None).await
+    }
+
+    /// [`GuestClient::mkdir`], the directories it creates owned by `owner` (uid, gid).
+    pub async fn mkdir_owned(
+        &self,
+        path: &str,
+        parents: bool,
+        owner: Option<(u32, u32)>,
+    ) -> Result<FileStat> {
         validate_path(path).map_err(ClientError::Invalid)?;
         let req = MkdirRequest {
             path: path.into(),
             parents,
             mode: None,
+            owner,
         };
         self.post_json(routes::MKDIR, &req).await
     }
