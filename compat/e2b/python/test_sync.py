@@ -195,3 +195,26 @@ def test_files_round_trip_list_and_errors(sandbox):
         sandbox.files.read("/tmp/no-such-file")
     with pytest.raises(NotFoundException):
         sandbox.files.get_info("/tmp/no-such-file")
+
+
+def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
+    import os as _os
+    import urllib.request
+
+    sandbox.commands.run("mkdir -p /tmp/site && echo served-by-guest > /tmp/site/index.html")
+    server = sandbox.commands.run("cd /tmp/site && python3 -m http.server 8000", background=True)
+    host = sandbox.get_host(8000)
+    assert host == f"8000-{sandbox.sandbox_id}.{sandbox.sandbox_domain}"
+    # The host names the sandbox and port; any client reaches it through the listener.
+    api = _os.environ["E2B_API_URL"]
+    body = None
+    for _ in range(100):
+        req = urllib.request.Request(api + "/index.html", headers={"Host": host})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                body = r.read().decode()
+                break
+        except Exception:
+            time.sleep(0.2)
+    assert body == "served-by-guest\n"
+    sandbox.commands.kill(server.pid)

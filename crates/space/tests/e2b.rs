@@ -1,6 +1,7 @@
 //! The official E2B SDKs, unmodified and at pinned versions (`compat/e2b`), against a real
-//! `space up` with real guests: the Python SDK's suite (sync and async). `scripts/e2b-env.sh`
-//! (run by `make test`) installs them; a missing install fails this test, never skips it.
+//! `space up` with real guests: the Python SDK's suite (sync and async) and the JavaScript
+//! SDK's under Node. `scripts/e2b-env.sh` (run by `make test`) installs them; a missing
+//! install fails this test, never skips it.
 
 mod common;
 
@@ -78,7 +79,7 @@ fn run_suite(
 }
 
 #[test]
-fn the_e2b_python_sdk_drives_space() {
+fn the_e2b_sdks_drive_space() {
     let root = repo_root();
     let python = root.join("target/space/venv-e2b/bin/python");
     assert!(
@@ -111,5 +112,36 @@ fn the_e2b_python_sdk_drives_space() {
         summary.contains(" passed") && !summary.contains("skipped") && !summary.contains("failed"),
         "unexpected pytest summary: {summary}"
     );
-    let _ = server;
+
+    let js = root.join("compat/e2b/js");
+    assert!(
+        js.join("node_modules/e2b/package.json").exists(),
+        "{}/node_modules has no e2b: run scripts/e2b-env.sh (make test does)",
+        js.display()
+    );
+    let output = run_suite(
+        Path::new("node"),
+        &["--test", "--test-concurrency=1", "--test-timeout=600000"],
+        &js,
+        &server,
+        &other_key,
+    );
+    // node's runner (TAP when not on a terminal) ends with its counts: all passed, none
+    // skipped.
+    let count = |what: &str| {
+        output
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(&format!("# {what} "))
+                    .map(str::to_owned)
+            })
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    };
+    assert!(
+        count("pass").is_some_and(|n| n > 0)
+            && count("fail") == Some(0)
+            && count("skipped") == Some(0),
+        "unexpected node test summary:\n{output}"
+    );
 }
