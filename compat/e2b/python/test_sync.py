@@ -218,3 +218,19 @@ def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
             time.sleep(0.2)
     assert body == "served-by-guest\n"
     sandbox.commands.kill(server.pid)
+
+
+def test_watch_dir_polls_new_files(sandbox):
+    from e2b import FilesystemEventType
+
+    sandbox.files.make_dir("/tmp/polled")
+    handle = sandbox.files.watch_dir("/tmp/polled", recursive=True)
+    sandbox.files.write("/tmp/polled/seen.txt", "y")
+    events = []
+    for _ in range(100):
+        events.extend(handle.get_new_events())
+        if any(e.name == "seen.txt" and e.type == FilesystemEventType.CREATE for e in events):
+            break
+        time.sleep(0.1)
+    handle.stop()
+    assert any(e.name == "seen.txt" and e.type == FilesystemEventType.CREATE for e in events), events

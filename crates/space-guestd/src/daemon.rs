@@ -130,6 +130,8 @@ pub struct Daemon {
     pub egress: OnceLock<Arc<crate::egress::Egress>>,
     /// The deployment CA was installed in the trust store (by an identity step).
     pub ca_installed: AtomicBool,
+    /// Buffered watches.
+    pub watchers: crate::watchers::Watchers,
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -152,6 +154,7 @@ impl Daemon {
             shutdown: watch::channel(false).0,
             egress: OnceLock::new(),
             ca_installed: AtomicBool::new(false),
+            watchers: Default::default(),
         })
     }
 

@@ -25,5 +25,6 @@ pub mod tcp;
 pub mod transport;
 pub mod users;
 pub mod watch;
+pub mod watchers;
 
 pub use daemon::{Daemon, Options};

@@ -47,6 +47,13 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
         (&Method::POST, routes::TCP) => crate::tcp::tcp(d, req).await,
+        (&Method::POST, routes::WATCHERS) => crate::watchers::create(d, req).await,
+        (&Method::GET, p) if p.starts_with(routes::WATCHERS_PREFIX) => {
+            crate::watchers::take(&d, &p[routes::WATCHERS_PREFIX.len()..])
+        }
+        (&Method::DELETE, p) if p.starts_with(routes::WATCHERS_PREFIX) => {
+            crate::watchers::remove(&d, &p[routes::WATCHERS_PREFIX.len()..])
+        }
         (&Method::GET, routes::USER) => {
             let pairs = space_proto::query::parse_query(req.uri().query())?;
             match pairs.as_slice() {

@@ -13,7 +13,6 @@ use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use nix::errno::Errno;
@@ -25,7 +24,6 @@ const MAX_SYNTHETIC: usize = 10_000;
 use space_proto::query::{parse_query, validate_path};
 use space_proto::{ErrorKind, Frame, FrameKind, ProtoError, WatchEvent, WatchEventKind};
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
 
 use crate::body::{ChannelBody, HandlerResult};
 use crate::daemon::{Daemon, WatchSlot};
@@ -48,7 +46,7 @@ impl AsRawFd for Fd {
     }
 }
 
-struct Watcher {
+pub struct Watcher {
     fd: AsyncFd<Fd>,
     dirs: HashMap<WatchDescriptor, PathBuf>,
     root: PathBuf,
@@ -204,9 +202,37 @@ pub async fn watch(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
             .map(|i| pairs.remove(i).1)
     };
     let path = take("path").ok_or_else(|| ProtoError::invalid("missing query parameter path"))?;
-    validate_path(&path)?;
     let recursive = matches!(take("recursive").as_deref(), Some("true") | Some("1"));
-    match std::fs::metadata(&path) {
+    let (watcher, slot) = open(&d, &path, recursive)?;
+    let (tx, body) = ChannelBody::new(16);
+    tokio::spawn(async move {
+        let _slot = slot;
+        let gone = tx.clone();
+        run(
+            watcher,
+            |event| {
+                let tx = tx.clone();
+                async move {
+                    tx.send(Ok(Frame::json(FrameKind::Event, &event).encode()))
+                        .await
+                        .is_ok()
+                }
+            },
+            async move { gone.closed().await },
+        )
+        .await
+    });
+    Ok(Response::new(body.boxed()))
+}
+
+/// A watch of `path` in place, and the slot it takes among the daemon's watches.
+pub fn open(
+    d: &Arc<Daemon>,
+    path: &str,
+    recursive: bool,
+) -> Result<(Watcher, WatchSlot), ProtoError> {
+    validate_path(path)?;
+    match std::fs::metadata(path) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(ProtoError::new(
@@ -245,15 +271,20 @@ pub async fn watch(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
             format!("watch {path}: {e}"),
         ),
     })?;
-    let (tx, body) = ChannelBody::new(16);
-    tokio::spawn(run(watcher, tx, slot));
-    Ok(Response::new(body.boxed()))
+    Ok((watcher, slot))
 }
 
-async fn run(mut w: Watcher, tx: mpsc::Sender<io::Result<Bytes>>, _slot: WatchSlot) {
+/// Hands every event of `w` to `sink` until the sink says no more (`false`), `stop`
+/// completes, the watched directory goes, or nothing is watched any more.
+pub async fn run<F, Fut>(mut w: Watcher, mut sink: F, stop: impl std::future::Future<Output = ()>)
+where
+    F: FnMut(WatchEvent) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    tokio::pin!(stop);
     loop {
         let events = tokio::select! {
-            _ = tx.closed() => return,
+            _ = &mut stop => return,
             ready = w.fd.readable() => {
                 let Ok(mut guard) = ready else { return };
                 match guard.try_io(|fd| fd.get_ref().0.read_events().map_err(io::Error::from)) {
@@ -267,11 +298,7 @@ async fn run(mut w: Watcher, tx: mpsc::Sender<io::Result<Bytes>>, _slot: WatchSl
             events.into_iter().flat_map(|ev| w.translate(ev)).collect();
         for event in translated {
             let root_gone = event.kind == WatchEventKind::Removed && event.path == w.root_str();
-            if tx
-                .send(Ok(Frame::json(FrameKind::Event, &event).encode()))
-                .await
-                .is_err()
-            {
+            if !sink(event).await {
                 return;
             }
             if root_gone {

@@ -934,3 +934,39 @@ async fn accounts_and_running_as_one_by_name() {
     spec.username = Some("no-such-account".into());
     assert_eq!(guest_kind(c.run(spec).await).0, ErrorKind::NotFound);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffered_watchers_keep_events_for_any_connection() {
+    let d = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().to_str().unwrap().to_owned();
+    let c = d.client().await;
+    let id = c.create_watcher(&p, true).await.unwrap();
+    c.run(ExecSpec::shell(format!(
+        "mkdir {p}/sub && echo x > {p}/sub/f"
+    )))
+    .await
+    .unwrap();
+    // Taken from another connection, after the fact.
+    let other = d.client().await;
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !seen.iter().any(|e: &space_proto::WatchEvent| {
+        e.path.ends_with("/sub/f") && e.kind == WatchEventKind::Created
+    }) {
+        assert!(Instant::now() < deadline, "events: {seen:?}");
+        seen.extend(other.watcher_events(&id).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Taken once: the next call starts empty.
+    assert!(other.watcher_events(&id).await.unwrap().is_empty());
+    other.remove_watcher(&id).await.unwrap();
+    assert_eq!(
+        guest_kind(other.watcher_events(&id).await).0,
+        ErrorKind::NotFound
+    );
+    assert_eq!(
+        guest_kind(c.create_watcher("/no/such/dir", false).await).0,
+        ErrorKind::NotFound
+    );
+}

@@ -11,6 +11,11 @@ pub const PROCESSES_PREFIX: &str = "/v1/processes/";
 pub const SIGNAL_SUFFIX: &str = "/signal";
 /// `GET /v1/user?name=N`: one account of `/etc/passwd`.
 pub const USER: &str = "/v1/user";
+/// `POST /v1/watchers` makes a buffered watch; `GET /v1/watchers/{id}` takes its events,
+/// `DELETE /v1/watchers/{id}` ends it.
+pub const WATCHERS: &str = "/v1/watchers";
+/// Prefix of the routes of one buffered watch.
+pub const WATCHERS_PREFIX: &str = "/v1/watchers/";
 pub const PTY: &str = "/v1/pty";
 pub const FILES: &str = "/v1/files";
 pub const STAT: &str = "/v1/stat";

@@ -235,6 +235,26 @@ pub struct ProcessInfo {
     pub cwd: Option<String>,
 }
 
+/// Body of `POST /v1/watchers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherRequest {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Answer of `POST /v1/watchers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherCreated {
+    pub id: String,
+}
+
+/// Answer of `GET /v1/watchers/{id}`: the events since the last call, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatcherEvents {
+    pub events: Vec<WatchEvent>,
+}
+
 /// An account of the guest (`GET /v1/user?name=N`, from `/etc/passwd`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Account {

@@ -291,10 +291,46 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                 }
                 Ok(json!({ "entries": out }))
             }
-            "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => Err(RpcError::new(
-                Code::Unimplemented,
-                "polling watchers are not served yet: use WatchDir (docs/e2b.md)",
-            )),
+            "CreateWatcher" => {
+                let r: WatchRequest = connect::unary_request(&headers, body).await?;
+                let dir = resolve(&home, &r.path)?;
+                match e.guest.stat(&dir).await.map_err(fs_error)? {
+                    s if s.file_type == FileType::Dir => {}
+                    _ => return Err(RpcError::invalid(format!("{dir} is not a directory"))),
+                }
+                let id = e
+                    .guest
+                    .create_watcher(&dir, r.recursive)
+                    .await
+                    .map_err(fs_error)?;
+                Ok(
+                    json!({"watcherId": WatcherId { guest: id, dir, entries: r.include_entry }.encode()}),
+                )
+            }
+            "GetWatcherEvents" => {
+                let r: WatcherRequest = connect::unary_request(&headers, body).await?;
+                let w = WatcherId::decode(&r.watcher_id)?;
+                let events = e.guest.watcher_events(&w.guest).await.map_err(fs_error)?;
+                let names = if w.entries {
+                    Some(Names::read(&e).await)
+                } else {
+                    None
+                };
+                let mut out = Vec::new();
+                for ev in events {
+                    let Some(v) = fs_event(&e, &w.dir, &ev, names.as_ref()).await else {
+                        continue;
+                    };
+                    out.push(v);
+                }
+                Ok(json!({ "events": out }))
+            }
+            "RemoveWatcher" => {
+                let r: WatcherRequest = connect::unary_request(&headers, body).await?;
+                let w = WatcherId::decode(&r.watcher_id)?;
+                e.guest.remove_watcher(&w.guest).await.map_err(fs_error)?;
+                Ok(json!({}))
+            }
             other => Err(RpcError::new(
                 Code::Unimplemented,
                 format!("filesystem.Filesystem has no method {other}"),
@@ -302,6 +338,68 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
         }
     };
     answer(run.await)
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct WatcherRequest {
+    watcher_id: String,
+}
+
+/// A polling watcher's id as the client holds it: the guest's watch, the directory (events
+/// are named relative to it) and whether entries are wanted; so any replica can answer.
+struct WatcherId {
+    guest: String,
+    dir: String,
+    entries: bool,
+}
+
+impl WatcherId {
+    fn encode(&self) -> String {
+        format!(
+            "{}.{}.{}",
+            self.guest,
+            u8::from(self.entries),
+            hex::encode(self.dir.as_bytes())
+        )
+    }
+
+    fn decode(s: &str) -> RpcResult<WatcherId> {
+        let bad = || RpcError::new(Code::NotFound, format!("no watcher {s:?}"));
+        let mut parts = s.splitn(3, '.');
+        let (Some(guest), Some(flag), Some(dir)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(bad());
+        };
+        let dir = hex::decode(dir)
+            .ok()
+            .and_then(|d| String::from_utf8(d).ok())
+            .ok_or_else(bad)?;
+        Ok(WatcherId {
+            guest: guest.to_owned(),
+            dir,
+            entries: flag == "1",
+        })
+    }
+}
+
+/// envd's `FilesystemEvent` of a guest event under `dir` (`None`: not reported).
+async fn fs_event(
+    e: &Envd,
+    dir: &str,
+    ev: &space_proto::WatchEvent,
+    names: Option<&Names>,
+) -> Option<Value> {
+    let kind = event_type(ev.kind)?;
+    let prefix = format!("{}/", dir.trim_end_matches('/'));
+    let name = ev.path.strip_prefix(&prefix).unwrap_or(&ev.path).to_owned();
+    let mut v = json!({"name": name, "type": kind});
+    if let Some(names) = names {
+        if let Ok(s) = e.guest.stat(&ev.path).await {
+            v["entry"] = entry(&s, names);
+        }
+    }
+    Some(v)
 }
 
 /// envd's event type of a guest watch event (`None`: not reported).
@@ -352,7 +450,6 @@ async fn watch(e: Envd, headers: HeaderMap, body: Body) -> Response {
         if !tx.send(&json!({"start": {}})).await {
             return;
         }
-        let prefix = format!("{}/", dir.trim_end_matches('/'));
         let names = if req.include_entry {
             Some(Names::read(&e).await)
         } else {
@@ -380,17 +477,10 @@ async fn watch(e: Envd, headers: HeaderMap, body: Body) -> Response {
             };
             match next {
                 Some(Ok(Some(ev))) => {
-                    let Some(kind) = event_type(ev.kind) else {
+                    let Some(v) = fs_event(&e, &dir, &ev, names.as_ref()).await else {
                         continue;
                     };
-                    let name = ev.path.strip_prefix(&prefix).unwrap_or(&ev.path).to_owned();
-                    let mut fs_event = json!({"name": name, "type": kind});
-                    if let Some(names) = &names {
-                        if let Ok(s) = e.guest.stat(&ev.path).await {
-                            fs_event["entry"] = entry(&s, names);
-                        }
-                    }
-                    if !tx.send(&json!({"filesystem": fs_event})).await {
+                    if !tx.send(&json!({"filesystem": v})).await {
                         break;
                     }
                 }

@@ -4,7 +4,7 @@
 //! refused at once, so a node can never drive another. Calls go to [`rpc::dispatch`]; guest
 //! traffic for a sandbox is served with that sandbox's guest client (waking it first), on an
 //! allowlist of guest routes: health, exec, processes (list, signal, attach, stdin, resize),
-//! PTY, files, watch, accounts and TCP to a port (whose query the guest checks, as it checks
+//! PTY, files, watch and buffered watches, accounts and TCP to a port (whose query the guest checks, as it checks
 //! every query). What the node keeps for itself (identity, growing the file system,
 //! shutdown) is not reachable.
 
@@ -84,7 +84,9 @@ fn forwardable(path: &str) -> bool {
             | routes::WATCH
             | routes::TCP
             | routes::USER
+            | routes::WATCHERS
     ) || routes::parse_process_path(path).is_some()
+        || path.starts_with(routes::WATCHERS_PREFIX)
 }
 
 async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body> {

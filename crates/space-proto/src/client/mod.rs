@@ -37,6 +37,7 @@ use crate::routes;
 use crate::types::*;
 
 mod processes;
+mod watchers;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// The body of a request to the guest.
