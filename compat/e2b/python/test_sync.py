@@ -199,6 +199,7 @@ def test_files_round_trip_list_and_errors(sandbox):
 
 def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
     import os as _os
+    import urllib.error
     import urllib.request
 
     sandbox.commands.run("mkdir -p /tmp/site && echo served-by-guest > /tmp/site/index.html")
@@ -218,6 +219,18 @@ def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
             time.sleep(0.2)
     assert body == "served-by-guest\n"
     sandbox.commands.kill(server.pid)
+
+    # A sandbox whose create kept its traffic private does not answer on its host.
+    private = Sandbox.create(TEMPLATE, network={"allow_public_traffic": False})
+    try:
+        private.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+        private.commands.run("for i in $(seq 50); do curl -s -o /dev/null localhost:8000 && break; sleep 0.1; done")
+        req = urllib.request.Request(api + "/", headers={"Host": private.get_host(8000)})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        assert e.value.code == 502
+    finally:
+        private.kill()
 
 
 def test_watch_dir_polls_new_files(sandbox):

@@ -30,6 +30,10 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_TEMPLATE: &str = "base";
 /// Sandboxes per page of a listing, at most and by default.
 pub const MAX_PAGE: usize = 100;
+/// The metadata key that makes a sandbox's ports public on their `{port}-{id}.{domain}`
+/// hosts (value `public`). E2B creates set it unless `network.allowPublicTraffic` is false;
+/// E2B answers leave it out of the metadata they show.
+pub const PORTS_KEY: &str = "space.e2b.ports";
 
 /// An error as E2B's SDKs parse it: `{"code": <status>, "message"}`. `retry: false` adds
 /// `Should-Retry: false`, which stops the Python SDK from sending a create again.
@@ -204,7 +208,12 @@ fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
         "memoryMB": sb.memory_mib,
         "diskSizeMB": sb.disk_mib,
         "state": e2b_state(sb.state),
-        "metadata": sb.options.metadata,
+        "metadata": sb
+            .options
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.as_str() != PORTS_KEY)
+            .collect::<BTreeMap<_, _>>(),
         "lifecycle": {
             "onTimeout": match sb.options.timeouts.action {
                 TimeoutAction::Suspend => "pause",
@@ -237,6 +246,7 @@ pub struct CreateBody {
     #[serde(rename = "autoResume")]
     auto_resume: Option<AutoResume>,
     allow_internet_access: Option<bool>,
+    network: Option<Value>,
 }
 
 fn lifetime(seconds: u64) -> E2bResult<Duration> {
@@ -268,6 +278,16 @@ pub async fn create(
             }),
             _ => None,
         };
+        let mut metadata = body.metadata;
+        let public = body
+            .network
+            .as_ref()
+            .and_then(|n| n.get("allowPublicTraffic"))
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
+        if public {
+            metadata.insert(PORTS_KEY.into(), "public".into());
+        }
         let new = NewSandbox {
             template: body
                 .template_id
@@ -278,7 +298,7 @@ pub async fn create(
             memory_mib: None,
             disk_mib: None,
             env: body.env_vars,
-            metadata: body.metadata,
+            metadata,
             timeouts: TimeoutPolicy {
                 idle: None,
                 max_lifetime: Some(timeout),
