@@ -63,6 +63,18 @@ test('files: round trip by hash, list, rename, remove, not found', async () => {
   await assert.rejects(sbx.files.read('/tmp/none'), NotFoundError)
 })
 
+test('files: gzip octet-stream upload with metadata, seen by getInfo and list', async () => {
+  const blob = Buffer.concat([randomBytes(512 * 1024), Buffer.alloc(512 * 1024, 7)])
+  const info = await sbx.files.write('/tmp/js.gz', blob, { gzip: true, metadata: { Stage: 'build' } })
+  assert.deepEqual(info.metadata, { stage: 'build' })
+  const sha = (b) => createHash('sha256').update(b).digest('hex')
+  const back = await sbx.files.read('/tmp/js.gz', { format: 'bytes' })
+  assert.equal(sha(Buffer.from(back)), sha(blob))
+  assert.deepEqual((await sbx.files.getInfo('/tmp/js.gz')).metadata, { stage: 'build' })
+  const listed = (await sbx.files.list('/tmp')).find((e) => e.name === 'js.gz')
+  assert.deepEqual(listed.metadata, { stage: 'build' })
+})
+
 test('watch, pty, connect by id, list by metadata, set timeout', async () => {
   await sbx.files.makeDir('/tmp/jsw')
   const seen = []

@@ -54,12 +54,22 @@ async def test_async_files_and_watch(asandbox):
 
     await asandbox.files.make_dir("/tmp/watched")
     seen = []
-    handle = await asandbox.files.watch_dir("/tmp/watched", on_event=seen.append, recursive=True)
-    await asandbox.files.write("/tmp/watched/new.txt", "x")
+    handle = await asandbox.files.watch_dir(
+        "/tmp/watched",
+        on_event=seen.append,
+        recursive=True,
+        include_entry=True,
+        allow_network_mounts=True,
+    )
+    await asandbox.files.write("/tmp/watched/new.txt", "x", metadata={"origin": "watch"})
     for _ in range(100):
         if any(e.name == "new.txt" and e.type == FilesystemEventType.CREATE for e in seen):
             break
         await asyncio.sleep(0.1)
     await handle.stop()
     assert any(e.name == "new.txt" and e.type == FilesystemEventType.CREATE for e in seen), seen
+    # With include_entry the events carry the entry as it was when the event was read.
+    entries = [e.entry for e in seen if e.name == "new.txt" and e.entry is not None]
+    assert entries and entries[-1].path == "/tmp/watched/new.txt", seen
+    assert (await asandbox.files.get_info("/tmp/watched/new.txt")).metadata == {"origin": "watch"}
     assert await asandbox.files.read("/tmp/watched/new.txt") == "x"

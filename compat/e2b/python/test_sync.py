@@ -197,6 +197,57 @@ def test_files_round_trip_list_and_errors(sandbox):
         sandbox.files.get_info("/tmp/no-such-file")
 
 
+def test_files_octet_stream_gzip_and_metadata(sandbox):
+    import hashlib
+    import io
+    import os as _os
+
+    from e2b import InvalidArgumentException
+
+    blob = _os.urandom(1024 * 1024) + b"a" * (1024 * 1024)
+    digest = hashlib.sha256(blob).hexdigest()
+    # gzip implies the octet-stream upload; the metadata is kept as the file's attributes,
+    # keys lowercased.
+    info = sandbox.files.write(
+        "/tmp/gz.bin", blob, gzip=True, metadata={"Team": "infra", "run-id": "42"}
+    )
+    assert info.path == "/tmp/gz.bin"
+    assert info.metadata == {"team": "infra", "run-id": "42"}
+    back = sandbox.files.read("/tmp/gz.bin", format="bytes", gzip=True)
+    assert hashlib.sha256(bytes(back)).hexdigest() == digest
+    # A file-like is streamed as octet-stream, uncompressed.
+    sandbox.files.write("/tmp/streamed.bin", io.BytesIO(blob))
+    out = sandbox.commands.run("sha256sum /tmp/streamed.bin")
+    assert out.stdout.split()[0] == digest
+
+    # A rewrite keeps the file's metadata and sets its own on top; the guest sees xattrs.
+    sandbox.files.write("/tmp/gz.bin", "short", metadata={"team": "web"})
+    assert sandbox.files.get_info("/tmp/gz.bin").metadata == {"team": "web", "run-id": "42"}
+    out = sandbox.commands.run(
+        "python3 -c \"import os; print(os.getxattr('/tmp/gz.bin', 'user.e2b.team').decode())\""
+    )
+    assert out.stdout.strip() == "web"
+    moved = sandbox.files.rename("/tmp/gz.bin", "/tmp/gz2.bin")
+    assert moved.metadata == {"team": "web", "run-id": "42"}
+    listed = {e.name: e.metadata for e in sandbox.files.list("/tmp")}
+    assert listed["gz2.bin"] == {"team": "web", "run-id": "42"}
+    assert listed["streamed.bin"] is None
+
+    # Several files at once (multipart): the same metadata on each.
+    infos = sandbox.files.write_files(
+        [{"path": "/tmp/m/a.txt", "data": "a"}, {"path": "/tmp/m/b.txt", "data": "b"}],
+        metadata={"k": "v"},
+    )
+    assert sorted((i.path, i.metadata["k"]) for i in infos) == [
+        ("/tmp/m/a.txt", "v"),
+        ("/tmp/m/b.txt", "v"),
+    ]
+    # More keys than a file holds: refused, and the file is not written.
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write("/tmp/m/c.txt", "c", metadata={f"k{i}": "v" for i in range(40)})
+    assert sandbox.files.exists("/tmp/m/c.txt") is False
+
+
 def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
     import os as _os
     import urllib.error

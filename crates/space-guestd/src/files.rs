@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use space_proto::limits::MAX_LIST_ENTRIES;
+use space_proto::limits::{MAX_LIST_ENTRIES, MAX_XATTRS};
 use space_proto::query::{parse_query, validate_path};
 use space_proto::{
     ChmodRequest, DirEntry, DirListing, ErrorKind, FileStat, FileType, MkdirRequest, ProtoError,
@@ -59,6 +59,23 @@ impl Params {
             .iter()
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
+    }
+
+    /// `xattr.NAME=VALUE` parameters, each checked.
+    fn xattrs(&self) -> Result<Vec<(String, String)>, ProtoError> {
+        let mut out = Vec::new();
+        for (k, v) in &self.rest {
+            if let Some(name) = k.strip_prefix("xattr.") {
+                space_proto::query::validate_xattr(name, v)?;
+                out.push((name.to_owned(), v.clone()));
+            }
+        }
+        if out.len() > MAX_XATTRS {
+            return Err(ProtoError::invalid(format!(
+                "at most {MAX_XATTRS} extended attributes may be set at once"
+            )));
+        }
+        Ok(out)
     }
 
     fn flag(&self, key: &str) -> Result<bool, ProtoError> {
@@ -128,6 +145,7 @@ fn stat_from(path: &str, meta: &fs::Metadata) -> FileStat {
             .saturating_mul(1_000_000_000)
             .saturating_add(meta.mtime_nsec()),
         symlink_target,
+        xattrs: crate::xattrs::read(Path::new(path)),
     }
 }
 
@@ -263,6 +281,7 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
     let mode = params.get("mode").map(parse_mode).transpose()?;
     let parents = params.flag("parents")?;
     let owner = params.get("owner").map(parse_owner).transpose()?;
+    let xattrs = params.xattrs()?;
     let path = params.path.clone();
     let target = PathBuf::from(&path);
     let Some(name) = target.file_name().map(|n| n.to_os_string()) else {
@@ -290,6 +309,7 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
             };
             let final_mode = mode.or(existing.map(|e| e.0)).unwrap_or(0o644);
             let final_owner = owner.or(existing.map(|e| e.1));
+            let replaces = existing.is_some();
             let n = UPLOADS.fetch_add(1, Ordering::Relaxed);
             let mut tmp_name = std::ffi::OsString::from(".");
             tmp_name.push(&name);
@@ -301,7 +321,17 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
                 .mode(0o600)
                 .open(&tmp)
                 .map_err(|e| create_error(&path, &dir, &e))?;
-            Ok((file, TempGuard(Some(tmp)), (final_mode, final_owner)))
+            let guard = TempGuard(Some(tmp));
+            // A file that is replaced keeps its attributes; the write's own come on top.
+            if replaces {
+                crate::xattrs::copy(Path::new(&path), &file)
+                    .map_err(|e| io_err("copy the extended attributes of", &path, &e))?;
+            }
+            for (name, value) in &xattrs {
+                crate::xattrs::set(&file, name.as_bytes(), value.as_bytes())
+                    .map_err(|e| io_err(&format!("set {name} on"), &path, &e))?;
+            }
+            Ok((file, guard, (final_mode, final_owner)))
         })
         .await?
     };

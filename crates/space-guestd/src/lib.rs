@@ -26,5 +26,6 @@ pub mod transport;
 pub mod users;
 pub mod watch;
 pub mod watchers;
+pub mod xattrs;
 
 pub use daemon::{Daemon, Options};

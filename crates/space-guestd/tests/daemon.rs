@@ -223,6 +223,7 @@ async fn fifty_megabyte_file_round_trip() {
                 mode: Some(0o600),
                 create_parents: true,
                 owner: Some((65534, 65534)),
+                xattrs: Default::default(),
             },
         )
         .await
@@ -281,6 +282,75 @@ async fn aborted_upload_leaves_target_untouched() {
     assert_eq!(std::fs::read(&path).unwrap(), b"original");
     let entries: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert_eq!(entries.len(), 1, "temporary upload file left behind");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extended_attributes_are_set_by_writes_and_kept_by_rewrites() {
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tagged.txt");
+    let path = path.to_str().unwrap();
+    let with = |pairs: &[(&str, &str)]| WriteOptions {
+        xattrs: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..WriteOptions::default()
+    };
+    let stat = c
+        .write_file(
+            path,
+            Bytes::from_static(b"one"),
+            with(&[("user.e2b.team", "infra"), ("user.a&b=c", "x y%z")]),
+        )
+        .await
+        .unwrap();
+    assert_eq!(stat.xattrs.get("user.e2b.team").unwrap(), "infra");
+    assert_eq!(stat.xattrs.get("user.a&b=c").unwrap(), "x y%z");
+    // A rewrite keeps them and sets its own on top; stat and list report them.
+    c.write_file(
+        path,
+        Bytes::from_static(b"two"),
+        with(&[("user.e2b.team", "web")]),
+    )
+    .await
+    .unwrap();
+    let s = c.stat(path).await.unwrap();
+    assert_eq!(s.xattrs.len(), 2, "{:?}", s.xattrs);
+    assert_eq!(s.xattrs.get("user.e2b.team").unwrap(), "web");
+    let listed = c.list(dir.path().to_str().unwrap()).await.unwrap();
+    assert_eq!(listed[0].stat.xattrs, s.xattrs);
+    // Names outside user., and too many, are refused before anything is written.
+    for bad in [
+        with(&[("trusted.x", "1")]),
+        with(&[("user.", "1")]),
+        WriteOptions {
+            xattrs: (0..40)
+                .map(|i| (format!("user.k{i}"), "v".into()))
+                .collect(),
+            ..WriteOptions::default()
+        },
+    ] {
+        // The client refuses them itself...
+        match c.write_file(path, Bytes::from_static(b"bad"), bad).await {
+            Err(ClientError::Invalid(e)) => assert_eq!(e.kind, ErrorKind::InvalidArgument),
+            other => panic!("expected a refused attribute, got {other:?}"),
+        }
+    }
+    // ...and so does the daemon, for whoever sends them anyway.
+    let mut h2 = raw_h2(&d.sock).await;
+    let uri = format!(
+        "http://guest/v1/files?path={}&xattr.trusted.x=1",
+        space_proto::query::encode_component(path)
+    );
+    let req = http::Request::put(uri)
+        .body(http_body_util::Full::new(Bytes::from_static(b"bad")))
+        .unwrap();
+    h2.ready().await.unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
+    assert_eq!(std::fs::read(path).unwrap(), b"two");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

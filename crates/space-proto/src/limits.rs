@@ -30,6 +30,12 @@ pub const MAX_HOSTNAME: usize = 64;
 pub const MAX_FINISHED_PROCESSES: usize = 128;
 /// Largest CA certificate (PEM) accepted by identity.
 pub const MAX_CA_PEM: usize = 64 * 1024;
+/// Extended attributes one write may set, and that a stat reports.
+pub const MAX_XATTRS: usize = 32;
+/// Longest extended attribute name (Linux XATTR_NAME_MAX).
+pub const MAX_XATTR_NAME: usize = 255;
+/// Largest extended attribute value a write may set, and that a stat reports.
+pub const MAX_XATTR_VALUE: usize = 4096;
 
 /// Start of the `space.egress` synchronisation line (`docs/egress.md`); the token's hex
 /// digits ([`EGRESS_SYNC_TOKEN_HEX`]) and `\n` follow.

@@ -6,7 +6,7 @@
 //! may be: absolute, UTF-8, no NUL, at most `MAX_PATH_LEN` bytes.
 
 use crate::error::ProtoError;
-use crate::limits::MAX_PATH_LEN;
+use crate::limits::{MAX_PATH_LEN, MAX_XATTR_NAME, MAX_XATTR_VALUE};
 
 fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/')
@@ -98,9 +98,40 @@ pub fn validate_path(path: &str) -> Result<(), ProtoError> {
     Ok(())
 }
 
+/// The one rule for an extended attribute the protocol carries: a name in the `user.`
+/// namespace (at most `MAX_XATTR_NAME` bytes, no NUL, something after the prefix) and a
+/// UTF-8 value of at most `MAX_XATTR_VALUE` bytes.
+pub fn validate_xattr(name: &str, value: &str) -> Result<(), ProtoError> {
+    let bad = |why: &str| {
+        Err(ProtoError::invalid(format!(
+            "extended attribute {name:?}: {why}"
+        )))
+    };
+    if !name.starts_with("user.") || name.len() == "user.".len() {
+        return bad("names are user.<something>");
+    }
+    if name.len() > MAX_XATTR_NAME || name.contains('\0') {
+        return bad("the name is too long or has a NUL");
+    }
+    if value.len() > MAX_XATTR_VALUE {
+        return bad("the value is too long");
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn xattrs_are_user_names_with_bounded_values() {
+        assert!(validate_xattr("user.e2b.team", "infra").is_ok());
+        assert!(validate_xattr("user.", "x").is_err());
+        assert!(validate_xattr("trusted.x", "x").is_err());
+        assert!(validate_xattr(&format!("user.{}", "n".repeat(251)), "x").is_err());
+        assert!(validate_xattr("user.a\0b", "x").is_err());
+        assert!(validate_xattr("user.big", &"v".repeat(MAX_XATTR_VALUE + 1)).is_err());
+    }
 
     #[test]
     fn encode_decode_round_trip() {

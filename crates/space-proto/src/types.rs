@@ -292,6 +292,10 @@ pub struct FileStat {
     pub gid: u32,
     pub mtime_unix_ns: i64,
     pub symlink_target: Option<String>,
+    /// Extended attributes in the `user.` namespace whose values are UTF-8, by name (at most
+    /// `MAX_XATTRS`; larger or binary values are left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// One entry of a directory listing.
@@ -346,7 +350,7 @@ pub struct ChmodRequest {
 }
 
 /// Options of `PUT /v1/files`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteOptions {
     /// Permission bits of the file; an existing file keeps its mode, a new one gets 0o644.
     pub mode: Option<u32>,
@@ -355,6 +359,10 @@ pub struct WriteOptions {
     /// Owner (uid, gid) of the file and of the directories the write creates; without it a
     /// file that existed keeps its owner and a new one is the daemon's.
     pub owner: Option<(u32, u32)>,
+    /// Extended attributes (`user.` names) set on the file; a file that existed keeps its
+    /// others.
+    #[serde(default)]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -99,6 +99,7 @@ pub async fn upload(
         mode,
         create_parents: q.parents.unwrap_or(false),
         owner: None,
+        xattrs: Default::default(),
     };
     let pump = async move {
         let mut tx = tx;

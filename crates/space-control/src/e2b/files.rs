@@ -1,16 +1,22 @@
 //! envd's file API: `GET /files?path=&username=` streams a file; `POST /files` writes the
 //! parts of a multipart form (each part named `file`, its filename the path, relative ones
-//! under the user's home), each file and the directories made for it owned by the user.
-//! The answer is `[{name, type, path}]`, one entry per file. Errors are `{"code": <status>,
+//! under the user's home) or one file's bytes, each file and the directories made for it
+//! owned by the user, with the `X-Metadata-*` headers as its `user.e2b.*` attributes. The
+//! answer is `[{name, type, path, metadata}]`, one entry per file. Errors are `{"code": <status>,
 //! "message"}`: 404 for a missing file, 507 when the disk is full.
 
+use std::collections::BTreeMap;
+
+use async_compression::tokio::bufread::GzipDecoder;
 use axum::body::Body;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
-
-use serde_json::json;
-use space_proto::{ClientError, ErrorKind, WriteOptions};
+use serde_json::{json, Value};
+use space_proto::limits::MAX_XATTRS;
+use space_proto::{Account, ClientError, ErrorKind, FileStat, WriteOptions};
+use tokio_util::io::{ReaderStream, StreamReader};
 
 use super::connect::{Code, RpcError};
 use super::envd::Envd;
@@ -104,7 +110,101 @@ pub async fn download(mut e: Envd, query: Option<&str>) -> Response {
     ([(header::CONTENT_TYPE, "application/octet-stream")], body).into_response()
 }
 
-/// `POST /files[?path=P][&username=U]` with a multipart form.
+/// The prefix of the extended attributes that hold a file's E2B metadata.
+pub const METADATA_XATTR: &str = "user.e2b.";
+
+/// The `X-Metadata-<key>` headers of an upload as extended attributes (`user.e2b.<key>`,
+/// the key lowercased as envd does), each checked as the SDKs check them.
+fn metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        // Header names arrive lowercased.
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        if key.is_empty() {
+            return Err("a metadata header has no key".into());
+        }
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| format!("the metadata value of {key:?} is not printable ASCII"))?;
+        let xattr = format!("{METADATA_XATTR}{key}");
+        space_proto::query::validate_xattr(&xattr, value).map_err(|e| e.message)?;
+        out.insert(xattr, value.to_owned());
+    }
+    if out.len() > MAX_XATTRS {
+        return Err(format!("a file holds at most {MAX_XATTRS} metadata keys"));
+    }
+    Ok(out)
+}
+
+/// A file's E2B metadata: its `user.e2b.*` attributes without the prefix.
+pub fn file_metadata(stat: &FileStat) -> BTreeMap<&str, &str> {
+    stat.xattrs
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix(METADATA_XATTR)?, v.as_str())))
+        .collect()
+}
+
+type Chunks = futures::stream::BoxStream<'static, std::io::Result<Bytes>>;
+
+/// The request body, decompressed when it says `Content-Encoding: gzip`.
+fn decoded(headers: &HeaderMap, body: Body) -> Result<Chunks, String> {
+    let raw = body.into_data_stream().map_err(std::io::Error::other);
+    let encoding = headers
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    match encoding.as_deref() {
+        None | Some("") | Some("identity") => Ok(raw.boxed()),
+        Some("gzip") | Some("x-gzip") => {
+            let reader = StreamReader::new(raw);
+            let mut decoder = GzipDecoder::new(reader);
+            decoder.multiple_members(true);
+            Ok(ReaderStream::new(decoder).boxed())
+        }
+        Some(other) => Err(format!(
+            "uploads are sent as they are or gzip-compressed, not {other:?}"
+        )),
+    }
+}
+
+/// Writes one file from `chunks`; the entry of the answer, or the error's response.
+async fn write_one<S>(
+    e: &Envd,
+    account: &Account,
+    target: &str,
+    chunks: S,
+    xattrs: &BTreeMap<String, String>,
+) -> Result<Value, Response>
+where
+    S: futures::Stream<Item = std::io::Result<Bytes>> + Send + 'static,
+{
+    let target = resolve(&account.home, target).map_err(rpc_error)?;
+    let options = WriteOptions {
+        mode: None,
+        create_parents: true,
+        owner: Some((account.uid, account.gid)),
+        xattrs: xattrs.clone(),
+    };
+    let stat = e
+        .guest
+        .write_file_stream(&target, chunks, options)
+        .await
+        .map_err(guest_error)?;
+    let name = target.rsplit('/').next().unwrap_or("").to_owned();
+    let mut entry = json!({"name": name, "type": "file", "path": target});
+    let meta = file_metadata(&stat);
+    if !meta.is_empty() {
+        entry["metadata"] = json!(meta);
+    }
+    Ok(entry)
+}
+
+/// `POST /files[?path=P][&username=U]`: a multipart form, or one file's bytes
+/// (`application/octet-stream`, `path` required); either may be gzip-compressed. Metadata
+/// headers apply to every file.
 pub async fn upload(mut e: Envd, query: Option<&str>, headers: HeaderMap, body: Body) -> Response {
     let (path, user) = match params(query) {
         Ok(p) => p,
@@ -113,6 +213,10 @@ pub async fn upload(mut e: Envd, query: Option<&str>, headers: HeaderMap, body: 
     if user.is_some() {
         e.user = user;
     }
+    let xattrs = match metadata(&headers) {
+        Ok(m) => m,
+        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+    };
     let account = match e.account().await {
         Ok(a) => a,
         Err(err) => return rpc_error(err),
@@ -121,78 +225,102 @@ pub async fn upload(mut e: Envd, query: Option<&str>, headers: HeaderMap, body: 
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !ct.starts_with("multipart/form-data") {
-        return error(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("uploads are multipart/form-data, not {ct:?}"),
-        );
-    }
-    let boundary = match multer::parse_boundary(ct) {
-        Ok(b) => b,
-        Err(err) => {
+    let media = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let chunks = match decoded(&headers, body) {
+        Ok(c) => c,
+        Err(m) => return error(StatusCode::UNSUPPORTED_MEDIA_TYPE, m),
+    };
+    let written = match media.as_str() {
+        "application/octet-stream" => {
+            let Some(path) = path else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "an octet-stream upload needs the path parameter",
+                );
+            };
+            match write_one(&e, &account, &path, chunks, &xattrs).await {
+                Ok(entry) => vec![entry],
+                Err(r) => return r,
+            }
+        }
+        "multipart/form-data" => match write_form(&e, &account, ct, path, chunks, &xattrs).await {
+            Ok(entries) => entries,
+            Err(r) => return r,
+        },
+        _ => {
             return error(
-                StatusCode::BAD_REQUEST,
-                format!("the form's boundary: {err}"),
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("uploads are multipart/form-data or application/octet-stream, not {ct:?}"),
             )
         }
     };
-    let mut form = multer::Multipart::new(body.into_data_stream(), boundary);
+    e.touch();
+    axum::Json(written).into_response()
+}
+
+/// The parts named `file` of a multipart form: with one file the `path` parameter names
+/// it, with several each part's filename does.
+async fn write_form(
+    e: &Envd,
+    account: &Account,
+    content_type: &str,
+    path: Option<String>,
+    chunks: Chunks,
+    xattrs: &BTreeMap<String, String>,
+) -> Result<Vec<Value>, Response> {
+    let boundary = multer::parse_boundary(content_type).map_err(|err| {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("the form's boundary: {err}"),
+        )
+    })?;
+    let mut form = multer::Multipart::new(chunks, boundary);
     let mut written = Vec::new();
     loop {
         let field = match form.next_field().await {
             Ok(Some(f)) => f,
             Ok(None) => break,
-            Err(err) => return error(StatusCode::BAD_REQUEST, format!("the form: {err}")),
+            Err(err) => return Err(error(StatusCode::BAD_REQUEST, format!("the form: {err}"))),
         };
         if field.name() != Some("file") {
             continue;
         }
-        // One file: the `path` parameter names it; several: each part's filename does.
         let named = field.file_name().map(str::to_owned);
         let target = match (&path, &named) {
             (Some(p), _) if written.is_empty() => p.clone(),
             (_, Some(n)) if !n.is_empty() => n.clone(),
             _ => {
-                return error(
+                return Err(error(
                     StatusCode::BAD_REQUEST,
                     "a part has no file name and no path was given",
-                )
+                ))
             }
         };
-        let target = match resolve(&account.home, &target) {
-            Ok(p) => p,
-            Err(err) => return rpc_error(err),
-        };
-        let options = WriteOptions {
-            mode: None,
-            create_parents: true,
-            owner: Some((account.uid, account.gid)),
-        };
         // The part borrows the form: its chunks go to the upload through a small channel.
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<bytes::Bytes>>(4);
-        let chunks = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(4);
+        let part = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
         let pump = async move {
             let mut field = field;
-            loop {
-                let next = field.next().await;
-                let Some(chunk) = next else { break };
+            while let Some(chunk) = field.next().await {
                 let failed = chunk.is_err();
                 if tx.send(chunk.map_err(std::io::Error::other)).await.is_err() || failed {
                     break;
                 }
             }
         };
-        let (written_file, ()) =
-            tokio::join!(e.guest.write_file_stream(&target, chunks, options), pump);
-        if let Err(err) = written_file {
-            return guest_error(err);
-        }
-        let name = target.rsplit('/').next().unwrap_or("").to_owned();
-        written.push(json!({"name": name, "type": "file", "path": target}));
+        let (entry, ()) = tokio::join!(write_one(e, account, &target, part, xattrs), pump);
+        written.push(entry?);
     }
     if written.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "the form has no part named file");
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "the form has no part named file",
+        ));
     }
-    e.touch();
-    axum::Json(written).into_response()
+    Ok(written)
 }

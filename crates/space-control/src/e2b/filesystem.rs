@@ -165,6 +165,10 @@ pub fn entry(s: &FileStat, names: &Names) -> Value {
     if let Some(t) = &s.symlink_target {
         v["symlinkTarget"] = json!(t);
     }
+    let metadata = super::files::file_metadata(s);
+    if !metadata.is_empty() {
+        v["metadata"] = json!(metadata);
+    }
     v
 }
 
@@ -526,6 +530,11 @@ mod tests {
             gid: 1000,
             mtime_unix_ns: 1_500_000_000_123_456_789,
             symlink_target: None,
+            xattrs: [
+                ("user.e2b.owner-team".to_owned(), "infra".to_owned()),
+                ("user.other".to_owned(), "not metadata".to_owned()),
+            ]
+            .into(),
         };
         let mut names = Names::default();
         names.users.insert(1000, "user".into());
@@ -538,5 +547,6 @@ mod tests {
         assert_eq!(v["group"], "1000");
         assert_eq!(v["mode"], 0o755 | MODE_DIR);
         assert_eq!(v["modifiedTime"], "2017-07-14T02:40:00.123456789Z");
+        assert_eq!(v["metadata"], json!({"owner-team": "infra"}));
     }
 }

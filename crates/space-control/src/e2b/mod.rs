@@ -31,7 +31,7 @@ use space_node::SandboxId;
 use crate::api::Shared;
 
 /// The envd version reported: the SDKs' feature gates up to it are what this facade serves.
-pub const ENVD_VERSION: &str = "0.5.2";
+pub const ENVD_VERSION: &str = "0.6.4";
 /// The port E2B's SDKs address envd on.
 pub const ENVD_PORT: u16 = 49983;
 /// The variable that sets the domain of E2B sandbox hosts.

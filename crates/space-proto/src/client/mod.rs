@@ -31,8 +31,8 @@ use tokio::sync::mpsc;
 
 use crate::error::{ErrorKind, ProtoError};
 use crate::frame::{encode_chunked, Frame, FrameDecoder, FrameError, FrameKind};
-use crate::limits::MAX_JSON_BODY;
-use crate::query::{encode_component, validate_path};
+use crate::limits::{MAX_JSON_BODY, MAX_XATTRS};
+use crate::query::{encode_component, validate_path, validate_xattr};
 use crate::routes;
 use crate::types::*;
 
@@ -161,7 +161,7 @@ fn path_query(route: &str, path: &str, extra: &[(&str, String)]) -> Result<Strin
     let mut s = format!("{route}?path={}", encode_component(path));
     for (k, v) in extra {
         s.push('&');
-        s.push_str(k);
+        s.push_str(&encode_component(k));
         s.push('=');
         s.push_str(&encode_component(v));
     }
@@ -540,6 +540,22 @@ impl GuestClient {
         }
         if let Some(mode) = options.mode {
             extra.push(("mode", format!("{mode:o}")));
+        }
+        if options.xattrs.len() > MAX_XATTRS {
+            return Err(ClientError::Invalid(ProtoError::invalid(format!(
+                "at most {MAX_XATTRS} extended attributes may be set at once"
+            ))));
+        }
+        for (name, value) in &options.xattrs {
+            validate_xattr(name, value).map_err(ClientError::Invalid)?;
+        }
+        let xattr_keys: Vec<String> = options
+            .xattrs
+            .keys()
+            .map(|k| format!("xattr.{k}"))
+            .collect();
+        for (key, value) in xattr_keys.iter().zip(options.xattrs.values()) {
+            extra.push((key.as_str(), value.clone()));
         }
         let pq = path_query(routes::FILES, path, &extra)?;
         let req = Request::builder()
