@@ -10,9 +10,11 @@ run for run, so both see the same machine at the same moment.
 import argparse
 import os
 import statistics
+import sys
 import time
 
 import e2b
+import httpx
 import space_sdk
 
 
@@ -23,6 +25,23 @@ def pct(xs, p):
 
 def row(name, xs):
     return f"| {name:<44} | {len(xs):>3} | {pct(xs, 50):>8.2f} | {pct(xs, 90):>8.2f} | {pct(xs, 99):>8.2f} | {statistics.mean(xs):>8.2f} |"
+
+
+def wait_pool_full(http, template, limit=180.0):
+    """Waits until the template's warm pool is full (from /metrics), so every create is
+    measured from the same state."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        ready = size = None
+        for line in http.get("/metrics").text.splitlines():
+            if line.startswith(f'space_pool_ready{{template="{template}"}} '):
+                ready = float(line.split()[-1])
+            if line.startswith(f'space_pool_size{{template="{template}"}} '):
+                size = float(line.split()[-1])
+        if size and ready is not None and ready >= size:
+            return
+        time.sleep(0.02)
+    raise SystemExit(f"the warm pool of {template} did not fill within {limit:.0f} s")
 
 
 def main():
@@ -36,19 +55,37 @@ def main():
     os.environ.setdefault("E2B_SANDBOX_URL", url)
     os.environ.setdefault("E2B_API_KEY", key)
     client = space_sdk.Space(url=url, api_key=key)
+    http = httpx.Client(base_url=url)
 
-    create = {"e2b": [], "space": []}
-    for _ in range(a.runs):
+    def via_e2b():
         t = time.perf_counter()
         s = e2b.Sandbox.create(a.template)
         s.commands.run("true", user="root")
-        create["e2b"].append((time.perf_counter() - t) * 1000)
+        took = (time.perf_counter() - t) * 1000
         s.kill()
+        return took
+
+    def via_space():
         t = time.perf_counter()
         sb = space_sdk.Sandbox.create(template=a.template, client=client)
         sb.exec(["true"])
-        create["space"].append((time.perf_counter() - t) * 1000)
+        took = (time.perf_counter() - t) * 1000
         sb.kill()
+        return took
+
+    # Alternating which goes first; the pool full before each; one uncounted pair first.
+    create = {"e2b": [], "space": []}
+    for i in range(a.runs + 1):
+        order = [("e2b", via_e2b), ("space", via_space)]
+        if i % 2:
+            order.reverse()
+        for name, f in order:
+            wait_pool_full(http, a.template)
+            took = f()
+            if i > 0:
+                create[name].append(took)
+        if i > 0:
+            print(f"[bench] create -> first command {i}/{a.runs}", file=sys.stderr, flush=True)
 
     # One sandbox, reached through both APIs: the same guest, the same command.
     s = e2b.Sandbox.create(a.template)

@@ -107,7 +107,12 @@ def test_connect_by_id_set_timeout_pause_and_resume(sandbox):
 
 
 def test_kill_then_connect_fails():
-    sbx = Sandbox.create(TEMPLATE)
+    # A create sent again under its idempotency key answers the same sandbox.
+    key = f"kill-test-{time.time_ns()}"
+    sbx = Sandbox.create(TEMPLATE, idempotency_key=key)
+    assert Sandbox.create(TEMPLATE, idempotency_key=key).sandbox_id == sbx.sandbox_id
+    with pytest.raises(SandboxException):
+        Sandbox.create(TEMPLATE, idempotency_key=key, metadata={"other": "request"})
     assert sbx.kill() is True
     assert Sandbox.kill(sbx.sandbox_id) is False
     with pytest.raises(SandboxException):

@@ -110,32 +110,57 @@ fn template_name() -> TemplateName {
 }
 
 fn server_config(plan: &ApiPlan, dir: &DataDir, node_over_network: bool) -> ServerConfig {
-    let mut node = NodeConfig::new(dir.data());
-    node.storage = StorageOptions {
-        driver: Some(DriverKind::Btrfs),
-        loop_image_size: LOOP_IMAGE_SIZE,
-        loop_image: true,
+    let served = Served {
+        template: TEMPLATE,
+        rootfs: &plan.rootfs,
+        kernel: &plan.kernel,
+        qemu: &plan.qemu,
+        pool_size: plan.pool_size,
     };
-    node.qemu.qemu = plan.qemu.clone();
-    node.qemu.detached = false;
-    node.rolling.enabled = false;
-    // The pool loop on its default tick (a take wakes it at once); only `minimal` has one.
-    let mut pools = PoolConfig::default();
-    pools.sizes.clear();
-    pools.default_size = 0;
-    pools.sizes.insert(template_name(), plan.pool_size);
-    node.pools = pools;
-    ServerConfig {
-        archive: None,
-        node,
-        listen: "127.0.0.1:0".parse().expect("a valid address"),
-        kernel: plan.kernel.clone(),
-        images: BTreeMap::from([(TEMPLATE.to_owned(), plan.rootfs.clone())]),
-        stock_templates: vec![TEMPLATE.to_owned()],
-        max_upload_bytes: 1 << 30,
-        max_body_bytes: 1 << 20,
-        database: None,
-        node_over_network,
+    served.config(dir, node_over_network)
+}
+
+/// The one template a benchmark's server serves, with a warm pool of it.
+pub(crate) struct Served<'a> {
+    pub template: &'a str,
+    pub rootfs: &'a std::path::Path,
+    pub kernel: &'a std::path::Path,
+    pub qemu: &'a std::path::Path,
+    pub pool_size: usize,
+}
+
+impl Served<'_> {
+    /// A server on a fresh loop-mounted btrfs data directory, rolling snapshots off.
+    pub(crate) fn config(&self, dir: &DataDir, node_over_network: bool) -> ServerConfig {
+        let template: TemplateName = self.template.parse().expect("a valid template name");
+        let mut node = NodeConfig::new(dir.data());
+        node.storage = StorageOptions {
+            driver: Some(DriverKind::Btrfs),
+            loop_image_size: LOOP_IMAGE_SIZE,
+            loop_image: true,
+        };
+        node.qemu.qemu = self.qemu.to_path_buf();
+        node.qemu.detached = false;
+        node.rolling.enabled = false;
+        // The pool loop on its default tick (a take wakes it at once); only the one template
+        // has a pool.
+        let mut pools = PoolConfig::default();
+        pools.sizes.clear();
+        pools.default_size = 0;
+        pools.sizes.insert(template, self.pool_size);
+        node.pools = pools;
+        ServerConfig {
+            archive: None,
+            node,
+            listen: "127.0.0.1:0".parse().expect("a valid address"),
+            kernel: self.kernel.to_path_buf(),
+            images: BTreeMap::from([(self.template.to_owned(), self.rootfs.to_path_buf())]),
+            stock_templates: vec![self.template.to_owned()],
+            max_upload_bytes: 1 << 30,
+            max_body_bytes: 1 << 20,
+            database: None,
+            node_over_network,
+        }
     }
 }
 

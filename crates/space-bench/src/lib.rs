@@ -6,6 +6,7 @@
 //! - [`archive`]: the archive group (`space-bench archive`): sandboxes through the object store;
 //! - [`egress`]: the egress group (`space-bench egress`): what the gateway adds to HTTPS;
 //! - [`cluster`]: the cluster group (`space-bench cluster`): creates over several nodes;
+//! - [`e2b`]: the E2B group (`space-bench e2b`): the E2B SDK against space's own, one server;
 //! - [`failover`]: the failover group (`space-bench failover`): a node's loss, with processes;
 //! - [`bare`]: the reference restore that drives QEMU with the least machinery;
 //! - [`qmp`]: the small line-based QMP client the reference restore speaks;
@@ -19,6 +20,7 @@ pub mod archive;
 pub mod bare;
 pub mod bench;
 pub mod cluster;
+pub mod e2b;
 pub mod egress;
 pub mod failover;
 pub mod host;

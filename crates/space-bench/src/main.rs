@@ -14,6 +14,8 @@
 //!     [--concurrent N] [--pool-size N]
 //! cargo run --release -p space-bench -- egress [--runs N] [--big-runs N] [--big-mib N]
 //!     [--guest [--guest-runs N]]
+//! source target/space/env.sh && cargo run --release -p space-bench -- e2b [--runs N]
+//!     [--round-trips N] [--pool-size N]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -113,6 +115,9 @@ enum Command {
     /// SIGKILL to its running sandboxes answering elsewhere, and restores of its suspended
     /// ones on other nodes against restores in place.
     Failover(FailoverArgs),
+    /// Measures the E2B facade: the official E2B Python SDK against space's Python SDK on one
+    /// server with a warm pool of `base`: create to first command, and a command round trip.
+    E2b(E2bArgs),
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
@@ -170,6 +175,22 @@ struct ApiArgs {
     /// Members of the `minimal` pool.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
     pool_size: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct E2bArgs {
+    /// Command round trips per SDK.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    round_trips: u64,
+    /// Members of the `base` pool.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pool_size: u64,
+    /// The `base` root image.
+    #[arg(long, env = "SPACE_ROOTFS_BASE")]
+    rootfs_base: Option<PathBuf>,
+    /// The Python that has the E2B SDK (default: target/space/venv-e2b/bin/python).
+    #[arg(long)]
+    python: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -316,6 +337,28 @@ async fn run(cli: Cli) -> Result<()> {
             qemu: cli.qemu.clone(),
         };
         return space_bench::api::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::E2b(args)) = &cli.command {
+        let rootfs = args
+            .rootfs_base
+            .clone()
+            .filter(|r| r.is_file())
+            .ok_or_else(|| anyhow!("no base image: pass --rootfs-base or set SPACE_ROOTFS_BASE (`source target/space/env.sh`)"))?;
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let plan = space_bench::e2b::E2bPlan {
+            runs: cli.runs,
+            round_trips: args.round_trips as usize,
+            pool_size: args.pool_size as usize,
+            kernel,
+            rootfs,
+            qemu: cli.qemu.clone(),
+            python: args
+                .python
+                .clone()
+                .unwrap_or_else(|| repo.join("target/space/venv-e2b/bin/python")),
+            repo,
+        };
+        return space_bench::e2b::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Cluster(args)) = &cli.command {
         let plan = space_bench::cluster::ClusterPlan {

@@ -864,18 +864,31 @@ async fn run_checks(api: &Api, admin: &str) {
     assert_eq!(api.sh(admin, &c, "cat /tmp/marker").await, "before\n");
 
     // ---- a second tenant, quotas and isolation ----------------------------------------------
-    let b = api
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            &acme_key,
-            Some(json!({"template": "minimal"})),
-            201,
-        )
-        .await["id"]
+    // A create under an Idempotency-Key, sent again, answers the same sandbox (the tenant's
+    // quota of one sandbox would refuse a second); with another body it is refused.
+    let keyed = |body: Value| {
+        api.request("POST", "/v1/sandboxes", Some(&acme_key))
+            .header("Idempotency-Key", "acme-first-create")
+            .json(&body)
+            .send()
+    };
+    let first = keyed(json!({"template": "minimal"})).await.unwrap();
+    assert_eq!(first.status(), 201);
+    let b = first.json::<Value>().await.unwrap()["id"]
         .as_str()
         .unwrap()
         .to_owned();
+    let again = keyed(json!({"template": "minimal"})).await.unwrap();
+    assert_eq!(again.status(), 201);
+    assert_eq!(again.json::<Value>().await.unwrap()["id"], b.as_str());
+    let other = keyed(json!({"template": "minimal", "metadata": {"k": "v"}}))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), 422);
+    assert_eq!(
+        other.json::<Value>().await.unwrap()["error"]["code"],
+        "idempotency_key_reused"
+    );
     let msg = api
         .err(
             "POST",
@@ -1110,7 +1123,9 @@ async fn run_checks(api: &Api, admin: &str) {
         1 + u32::from(midstream_answered)
     );
     for needle in [
-        "space_api_requests_total{operation=\"sandbox.create\",status=\"201\"} 3",
+        // Three sandboxes, and one create answered again under its idempotency key.
+        "space_api_requests_total{operation=\"sandbox.create\",status=\"201\"} 4",
+        "space_api_requests_total{operation=\"sandbox.create\",status=\"422\"} 1",
         "space_api_requests_total{operation=\"sandbox.create\",status=\"429\"} 1",
         uploads_413.as_str(),
         "space_api_request_duration_seconds_bucket{operation=\"sandbox.exec\",le=\"+Inf\"}",

@@ -559,10 +559,26 @@ pub(crate) async fn proxy(
     port: u16,
     prefix: &str,
     rest: &str,
-    mut req: Request,
+    req: Request,
     public: bool,
 ) -> ApiResult<Response> {
     let info = st.node.info(id).await.map_err(node_error(id))?;
+    proxy_to(st, who, &info, port, prefix, rest, req, public).await
+}
+
+/// [`proxy`] to a sandbox whose record the caller has read already.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn proxy_to(
+    st: &Shared,
+    who: Option<&crate::store::Principal>,
+    info: &space_node::api::Sandbox,
+    port: u16,
+    prefix: &str,
+    rest: &str,
+    mut req: Request,
+    public: bool,
+) -> ApiResult<Response> {
+    let id = &info.id;
     match info.state {
         // A sleeping sandbox is woken by the request (when its auto_resume allows).
         SbState::Running | SbState::Paused | SbState::Suspended => {}

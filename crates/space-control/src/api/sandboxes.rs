@@ -5,11 +5,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
+use sha2::Digest;
 use space_node::api::Sandbox;
 use space_node::{
     CreateRequest, SandboxId, SandboxOptions, SnapshotId, SnapshotKind, State as SbState,
@@ -19,7 +20,7 @@ use space_node::{
 use super::{ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
 use crate::error::{node_error, ApiError, ApiResult};
 use crate::quota::{self, Usage};
-use crate::store::TenantName;
+use crate::store::{CreateKey, TenantName};
 
 /// Console bytes `logs` returns by default.
 pub const DEFAULT_LOG_TAIL: usize = 64 * 1024;
@@ -145,13 +146,17 @@ fn created(v: Value) -> Response {
     (StatusCode::CREATED, Json(v)).into_response()
 }
 
-/// `POST /v1/sandboxes`
+/// `POST /v1/sandboxes` (`Idempotency-Key` honoured)
 pub async fn create(
     State(st): State<Shared>,
     Caller(who): Caller,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<CreateBody>,
 ) -> ApiResult<Response> {
-    let result = create_inner(&st, &who.tenant, body).await;
+    let result = match idempotency_key(&headers) {
+        Ok(key) => create_inner(&st, &who.tenant, key.as_deref(), body).await,
+        Err(e) => Err(e),
+    };
     let sandbox = result
         .as_ref()
         .ok()
@@ -167,7 +172,12 @@ pub async fn create(
     result.map(created)
 }
 
-async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> ApiResult<Value> {
+async fn create_inner(
+    st: &Shared,
+    tenant: &TenantName,
+    key: Option<&str>,
+    body: CreateBody,
+) -> ApiResult<Value> {
     let timeouts = body
         .timeouts
         .as_ref()
@@ -187,12 +197,12 @@ async fn create_inner(st: &Shared, tenant: &TenantName, body: CreateBody) -> Api
         egress: body.egress,
         auto_resume: body.auto_resume,
     };
-    let info = create_sandbox(st, tenant, new).await?;
+    let info = create_sandbox_once(st, tenant, key, new).await?;
     Ok(sandbox_json(&info, tenant))
 }
 
 /// What a create asks for, from either API.
-#[derive(Debug)]
+#[derive(Debug, serde::Serialize)]
 pub struct NewSandbox {
     pub template: String,
     pub version: Option<String>,
@@ -256,6 +266,70 @@ pub async fn create_sandbox(
     own(st, &info.id, tenant).await?;
     drop(guard);
     Ok(info)
+}
+
+/// The `Idempotency-Key` header of a create, if any: 1 to 255 visible ASCII characters.
+pub fn idempotency_key(headers: &HeaderMap) -> ApiResult<Option<String>> {
+    let Some(v) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = v.to_str().unwrap_or("");
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key is 1 to 255 visible ASCII characters",
+        ));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// [`create_sandbox`] at most once per idempotency key of the tenant (for a day): a create
+/// sent again with the key answers the sandbox the first one made, while that one runs a
+/// conflict to try again (`create_in_progress`), and with a different request
+/// `idempotency_key_reused`.
+pub async fn create_sandbox_once(
+    st: &Shared,
+    tenant: &TenantName,
+    key: Option<&str>,
+    body: NewSandbox,
+) -> ApiResult<Sandbox> {
+    let Some(key) = key else {
+        return create_sandbox(st, tenant, body).await;
+    };
+    let request = serde_json::to_vec(&body).map_err(|e| ApiError::internal(e.to_string()))?;
+    let fingerprint = hex::encode(sha2::Sha256::digest(&request));
+    match st.store.begin_create_key(tenant, key, &fingerprint).await? {
+        CreateKey::Fresh => {
+            let made = create_sandbox(st, tenant, body).await;
+            let id = made.as_ref().ok().map(|s| s.id.as_str());
+            if let Err(e) = st.store.finish_create_key(tenant, key, id).await {
+                // The sandbox stands; only a retry of this create could make a second.
+                tracing::error!(error = %e, ?id, "recording the sandbox of an idempotency key");
+            }
+            made
+        }
+        CreateKey::Done(id) => {
+            let id: SandboxId = id
+                .parse()
+                .map_err(|e: space_node::ids::IdError| ApiError::internal(e.to_string()))?;
+            st.node.info(&id).await.map_err(|_| {
+                ApiError::new(
+                    StatusCode::CONFLICT,
+                    "idempotency_key_reused",
+                    format!("the sandbox {id} this Idempotency-Key made is gone"),
+                )
+            })
+        }
+        CreateKey::Busy => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "create_in_progress",
+            "a create with this Idempotency-Key is still running; send it again shortly",
+        )),
+        CreateKey::Mismatch => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for a create that asked for something else",
+        )),
+    }
 }
 
 /// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is killed

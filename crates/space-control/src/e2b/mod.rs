@@ -178,14 +178,17 @@ pub async fn dispatch(State(st): State<Shared>, req: Request, next: Next) -> Res
             return envd::sandbox_gone(&id);
         };
         // Only a sandbox made public (as E2B creates make them) answers on its host.
-        let public = st.node.info(&id).await.is_ok_and(|sb| {
-            sb.options.metadata.get(rest::PORTS_KEY).map(String::as_str) == Some("public")
-        });
-        if !public {
-            return envd::sandbox_gone(id.as_str());
-        }
+        let info = match st.node.info(&id).await {
+            Ok(sb)
+                if sb.options.metadata.get(rest::PORTS_KEY).map(String::as_str)
+                    == Some("public") =>
+            {
+                sb
+            }
+            _ => return envd::sandbox_gone(id.as_str()),
+        };
         let rest = req.uri().path().trim_start_matches('/').to_owned();
-        return crate::api::net::proxy(&st, None, &id, port, "", &rest, req, true)
+        return crate::api::net::proxy_to(&st, None, &info, port, "", &rest, req, true)
             .await
             .unwrap_or_else(IntoResponse::into_response);
     }

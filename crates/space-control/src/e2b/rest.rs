@@ -42,6 +42,8 @@ pub struct E2bError {
     pub status: StatusCode,
     pub message: String,
     pub retry: bool,
+    /// Seconds after which the request should be sent again (`Should-Retry: true`).
+    pub retry_after: Option<u32>,
 }
 
 impl E2bError {
@@ -50,6 +52,7 @@ impl E2bError {
             status,
             message: message.into(),
             retry: true,
+            retry_after: None,
         }
     }
 
@@ -71,7 +74,12 @@ impl From<ApiError> for E2bError {
         } else {
             e.status
         };
-        E2bError::new(status, e.message)
+        let mut out = E2bError::new(status, e.message);
+        // A create under the same idempotency key is running: the retry will find its sandbox.
+        if e.code == "create_in_progress" {
+            out.retry_after = Some(1);
+        }
+        out
     }
 }
 
@@ -82,7 +90,12 @@ impl IntoResponse for E2bError {
             Json(json!({"code": self.status.as_u16(), "message": self.message})),
         )
             .into_response();
-        if !self.retry {
+        if let Some(after) = self.retry_after {
+            r.headers_mut()
+                .insert("should-retry", HeaderValue::from_static("true"));
+            r.headers_mut()
+                .insert("retry-after", HeaderValue::from(after));
+        } else if !self.retry {
             r.headers_mut()
                 .insert("should-retry", HeaderValue::from_static("false"));
         }
@@ -263,10 +276,12 @@ fn lifetime(seconds: u64) -> E2bResult<Duration> {
 pub async fn create(
     State(st): State<Shared>,
     E2bCaller(who): E2bCaller,
+    headers: HeaderMap,
     E2bJson(body): E2bJson<CreateBody>,
 ) -> Response {
     let e2b = super::state(&st);
     let result = async {
+        let key = service::idempotency_key(&headers)?;
         let timeout = match body.timeout {
             Some(s) => lifetime(s)?,
             None => DEFAULT_TIMEOUT,
@@ -312,7 +327,7 @@ pub async fn create(
             egress,
             auto_resume: Some(body.auto_resume.is_some_and(|a| a.enabled)),
         };
-        service::create_sandbox(&st, &who.tenant, new)
+        service::create_sandbox_once(&st, &who.tenant, key.as_deref(), new)
             .await
             .map_err(E2bError::from)
     }
@@ -331,8 +346,10 @@ pub async fn create(
     .await;
     match result {
         Ok(sb) => (StatusCode::CREATED, Json(sandbox_json(&e2b, &sb))).into_response(),
-        // A create is never sent again by the SDK's retries: a failure after the sandbox
-        // existed must not make a second one.
+        // A create is never sent again by the SDK's retries (a failure after the sandbox
+        // existed must not make a second one), unless its idempotency key's create is
+        // still running.
+        Err(e) if e.retry_after.is_some() => e.into_response(),
         Err(e) => e.no_retry().into_response(),
     }
 }
@@ -640,8 +657,7 @@ pub async fn list(
 }
 
 /// Routes the SDKs call that space does not serve answer in E2B's error shape.
-pub async fn unsupported(headers: HeaderMap, uri: axum::http::Uri) -> E2bError {
-    let _ = headers;
+pub async fn unsupported(uri: axum::http::Uri) -> E2bError {
     E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!(

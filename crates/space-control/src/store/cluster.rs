@@ -108,7 +108,7 @@ fn node_row(r: &Row, now: i64) -> Result<NodeRow, StoreError> {
 }
 
 /// The database's clock, in ms since the Unix epoch.
-fn db_now(c: &mut dyn Sql) -> Result<i64, StoreError> {
+pub(super) fn db_now(c: &mut dyn Sql) -> Result<i64, StoreError> {
     let sql = format!("SELECT {}", c.kind().now_ms());
     one(c, &sql, args![], |r| r.int(0))?
         .ok_or_else(|| StoreError::Database("the database has no clock".into()))

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::keys;
 
 pub(crate) mod cluster;
+mod idempotency;
 mod model;
 mod pg;
 mod schema;
@@ -39,6 +40,7 @@ mod tenants;
 mod tests;
 
 pub use cluster::{is_node_id, JoinToken, NodeJoin, NodeRow, NodeState, MAX_NODE_ID_BYTES};
+pub use idempotency::{CreateKey, CREATE_KEY_TTL_MS};
 pub use model::*;
 #[cfg(test)]
 use schema::MIGRATIONS;

@@ -121,6 +121,18 @@ CREATE TABLE claims (
     until_ms INTEGER NOT NULL
 ) STRICT;
 "#,
+    // 8: idempotency keys of creates.
+    r#"
+CREATE TABLE create_keys (
+    tenant      TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    sandbox     TEXT,
+    created_ms  INTEGER NOT NULL,
+    PRIMARY KEY (tenant, key)
+) STRICT;
+CREATE INDEX create_keys_created ON create_keys(created_ms);
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -238,6 +250,18 @@ CREATE TABLE claims (
     holder   TEXT NOT NULL,
     until_ms BIGINT NOT NULL
 );
+"#,
+    // 5: idempotency keys of creates.
+    r#"
+CREATE TABLE create_keys (
+    tenant      TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    sandbox     TEXT,
+    created_ms  BIGINT NOT NULL,
+    PRIMARY KEY (tenant, key)
+);
+CREATE INDEX create_keys_created ON create_keys(created_ms);
 "#,
 ];
 

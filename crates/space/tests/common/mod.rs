@@ -352,6 +352,62 @@ pub fn run(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
     }
 }
 
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("the repository root")
+}
+
+/// Runs a test suite (`cmd`, its stdin empty, its output to a log) to its end; answers the
+/// output, or panics with it when the suite failed or ran past `timeout` (then it is killed).
+pub fn run_suite(mut cmd: Command, timeout: Duration) -> String {
+    let out_dir = tempfile::tempdir().expect("a temporary directory");
+    let log_path = out_dir.path().join("suite.log");
+    let log = std::fs::File::create(&log_path).expect("creating the log");
+    let what = format!("{:?}", cmd.get_program());
+    let mut child = cmd
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("cloning the log handle"))
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait().expect("waiting for the suite") {
+            Some(s) => break Some(s),
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(200)),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+        }
+    };
+    let output = std::fs::read_to_string(&log_path).expect("reading the suite's output");
+    println!("{output}");
+    let Some(status) = status else {
+        panic!("{what} did not finish within {timeout:?}:\n{output}");
+    };
+    assert!(status.success(), "{what} failed ({status}):\n{output}");
+    output
+}
+
+/// Panics unless pytest's last line says tests passed and none was skipped or failed.
+pub fn assert_pytest_passed(output: &str) {
+    let summary = output
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    assert!(
+        summary.contains(" passed") && !summary.contains("skipped") && !summary.contains("failed"),
+        "unexpected pytest summary: {summary}"
+    );
+}
+
 /// Kills live QEMU processes that belong to the data directory `data` (by command line, or
 /// by a root or working directory under it, which is how a jailed QEMU shows) and waits for
 /// them to go.
