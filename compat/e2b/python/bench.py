@@ -3,7 +3,9 @@ and a command round trip on a running sandbox (what the E2B facade adds).
 
     make bench ARGS=e2b     (or: python bench.py --runs 20, with SPACE_URL, SPACE_API_KEY set)
 
-Prints a table (p50/p90/p99 in ms) and the ratios E2B / space at p50. The two SDKs alternate,
+Both run the command E2B's commands.run sends (bash -l -c true), and a stat (get_info against
+the /v1 stat) shows what the facade adds without a shell's start-up in the way. Prints a table
+(p50/p90/p99 in ms) and the ratios E2B / space at p50. The two SDKs alternate,
 run for run, so both see the same machine at the same moment.
 """
 
@@ -68,7 +70,8 @@ def main():
     def via_space():
         t = time.perf_counter()
         sb = space_sdk.Sandbox.create(template=a.template, client=client)
-        sb.exec(["true"])
+        # The command E2B's commands.run sends.
+        sb.exec(["/bin/bash", "-l", "-c", "true"])
         took = (time.perf_counter() - t) * 1000
         sb.kill()
         return took
@@ -90,17 +93,24 @@ def main():
     # One sandbox, reached through both APIs: the same guest, the same command.
     s = e2b.Sandbox.create(a.template)
     sb = space_sdk.Sandbox.connect(s.sandbox_id, client=client)
+    s.files.write("/tmp/bench-stat.txt", "x")
     rt = {"e2b": [], "space": []}
+    st = {"e2b": [], "space": []}
+    calls = [
+        (rt, "e2b", lambda: s.commands.run("true", user="root")),
+        (rt, "space", lambda: sb.exec(["/bin/bash", "-l", "-c", "true"])),
+        (st, "e2b", lambda: s.files.get_info("/tmp/bench-stat.txt", user="root")),
+        (st, "space", lambda: sb.files.stat("/tmp/bench-stat.txt")),
+    ]
     for i in range(a.round_trips + 10):
-        t = time.perf_counter()
-        s.commands.run("true", user="root")
-        d1 = (time.perf_counter() - t) * 1000
-        t = time.perf_counter()
-        sb.exec(["/bin/bash", "-l", "-c", "true"])
-        d2 = (time.perf_counter() - t) * 1000
-        if i >= 10:  # the first ones warm connections up
-            rt["e2b"].append(d1)
-            rt["space"].append(d2)
+        # Each pair in alternating order, so neither side always follows a command's exit.
+        order = calls if i % 2 == 0 else [calls[1], calls[0], calls[3], calls[2]]
+        for table, name, call in order:
+            t = time.perf_counter()
+            call()
+            took = (time.perf_counter() - t) * 1000
+            if i >= 10:  # the first ones warm connections up
+                table[name].append(took)
     s.kill()
 
     print("| operation                                    |   n |  p50 ms  |  p90 ms  |  p99 ms  |  mean ms |")
@@ -109,10 +119,16 @@ def main():
     print(row("create -> first command, space SDK", create["space"]))
     print(row('commands.run("true"), E2B SDK (envd facade)', rt["e2b"]))
     print(row("exec bash -l -c true, space SDK (/v1)", rt["space"]))
+    print(row("files.get_info, E2B SDK (envd Stat)", st["e2b"]))
+    print(row("files.stat, space SDK (/v1)", st["space"]))
     print()
-    print(f"create -> first command, E2B / space (p50): {pct(create['e2b'], 50) / pct(create['space'], 50):.2f}x")
-    diff = pct(rt["e2b"], 50) - pct(rt["space"], 50)
-    print(f"round trip, E2B / space (p50): {pct(rt['e2b'], 50) / pct(rt['space'], 50):.2f}x ({diff:+.2f} ms)")
+    for name, xs in [
+        ("create -> first command", create),
+        ("command round trip", rt),
+        ("stat round trip", st),
+    ]:
+        e, sp = pct(xs["e2b"], 50), pct(xs["space"], 50)
+        print(f"{name}, E2B / space (p50): {e / sp:.2f}x ({e - sp:+.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -253,6 +253,28 @@ def test_files_octet_stream_gzip_and_metadata(sandbox):
     assert sandbox.files.exists("/tmp/m/c.txt") is False
 
 
+def test_signed_file_urls_work_on_the_sandbox_host(sandbox):
+    import httpx
+
+    sandbox.files.write("/tmp/signed.txt", "signed")
+    # The SDK's URLs are on E2B_SANDBOX_URL, which names no sandbox: the sandbox's envd host
+    # does, and there a URL needs nothing but its signature.
+    host = sandbox.get_host(49983)
+    url = sandbox.download_url("/tmp/signed.txt", use_signature_expiration=120)
+    r = httpx.get(url, headers={"Host": host})
+    assert (r.status_code, r.text) == (200, "signed")
+    assert httpx.get(url.replace("signed.txt", "other.txt"), headers={"Host": host}).status_code == 401
+    expired = sandbox.download_url("/tmp/signed.txt", use_signature_expiration=-1)
+    assert httpx.get(expired, headers={"Host": host}).status_code == 401
+    up = sandbox.upload_url("/tmp/uploaded.txt")
+    r = httpx.post(up, headers={"Host": host}, files={"file": ("uploaded.txt", b"via a URL")})
+    assert r.status_code == 200, r.text
+    assert sandbox.files.read("/tmp/uploaded.txt") == "via a URL"
+    # A read URL does not write.
+    r = httpx.post(url, headers={"Host": host}, files={"file": ("signed.txt", b"x")})
+    assert r.status_code == 401
+
+
 def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
     import os as _os
     import urllib.error

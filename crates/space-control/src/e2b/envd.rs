@@ -101,6 +101,47 @@ fn basic_user(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
     Ok((!user.is_empty()).then(|| user.to_owned()))
 }
 
+/// Whether a `/files` request carries a valid signature of sandbox `id`, as the SDKs sign
+/// file URLs: `v1_` and the unpadded base64 of SHA-256 over `path:operation:user:token`
+/// (`:expiration` appended when it has one), `read` for a download and `write` for an
+/// upload; an expired one is refused.
+fn signed_ok(e2b: &E2bState, id: &SandboxId, method: &Method, query: Option<&str>) -> bool {
+    use sha2::Digest;
+    use subtle::ConstantTimeEq;
+    let Ok(pairs) = space_proto::query::parse_query(query) else {
+        return false;
+    };
+    let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let (Some(path), Some(signature)) = (get("path"), get("signature")) else {
+        return false;
+    };
+    let operation = match *method {
+        Method::GET => "read",
+        Method::POST => "write",
+        _ => return false,
+    };
+    let user = get("username").unwrap_or("");
+    let token = e2b.access_token(id);
+    let mut raw = format!("{path}:{operation}:{user}:{token}");
+    if let Some(exp) = get("signature_expiration") {
+        let Ok(exp) = exp.parse::<u64>() else {
+            return false;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if exp <= now {
+            return false;
+        }
+        raw.push_str(&format!(":{exp}"));
+    }
+    let want = format!(
+        "v1_{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(sha2::Sha256::digest(raw))
+    );
+    want.len() == signature.len() && bool::from(want.as_bytes().ct_eq(signature.as_bytes()))
+}
+
 /// Serves one envd request for sandbox `raw_id`.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve(
@@ -116,12 +157,14 @@ pub async fn serve(
     let Ok(id) = raw_id.parse::<SandboxId>() else {
         return sandbox_gone(raw_id);
     };
-    // The token first: nothing about a sandbox is told to whoever cannot show its token.
+    // The token first: nothing about a sandbox is told to whoever cannot show its token, or
+    // (a file URL handed out) a signature made with it.
     let token = headers
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if !e2b.token_ok(&id, token) {
+    let signed = token.is_empty() && path == "/files" && signed_ok(&e2b, &id, &method, query);
+    if !signed && !e2b.token_ok(&id, token) {
         return unauthorized(if token.is_empty() {
             "this sandbox's envd needs its access token (X-Access-Token)"
         } else {

@@ -66,7 +66,7 @@ fn params(query: Option<&str>) -> Result<(Option<String>, Option<String>), Strin
         match k.as_str() {
             "path" => path = Some(v),
             "username" => user = Some(v).filter(|u| !u.is_empty()),
-            // Signed links carry these; they are not checked yet, the access token is.
+            // Checked with the access token before the request gets here.
             "signature" | "signature_expiration" => {}
             other => return Err(format!("unknown query parameter {other:?}")),
         }

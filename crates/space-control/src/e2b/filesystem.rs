@@ -23,14 +23,19 @@ impl Envd {
     /// The account calls act as.
     pub async fn account(&self) -> RpcResult<Account> {
         let name = self.username().await?;
-        self.guest.account(&name).await.map_err(|e| {
+        if let Some(a) = self.e2b.cached_account(&self.id, &name) {
+            return Ok(a);
+        }
+        let account = self.guest.account(&name).await.map_err(|e| {
             let mut e = RpcError::from(e);
             if e.code == Code::NotFound {
                 e.code = Code::Unauthenticated;
                 e.message = format!("invalid username {name:?}: {}", e.message);
             }
             e
-        })
+        })?;
+        self.e2b.keep_account(&self.id, &account);
+        Ok(account)
     }
 }
 
@@ -72,7 +77,17 @@ pub struct Names {
 }
 
 impl Names {
-    pub async fn read(e: &Envd) -> Names {
+    /// The sandbox's names, read again when the ones kept are stale.
+    pub async fn of(e: &Envd) -> std::sync::Arc<Names> {
+        if let Some(n) = e.e2b.cached_names(&e.id) {
+            return n;
+        }
+        let names = std::sync::Arc::new(Names::read(e).await);
+        e.e2b.keep_names(&e.id, names.clone());
+        names
+    }
+
+    async fn read(e: &Envd) -> Names {
         let table = |text: &str| -> HashMap<u32, String> {
             text.lines()
                 .filter_map(|l| {
@@ -219,7 +234,7 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                 let r: PathRequest = connect::unary_request(&headers, body).await?;
                 let path = resolve(&home, &r.path)?;
                 let s = e.guest.stat(&path).await.map_err(fs_error)?;
-                Ok(json!({"entry": entry(&s, &Names::read(&e).await)}))
+                Ok(json!({"entry": entry(&s, &*Names::of(&e).await)}))
             }
             "MakeDir" => {
                 let r: PathRequest = connect::unary_request(&headers, body).await?;
@@ -239,13 +254,13 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                     .mkdir_owned(&path, true, Some((account.uid, account.gid)))
                     .await
                     .map_err(fs_error)?;
-                Ok(json!({"entry": entry(&s, &Names::read(&e).await)}))
+                Ok(json!({"entry": entry(&s, &*Names::of(&e).await)}))
             }
             "Move" => {
                 let r: MoveRequest = connect::unary_request(&headers, body).await?;
                 let (from, to) = (resolve(&home, &r.source)?, resolve(&home, &r.destination)?);
                 let s = e.guest.rename(&from, &to).await.map_err(fs_error)?;
-                Ok(json!({"entry": entry(&s, &Names::read(&e).await)}))
+                Ok(json!({"entry": entry(&s, &*Names::of(&e).await)}))
             }
             "Remove" => {
                 let r: PathRequest = connect::unary_request(&headers, body).await?;
@@ -261,7 +276,7 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                 if root.file_type != FileType::Dir {
                     return Err(RpcError::invalid(format!("{path} is not a directory")));
                 }
-                let names = Names::read(&e).await;
+                let names = Names::of(&e).await;
                 let mut out = Vec::new();
                 let mut level = vec![path];
                 for _ in 0..depth {
@@ -316,13 +331,13 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                 let w = WatcherId::decode(&r.watcher_id)?;
                 let events = e.guest.watcher_events(&w.guest).await.map_err(fs_error)?;
                 let names = if w.entries {
-                    Some(Names::read(&e).await)
+                    Some(Names::of(&e).await)
                 } else {
                     None
                 };
                 let mut out = Vec::new();
                 for ev in events {
-                    let Some(v) = fs_event(&e, &w.dir, &ev, names.as_ref()).await else {
+                    let Some(v) = fs_event(&e, &w.dir, &ev, names.as_deref()).await else {
                         continue;
                     };
                     out.push(v);
@@ -455,7 +470,7 @@ async fn watch(e: Envd, headers: HeaderMap, body: Body) -> Response {
             return;
         }
         let names = if req.include_entry {
-            Some(Names::read(&e).await)
+            Some(Names::of(&e).await)
         } else {
             None
         };
@@ -481,7 +496,7 @@ async fn watch(e: Envd, headers: HeaderMap, body: Body) -> Response {
             };
             match next {
                 Some(Ok(Some(ev))) => {
-                    let Some(v) = fs_event(&e, &dir, &ev, names.as_ref()).await else {
+                    let Some(v) = fs_event(&e, &dir, &ev, names.as_deref()).await else {
                         continue;
                     };
                     if !tx.send(&json!({"filesystem": v})).await {

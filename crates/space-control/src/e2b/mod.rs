@@ -38,6 +38,16 @@ pub const ENVD_PORT: u16 = 49983;
 pub const DOMAIN_ENV: &str = "SPACE_E2B_DOMAIN";
 /// Sandboxes whose default account is remembered, at most.
 const USER_CACHE: usize = 65_536;
+/// How long what was read from a guest for a call (an account, the user and group names) is
+/// reused by the next calls: an account made or renamed in the sandbox shows this much later.
+const GUEST_FACTS_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What the facade read from one sandbox's guest, and when.
+struct Facts {
+    at: std::time::Instant,
+    accounts: HashMap<String, space_proto::Account>,
+    names: Option<Arc<filesystem::Names>>,
+}
 
 /// What the facade needs beside the API's state.
 pub struct E2bState {
@@ -45,6 +55,7 @@ pub struct E2bState {
     pub domain: String,
     vault: Arc<crate::vault::Vault>,
     default_user: Mutex<HashMap<SandboxId, bool>>,
+    facts: Mutex<HashMap<SandboxId, Facts>>,
 }
 
 impl std::fmt::Debug for E2bState {
@@ -68,6 +79,7 @@ impl E2bState {
             domain,
             vault,
             default_user: Mutex::new(HashMap::new()),
+            facts: Mutex::new(HashMap::new()),
         }
     }
 
@@ -101,6 +113,54 @@ impl E2bState {
             m.clear();
         }
         m.insert(id.clone(), has);
+    }
+
+    /// Runs `f` on sandbox `id`'s facts, fresh ones (empty) when they are older than
+    /// [`GUEST_FACTS_TTL`].
+    fn with_facts<T>(&self, id: &SandboxId, f: impl FnOnce(&mut Facts) -> T) -> T {
+        let mut m = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if m.len() >= USER_CACHE {
+            m.retain(|_, f| now.duration_since(f.at) < GUEST_FACTS_TTL);
+            if m.len() >= USER_CACHE {
+                m.clear();
+            }
+        }
+        let facts = m.entry(id.clone()).or_insert_with(|| Facts {
+            at: now,
+            accounts: HashMap::new(),
+            names: None,
+        });
+        if now.duration_since(facts.at) >= GUEST_FACTS_TTL {
+            *facts = Facts {
+                at: now,
+                accounts: HashMap::new(),
+                names: None,
+            };
+        }
+        f(facts)
+    }
+
+    /// The account `name` of sandbox `id`, if read lately.
+    pub fn cached_account(&self, id: &SandboxId, name: &str) -> Option<space_proto::Account> {
+        self.with_facts(id, |f| f.accounts.get(name).cloned())
+    }
+
+    /// Keeps an account just read from sandbox `id`.
+    pub fn keep_account(&self, id: &SandboxId, account: &space_proto::Account) {
+        self.with_facts(id, |f| {
+            f.accounts.insert(account.name.clone(), account.clone());
+        });
+    }
+
+    /// Sandbox `id`'s user and group names, if read lately.
+    pub fn cached_names(&self, id: &SandboxId) -> Option<Arc<filesystem::Names>> {
+        self.with_facts(id, |f| f.names.clone())
+    }
+
+    /// Keeps the names just read from sandbox `id`.
+    pub fn keep_names(&self, id: &SandboxId, names: Arc<filesystem::Names>) {
+        self.with_facts(id, |f| f.names = Some(names));
     }
 
     /// The sandbox and port a host names: `{port}-{id}.{domain}`.
