@@ -117,6 +117,7 @@ async fn measure(
         .to_owned();
     let url = server.url();
     *slot = Some(server);
+    println!("host:        {}", crate::host::host_summary());
     println!(
         "\nThe E2B Python SDK against space's Python SDK, one server ({url}), template {TEMPLATE} \
          with a warm pool of {}; {} create pairs, {} round trips each\n",
