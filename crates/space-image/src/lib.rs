@@ -1,0 +1,37 @@
+//! OCI images for space.
+//!
+//! - [`layers`]: a layer (a tar stream, plain, gzip or zstd) applied onto a root tree the way
+//!   an overlay stack would show it: whiteouts remove, opaque directories hide what lower
+//!   layers put there, and every path, link and link target stays inside the root whatever
+//!   the archive says.
+
+pub mod layers;
+
+pub use layers::{apply_layer, Budget, Compression, LayerStats};
+
+/// What can go wrong reading an image.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The image's bytes say something that cannot be applied (the message names the entry).
+    #[error("{0}")]
+    Invalid(String),
+    /// The root tree could not be written.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ImageError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> ImageError {
+        ImageError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Shorthand for results of this crate.
+pub type Result<T> = std::result::Result<T, ImageError>;
