@@ -4,8 +4,11 @@
 //!   an overlay stack would show it: whiteouts remove, opaque directories hide what lower
 //!   layers put there, and every path, link and link target stays inside the root whatever
 //!   the archive says.
+//! - [`spec`]: the OCI documents an image is made of (index, manifest, config), read as
+//!   untrusted JSON, and the platform and media type rules for picking what to apply.
 
 pub mod layers;
+pub mod spec;
 
 pub use layers::{apply_layer, Budget, Compression, LayerStats};
 
