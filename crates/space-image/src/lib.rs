@@ -4,12 +4,15 @@
 //!   an overlay stack would show it: whiteouts remove, opaque directories hide what lower
 //!   layers put there, and every path, link and link target stays inside the root whatever
 //!   the archive says.
+//! - [`archive`]: an image in an OCI archive or a Docker archive file, checked blob by blob.
 //! - [`spec`]: the OCI documents an image is made of (index, manifest, config), read as
 //!   untrusted JSON, and the platform and media type rules for picking what to apply.
 
+pub mod archive;
 pub mod layers;
 pub mod spec;
 
+pub use archive::ArchiveImage;
 pub use layers::{apply_layer, Budget, Compression, LayerStats};
 
 /// What can go wrong reading an image.

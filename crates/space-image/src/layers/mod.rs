@@ -292,14 +292,26 @@ pub fn apply_layer(
     compression: Compression,
     budget: &mut Budget,
 ) -> Result<LayerStats> {
-    let reader: Box<dyn Read> = match compression {
+    apply_tar(root, decompress(reader, compression)?, budget)
+}
+
+/// `reader`'s bytes decompressed.
+pub fn decompress<'a>(
+    reader: impl Read + 'a,
+    compression: Compression,
+) -> Result<Box<dyn Read + 'a>> {
+    Ok(match compression {
         Compression::None => Box::new(reader),
         Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
         Compression::Zstd => Box::new(
             zstd::stream::read::Decoder::new(reader)
                 .map_err(|e| ImageError::io("start the zstd decoder", e))?,
         ),
-    };
+    })
+}
+
+/// Applies an uncompressed layer (a tar stream) onto `root`; see [`apply_layer`].
+pub fn apply_tar(root: &Path, reader: impl Read, budget: &mut Budget) -> Result<LayerStats> {
     let mut archive = tar::Archive::new(reader);
     let mut stats = LayerStats::default();
     let mut written: HashSet<PathBuf> = HashSet::new();
