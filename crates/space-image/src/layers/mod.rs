@@ -120,7 +120,7 @@ fn components(path: &Path) -> Result<Vec<OsString>> {
 
 /// The real directory (under `root`) that `dirs` name, following symbolic links inside the
 /// root; missing directories are made (mode 0755, root's) when `create`.
-fn resolve_dir(root: &Path, dirs: &[OsString], create: bool) -> Result<PathBuf> {
+pub(crate) fn resolve_dir(root: &Path, dirs: &[OsString], create: bool) -> Result<PathBuf> {
     let mut cur: Vec<OsString> = Vec::new();
     let mut queue: VecDeque<OsString> = dirs.iter().cloned().collect();
     let mut hops = 0;
