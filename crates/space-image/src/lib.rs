@@ -5,12 +5,15 @@
 //!   layers put there, and every path, link and link target stays inside the root whatever
 //!   the archive says.
 //! - [`archive`]: an image in an OCI archive or a Docker archive file, checked blob by blob.
+//! - [`registry`]: an image pulled from a registry (OCI distribution API; anonymous, basic
+//!   and token auth), its blobs checked and kept by digest.
 //! - [`rootfs`]: a root tree made into a sandbox's root image: init, proxy settings, ext4.
 //! - [`spec`]: the OCI documents an image is made of (index, manifest, config), read as
 //!   untrusted JSON, and the platform and media type rules for picking what to apply.
 
 pub mod archive;
 pub mod layers;
+pub mod registry;
 pub mod rootfs;
 pub mod spec;
 

@@ -37,7 +37,7 @@ struct Member {
 
 /// How one layer's bytes are checked.
 #[derive(Debug, Clone)]
-enum Check {
+pub(crate) enum Check {
     /// The stored (possibly compressed) bytes hash to this.
     Stored(Digest),
     /// The uncompressed tar hashes to this.
@@ -101,7 +101,7 @@ struct ConfigRootFs {
 }
 
 /// A reader that hashes what passes through it.
-struct Hashing<R> {
+pub(crate) struct Hashing<R> {
     inner: R,
     hash: Sha256,
 }
@@ -115,7 +115,7 @@ impl<R: Read> Read for Hashing<R> {
 }
 
 impl<R: Read> Hashing<R> {
-    fn new(inner: R) -> Self {
+    pub(crate) fn new(inner: R) -> Self {
         Hashing {
             inner,
             hash: Sha256::new(),
@@ -123,7 +123,7 @@ impl<R: Read> Hashing<R> {
     }
 
     /// Reads what is left (a tar reader stops at its end marker) and answers the digest.
-    fn finish(mut self) -> io::Result<Digest> {
+    pub(crate) fn finish(mut self) -> io::Result<Digest> {
         io::copy(&mut self, &mut io::sink())?;
         Ok(
             Digest::parse(&format!("sha256:{}", hex::encode(self.hash.finalize())))
@@ -359,48 +359,68 @@ impl ArchiveImage {
     pub fn apply(&self, root: &Path, budget: &mut Budget) -> Result<Vec<LayerStats>> {
         let mut out = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            let mut head = [0u8; 4];
-            let n = self
-                .reader(&l.member)?
-                .read(&mut head)
-                .map_err(|e| ImageError::io(format!("read {}", l.member), e))?;
-            let compression = l
-                .compression
-                .unwrap_or_else(|| Compression::sniff(&head[..n]));
-            let stats = match &l.check {
-                Check::Stored(want) => {
-                    let mut hashing = Hashing::new(self.reader(&l.member)?);
-                    let stats = layers::apply_layer(root, &mut hashing, compression, budget)?;
-                    let got = hashing
-                        .finish()
-                        .map_err(|e| ImageError::io(format!("read {}", l.member), e))?;
-                    if &got != want {
-                        return Err(invalid(format!(
-                            "layer {} does not match its digest {want} (got {got})",
-                            l.member
-                        )));
-                    }
-                    stats
-                }
-                Check::Uncompressed(want) => {
-                    let raw = layers::decompress(self.reader(&l.member)?, compression)?;
-                    let mut hashing = Hashing::new(raw);
-                    let stats = layers::apply_tar(root, &mut hashing, budget)?;
-                    let got = hashing
-                        .finish()
-                        .map_err(|e| invalid(format!("layer {}: {e}", l.member)))?;
-                    if &got != want {
-                        return Err(invalid(format!(
-                            "layer {} does not match its diff id {want} (got {got})",
-                            l.member
-                        )));
-                    }
-                    stats
-                }
-            };
+            let stats = apply_checked(
+                || self.reader(&l.member),
+                &l.member,
+                l.compression,
+                &l.check,
+                root,
+                budget,
+            )?;
             out.push(stats);
         }
         Ok(out)
+    }
+}
+
+/// Applies one layer whose bytes `open` reads (called twice: once to sniff the compression
+/// when it is not known) and checks them against `check` while they pass.
+pub(crate) fn apply_checked<R: Read>(
+    open: impl Fn() -> Result<R>,
+    name: &str,
+    compression: Option<Compression>,
+    check: &Check,
+    root: &Path,
+    budget: &mut Budget,
+) -> Result<LayerStats> {
+    let compression = match compression {
+        Some(c) => c,
+        None => {
+            let mut head = [0u8; 4];
+            let n = open()?
+                .read(&mut head)
+                .map_err(|e| ImageError::io(format!("read {name}"), e))?;
+            Compression::sniff(&head[..n])
+        }
+    };
+    match check {
+        Check::Stored(want) => {
+            let mut hashing = Hashing::new(open()?);
+            let stats = layers::apply_layer(root, &mut hashing, compression, budget)?;
+            let got = hashing
+                .finish()
+                .map_err(|e| ImageError::io(format!("read {name}"), e))?;
+            if &got != want {
+                return Err(invalid(format!(
+                    "layer {name} does not match its digest {want} (got {got})"
+                )));
+            }
+            Ok(stats)
+        }
+        Check::Uncompressed(want) => {
+            let raw = layers::decompress(open()?, compression)?;
+            let mut hashing = Hashing::new(raw);
+            let stats = layers::apply_tar(root, &mut hashing, budget)?;
+            let got = hashing
+                .finish()
+                .map_err(|e| invalid(format!("layer {name}: {e}")))?;
+            if &got != want {
+                return Err(invalid(format!(
+                    "layer {name} does not match its diff id {want} (got {got})"
+                )));
+            }
+            Ok(stats)
+        }
     }
 }
 
