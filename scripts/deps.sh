@@ -14,6 +14,8 @@ PACKAGES=(
     linux-source-6.12 build-essential flex bison bc libelf-dev libssl-dev xz-utils cpio
     # tools the scripts and tests use
     util-linux procps ca-certificates curl python3-venv tmux
+    # images: a registry, and the tools that make and push test images (no Docker daemon)
+    docker-registry umoci skopeo apache2-utils
 )
 
 if [[ $(id -u) -ne 0 ]]; then

@@ -76,6 +76,16 @@ fn member_name(path: &Path) -> Option<String> {
     (!parts.is_empty()).then(|| parts.join("/"))
 }
 
+/// Whether two tags name the same image once normalized (`docker.io`, `library/`, `latest`).
+fn same_tag(a: &str, b: &str) -> bool {
+    use crate::registry::Reference;
+    a == b
+        || matches!(
+            (Reference::parse(a), Reference::parse(b)),
+            (Ok(x), Ok(y)) if x == y
+        )
+}
+
 /// `manifest.json` of a Docker archive.
 #[derive(Debug, Deserialize)]
 struct DockerEntry {
@@ -291,9 +301,10 @@ impl ArchiveImage {
         let entries: Vec<DockerEntry> =
             spec::parse(&self.document("manifest.json")?, "manifest.json")?;
         let entry = match tag {
+            // Tags match as references: `team/tool:1` is `docker.io/team/tool:1`.
             Some(t) => entries
                 .iter()
-                .find(|e| e.repo_tags.iter().flatten().any(|r| r == t))
+                .find(|e| e.repo_tags.iter().flatten().any(|r| same_tag(r, t)))
                 .ok_or_else(|| invalid(format!("the archive has no image tagged {t}")))?,
             None => match entries.as_slice() {
                 [one] => one,
