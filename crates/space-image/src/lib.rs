@@ -16,6 +16,8 @@ pub mod layers;
 pub mod registry;
 pub mod rootfs;
 pub mod spec;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use archive::ArchiveImage;
 pub use layers::{apply_layer, Budget, Compression, LayerStats};

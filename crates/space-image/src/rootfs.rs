@@ -100,6 +100,20 @@ fn profile_script() -> String {
 /// Makes an image's tree a sandbox's: `guestd` as `/sbin/init` and `/usr/bin/space-guestd`,
 /// and the proxy settings.
 pub fn prepare_tree(root: &Path, guestd: &Path) -> Result<()> {
+    // Mount points init needs (it makes them too, but a read-only root could not).
+    for (dir, mode) in [
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("run", 0o755),
+        ("tmp", 0o1777),
+    ] {
+        let path = resolve_dir(root, &parts(dir), true)?;
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
+                .map_err(|e| ImageError::io(format!("chmod /{dir} in the image"), e))?;
+        }
+    }
     let init =
         fs::read(guestd).map_err(|e| ImageError::io(format!("read {}", guestd.display()), e))?;
     write_in(root, "/usr/bin/space-guestd", &init, 0o755, false)?;
@@ -149,6 +163,85 @@ pub fn prepare_tree(root: &Path, guestd: &Path) -> Result<()> {
     ));
     write_in(root, "/etc/environment", env.as_bytes(), 0o644, true)?;
     Ok(())
+}
+
+/// An image whose layers can be applied: an archive file's, or one pulled from a registry.
+pub trait Image {
+    /// The image config.
+    fn config(&self) -> &crate::spec::ImageConfig;
+    /// Applies the layers onto `root`.
+    fn apply_layers(
+        &self,
+        root: &Path,
+        budget: &mut crate::Budget,
+    ) -> Result<Vec<crate::LayerStats>>;
+}
+
+impl Image for crate::ArchiveImage {
+    fn config(&self) -> &crate::spec::ImageConfig {
+        &self.config
+    }
+    fn apply_layers(
+        &self,
+        root: &Path,
+        budget: &mut crate::Budget,
+    ) -> Result<Vec<crate::LayerStats>> {
+        self.apply(root, budget)
+    }
+}
+
+impl Image for crate::registry::PulledImage {
+    fn config(&self) -> &crate::spec::ImageConfig {
+        &self.config
+    }
+    fn apply_layers(
+        &self,
+        root: &Path,
+        budget: &mut crate::Budget,
+    ) -> Result<Vec<crate::LayerStats>> {
+        self.apply(root, budget)
+    }
+}
+
+/// What [`build`] made.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// Size of the image file.
+    pub image_bytes: u64,
+    /// Bytes the tree took.
+    pub tree_bytes: u64,
+    pub layers: Vec<crate::LayerStats>,
+}
+
+/// Makes the sandbox root image `out` of `image`: its layers applied in a staging tree under
+/// `work` (removed afterwards, also on failure), `guestd` installed, an ext4 image of at
+/// least `min_bytes`.
+pub fn build(
+    image: &dyn Image,
+    guestd: &Path,
+    work: &Path,
+    out: &Path,
+    min_bytes: u64,
+    budget: &mut crate::Budget,
+) -> Result<Built> {
+    let stage = tempfile::Builder::new()
+        .prefix(".image-stage-")
+        .tempdir_in(work)
+        .map_err(|e| {
+            ImageError::io(format!("make a staging directory in {}", work.display()), e)
+        })?;
+    fs::set_permissions(stage.path(), fs::Permissions::from_mode(0o755))
+        .map_err(|e| ImageError::io("chmod the staging directory", e))?;
+    let layers = image.apply_layers(stage.path(), budget)?;
+    prepare_tree(stage.path(), guestd)?;
+    let tree = tree_bytes(stage.path())?;
+    let size = image_bytes(tree, min_bytes);
+    make_ext4(stage.path(), out, size)?;
+    Ok(Built {
+        image_bytes: size,
+        tree_bytes: tree,
+        layers,
+    })
 }
 
 /// Bytes the tree takes: file sizes rounded up to 4 KiB, and a block per entry.
