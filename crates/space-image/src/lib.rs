@@ -1,5 +1,6 @@
 //! OCI images for space.
 //!
+//! - [`dockerfile`]: Dockerfiles and `.dockerignore`, parsed into the steps a build runs.
 //! - [`layers`]: a layer (a tar stream, plain, gzip or zstd) applied onto a root tree the way
 //!   an overlay stack would show it: whiteouts remove, opaque directories hide what lower
 //!   layers put there, and every path, link and link target stays inside the root whatever
@@ -12,6 +13,7 @@
 //!   untrusted JSON, and the platform and media type rules for picking what to apply.
 
 pub mod archive;
+pub mod dockerfile;
 pub mod layers;
 pub mod registry;
 pub mod rootfs;
