@@ -69,17 +69,7 @@ pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>
         s = interrupted => Err(anyhow!("interrupted by {s}")),
     };
     for server in slots.iter_mut().filter_map(Option::take) {
-        progress("shutting a server down");
-        let node = server.node().clone();
-        kill_all(&node).await;
-        if tokio::time::timeout(Duration::from_secs(120), server.shutdown())
-            .await
-            .is_err()
-        {
-            eprintln!("space-bench: the server did not shut down within 2 minutes");
-        }
-        // The VMs of this run die with it: nothing is left for a next start to adopt.
-        node.shutdown().await;
+        stop_server(server).await;
     }
     let mut cleaned = Ok(());
     for dir in &mut dirs {
@@ -87,12 +77,22 @@ pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>
             cleaned = Err(e);
         }
     }
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
+    crate::bench::with_cleanup(result, cleaned)
+}
+
+/// Kills a benchmark server's sandboxes, stops it (within 2 minutes) and its node.
+pub(crate) async fn stop_server(server: Server) {
+    progress("shutting a server down");
+    let node = server.node().clone();
+    kill_all(&node).await;
+    if tokio::time::timeout(Duration::from_secs(120), server.shutdown())
+        .await
+        .is_err()
+    {
+        eprintln!("space-bench: the server did not shut down within 2 minutes");
     }
+    // The VMs of this run die with it: nothing is left for a next start to adopt.
+    node.shutdown().await;
 }
 
 async fn kill_all(node: &Node) {

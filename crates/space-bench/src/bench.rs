@@ -620,6 +620,16 @@ fn unix_ns() -> u64 {
 }
 
 /// A progress line on stderr; the tables go to stdout.
+/// A run's result with its cleanup's: the run's error first, the cleanup's added to it.
+pub fn with_cleanup(result: Result<()>, cleaned: Result<()>) -> Result<()> {
+    match (result, cleaned) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) => Err(e),
+        (Ok(()), Err(c)) => Err(c),
+        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
+    }
+}
+
 pub(crate) fn progress(what: &str) {
     eprintln!("[space-bench] {what}");
 }

@@ -93,12 +93,7 @@ pub async fn run(
             cleaned = Err(e);
         }
     }
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
-    }
+    crate::bench::with_cleanup(result, cleaned)
 }
 
 fn template() -> TemplateName {

@@ -17,7 +17,6 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_control::server::Server;
@@ -68,30 +67,10 @@ pub async fn run(plan: &E2bPlan, interrupted: impl Future<Output = &'static str>
         s = interrupted => Err(anyhow!("interrupted by {s}")),
     };
     if let Some(server) = slot.take() {
-        progress("shutting the server down");
-        let node = server.node().clone();
-        if let Ok(list) = node.list().await {
-            for s in list {
-                if s.state != space_node::State::Terminated {
-                    let _ = node.kill(&s.id).await;
-                }
-            }
-        }
-        if tokio::time::timeout(Duration::from_secs(120), server.shutdown())
-            .await
-            .is_err()
-        {
-            eprintln!("space-bench: the server did not shut down within 2 minutes");
-        }
-        node.shutdown().await;
+        crate::api::stop_server(server).await;
     }
     let cleaned = tokio::task::block_in_place(|| dir.cleanup());
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
-    }
+    crate::bench::with_cleanup(result, cleaned)
 }
 
 async fn measure(

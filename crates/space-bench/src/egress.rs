@@ -159,12 +159,7 @@ pub async fn run(plan: &EgressPlan, interrupted: impl Future<Output = &'static s
         Some(d) => tokio::task::block_in_place(|| d.cleanup()),
         None => Ok(()),
     };
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
-    }
+    crate::bench::with_cleanup(result, cleaned)
 }
 
 async fn measure(plan: &EgressPlan, dir: Option<&DataDir>, slot: &mut Option<Node>) -> Result<()> {

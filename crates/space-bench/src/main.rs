@@ -447,12 +447,7 @@ async fn run(cli: Cli) -> Result<()> {
     };
     let result = measured.await;
     let cleaned = tokio::task::block_in_place(|| scratch.cleanup());
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
-    }
+    space_bench::bench::with_cleanup(result, cleaned)
 }
 
 async fn measure(

@@ -150,12 +150,7 @@ pub async fn run(plan: &NodePlan, interrupted: impl Future<Output = &'static str
         }
     }
     let cleaned = tokio::task::block_in_place(|| dir.cleanup());
-    match (result, cleaned) {
-        (Ok(()), Ok(())) => Ok(()),
-        (Err(e), Ok(())) => Err(e),
-        (Ok(()), Err(c)) => Err(c),
-        (Err(e), Err(c)) => Err(e.context(format!("also: {c:#}"))),
-    }
+    crate::bench::with_cleanup(result, cleaned)
 }
 
 /// Opens a node on `data`: btrfs forced (a loop image if needed), VMs that die with this

@@ -44,13 +44,8 @@ fn write_in(root: &Path, path: &str, data: &[u8], mode: u32, append: bool) -> Re
     let file = resolve_dir(root, dirs, true)?.join(name);
     let existing = fs::symlink_metadata(&file).ok();
     let keep = append && existing.as_ref().is_some_and(|m| m.is_file());
-    if !keep && existing.is_some() {
-        if existing.as_ref().is_some_and(|m| m.is_dir()) {
-            fs::remove_dir_all(&file)
-        } else {
-            fs::remove_file(&file)
-        }
-        .map_err(|e| ImageError::io(format!("replace {path} in the image"), e))?;
+    if !keep {
+        crate::layers::remove(&file)?;
     }
     let mut f = fs::OpenOptions::new()
         .write(true)

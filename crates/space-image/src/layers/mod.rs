@@ -191,7 +191,7 @@ fn display(parts: &[OsString]) -> String {
 }
 
 /// Removes whatever is at `path` (a directory with its contents; a link, not its target).
-fn remove(path: &Path) -> Result<bool> {
+pub(crate) fn remove(path: &Path) -> Result<bool> {
     match fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => fs::remove_dir_all(path)
             .map(|()| true)
@@ -433,13 +433,7 @@ pub fn apply_tar(root: &Path, reader: impl Read, budget: &mut Budget) -> Result<
                 stats.bytes += copied;
             }
             tar::EntryType::Symlink => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| invalid(format!("{}: link target: {e}", raw_path.display())))?
-                    .ok_or_else(|| {
-                        invalid(format!("{}: a link without a target", raw_path.display()))
-                    })?
-                    .into_owned();
+                let target = link_target(&entry, &raw_path)?;
                 if target.as_os_str().as_bytes().contains(&0) || target.as_os_str().is_empty() {
                     return Err(invalid(format!(
                         "{}: a bad link target",
@@ -451,13 +445,7 @@ pub fn apply_tar(root: &Path, reader: impl Read, budget: &mut Budget) -> Result<
                     .map_err(|e| ImageError::io(format!("symlink {}", path.display()), e))?;
             }
             tar::EntryType::Link => {
-                let target = entry
-                    .link_name()
-                    .map_err(|e| invalid(format!("{}: link target: {e}", raw_path.display())))?
-                    .ok_or_else(|| {
-                        invalid(format!("{}: a link without a target", raw_path.display()))
-                    })?
-                    .into_owned();
+                let target = link_target(&entry, &raw_path)?;
                 let tparts = components(&target)?;
                 let Some((tname, tparents)) = tparts.split_last() else {
                     return Err(invalid(format!(
@@ -524,6 +512,15 @@ pub fn apply_tar(root: &Path, reader: impl Read, budget: &mut Budget) -> Result<
         }
     }
     Ok(stats)
+}
+
+/// The target a link entry names.
+fn link_target<R: Read>(entry: &tar::Entry<R>, raw_path: &Path) -> Result<PathBuf> {
+    Ok(entry
+        .link_name()
+        .map_err(|e| invalid(format!("{}: link target: {e}", raw_path.display())))?
+        .ok_or_else(|| invalid(format!("{}: a link without a target", raw_path.display())))?
+        .into_owned())
 }
 
 fn mkdir(path: &Path) -> Result<()> {
