@@ -337,7 +337,17 @@ mod tests {
             .arg("60")
             .spawn()
             .unwrap();
-        assert!(is_qemu(vm.id() as i32));
+        // The new process takes its name when it executes the copy; poll for it rather
+        // than trust that has happened by the time `spawn` returns.
+        let named_until = Instant::now() + Duration::from_secs(5);
+        while !is_qemu(vm.id() as i32) && Instant::now() < named_until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            is_qemu(vm.id() as i32),
+            "{:?}",
+            std::fs::read_to_string(format!("/proc/{}/comm", vm.id()))
+        );
         assert!(!is_qemu(other.id() as i32));
 
         let w = Watchdog::spawn().unwrap();
