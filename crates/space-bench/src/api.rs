@@ -156,6 +156,7 @@ impl Served<'_> {
             kernel: self.kernel.to_path_buf(),
             images: BTreeMap::from([(self.template.to_owned(), self.rootfs.to_path_buf())]),
             stock_templates: vec![self.template.to_owned()],
+            guestd: std::env::var_os("SPACE_GUESTD").map(std::path::PathBuf::from),
             max_upload_bytes: 1 << 30,
             max_body_bytes: 1 << 20,
             database: None,

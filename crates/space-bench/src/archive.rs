@@ -127,6 +127,9 @@ impl Setup {
                 memory_mib: plan.memory_mib,
                 kernel_cmdline: None,
                 ready_timeout: READY_TIMEOUT,
+                guest: Default::default(),
+                start: None,
+                source: String::new(),
             })
             .await
             .context("building the template")?;

@@ -147,13 +147,12 @@ async fn measure(
             BTreeMap::from([("minimal".to_string(), plan.rootfs.clone())]),
         );
         local
-            .build_template(TemplateBuild {
-                template: TemplateRef::new("minimal", "1")?,
-                image: "minimal".into(),
-                vcpus: 1,
-                memory_mib: 256,
-                ready_timeout_ms: 120_000,
-            })
+            .build_template(TemplateBuild::stock(
+                TemplateRef::new("minimal", "1")?,
+                "minimal",
+                1,
+                256,
+            ))
             .await
             .map_err(|e| anyhow!("building minimal: {e}"))?;
         let token = store.create_join_token(60_000).await?;

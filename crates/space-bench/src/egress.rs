@@ -1039,6 +1039,9 @@ impl Setup {
             memory_mib: 256,
             kernel_cmdline: None,
             ready_timeout: GUEST_READY,
+            guest: Default::default(),
+            start: None,
+            source: String::new(),
         })
         .await
         .context("building the base template")?;

@@ -209,6 +209,9 @@ async fn measure(plan: &NodePlan, dir: &DataDir, slot: &mut Option<Node>) -> Res
             memory_mib: plan.memory_mib,
             kernel_cmdline: None,
             ready_timeout: READY_TIMEOUT,
+            guest: Default::default(),
+            start: None,
+            source: String::new(),
         })
         .await
         .context("building the template")?;

@@ -28,6 +28,8 @@ use crate::vault::{KeySource, Vault, VaultKey};
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 1 << 30;
 /// JSON request bodies are at most this many bytes by default: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1 << 20;
+/// Largest template upload (a build context, an image archive), in bytes.
+pub const MAX_TEMPLATE_UPLOAD_BYTES: u64 = 16 << 30;
 /// The tenant the first start makes, with an admin key.
 pub const DEFAULT_TENANT: &str = "default";
 /// How long a shutdown waits for requests in flight.
@@ -44,6 +46,9 @@ pub struct ServerConfig {
     pub kernel: PathBuf,
     /// Root images templates can be built from: image name -> rootfs file.
     pub images: BTreeMap<String, PathBuf>,
+    /// The `space-guestd` binary put into templates made of OCI images and Dockerfiles
+    /// (default: `$SPACE_GUESTD`).
+    pub guestd: Option<PathBuf>,
     /// Images to build as same-named templates at start when no build of them exists.
     pub stock_templates: Vec<String>,
     /// Largest file upload in bytes.
@@ -74,6 +79,7 @@ impl ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             kernel: kernel.into(),
             images: BTreeMap::new(),
+            guestd: std::env::var_os("SPACE_GUESTD").map(PathBuf::from),
             stock_templates: Vec::new(),
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
@@ -186,6 +192,14 @@ impl Server {
                 .await
                 .with_context(|| format!("opening the state database {}", redact(&database)))?,
         );
+        // The builds an earlier process ran died with it (they run in this process).
+        let interrupted = store
+            .fail_running_builds("the server stopped while the build ran")
+            .await
+            .context("marking interrupted builds")?;
+        if interrupted > 0 {
+            tracing::warn!(interrupted, "template builds interrupted by a restart");
+        }
         let (key, source) = VaultKey::load(&state_dir).context("loading the vault key")?;
         if source == KeySource::NewFile {
             eprintln!(
@@ -240,11 +254,10 @@ impl Server {
             .ok()
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
-        let local: Arc<dyn NodeApi> = Arc::new(LocalNode::new(
-            node.clone(),
-            config.kernel.clone(),
-            config.images.clone(),
-        ));
+        let local: Arc<dyn NodeApi> = Arc::new(
+            LocalNode::new(node.clone(), config.kernel.clone(), config.images.clone())
+                .with_guestd(config.guestd.clone()),
+        );
         let (api, node_server) = if config.node_over_network {
             match loopback_node(local).await {
                 Ok((api, server)) => (api, Some(server)),
@@ -267,6 +280,8 @@ impl Server {
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.node.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
+            uploads_dir: config.node.data_dir.join("uploads"),
+            max_template_upload_bytes: MAX_TEMPLATE_UPLOAD_BYTES,
             masters,
             keyring: node.archive().map(|a| a.keyring.clone()),
             cluster: None,
@@ -508,10 +523,13 @@ async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::
             template: tref,
             kernel: config.kernel.clone(),
             rootfs: rootfs.clone(),
-            vcpus: api::admin::DEFAULT_TEMPLATE_VCPUS,
-            memory_mib: api::admin::DEFAULT_TEMPLATE_MEMORY_MIB,
+            vcpus: api::templates::DEFAULT_TEMPLATE_VCPUS,
+            memory_mib: api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
             kernel_cmdline: None,
             ready_timeout: config.node.ready_timeout,
+            guest: Default::default(),
+            start: None,
+            source: String::new(),
         })
         .await
         .with_context(|| format!("building template {name}"))?;

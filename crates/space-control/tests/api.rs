@@ -1064,10 +1064,10 @@ async fn run_checks(api: &Api, admin: &str) {
     let built = api
         .ok(
             "POST",
-            "/v1/templates",
+            "/v1/templates?wait=true",
             admin,
             Some(json!({"name": "minimal", "image": "minimal"})),
-            201,
+            202,
         )
         .await;
     assert_eq!(built["version"], "2");

@@ -56,13 +56,12 @@ async fn start_node(
     )
     .with_secrets(secrets.clone());
     local
-        .build_template(TemplateBuild {
-            template: TemplateRef::new("minimal", "1").unwrap(),
-            image: "minimal".into(),
-            vcpus: 1,
-            memory_mib: 256,
-            ready_timeout_ms: 120_000,
-        })
+        .build_template(TemplateBuild::stock(
+            TemplateRef::new("minimal", "1").unwrap(),
+            "minimal",
+            1,
+            256,
+        ))
         .await
         .expect("building minimal");
     let port = free_port();

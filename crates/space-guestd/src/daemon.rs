@@ -108,6 +108,10 @@ pub struct IdentityState {
     pub sandbox_id: Option<String>,
     pub hostname: Option<String>,
     pub env: BTreeMap<String, String>,
+    /// Default account (`user`, `uid`, `user:group` or `uid:gid`) of execs naming none.
+    pub user: Option<String>,
+    /// Default working directory of execs naming none.
+    pub workdir: Option<String>,
 }
 
 /// Shared state of the daemon, one per process.

@@ -101,9 +101,19 @@ pub fn prepare(
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(ProtoError::invalid("an argument contains a NUL byte"));
     }
+    let (default_user, default_workdir) = {
+        let id = d.identity();
+        (id.user.clone(), id.workdir.clone())
+    };
+    let mut username = username.map(str::to_owned);
+    if username.is_none() && uid.is_none() && gid.is_none() {
+        if let Some(spec) = &default_user {
+            (username, uid, gid) = crate::users::parse_spec(spec, crate::users::GROUP)?;
+        }
+    }
     let mut env = env.clone();
     let mut home = None;
-    if let Some(name) = username {
+    if let Some(name) = username.as_deref() {
         let account = crate::users::lookup(name)?;
         uid = uid.or(Some(account.uid));
         gid = gid.or(Some(account.gid));
@@ -120,6 +130,7 @@ pub fn prepare(
     let env = d.environment(&env)?;
     let cwd = cwd
         .map(str::to_owned)
+        .or(default_workdir.filter(|w| std::path::Path::new(w).is_dir()))
         .or(home.filter(|h| std::path::Path::new(h).is_dir()))
         .unwrap_or_else(|| "/".into());
     let cwd = cwd.as_str();

@@ -118,6 +118,16 @@ fn validate(id: &Identity) -> Result<(), ProtoError> {
         validate_hostname(h)?;
     }
     validate_env(&id.env)?;
+    if let Some(u) = &id.user {
+        if u.is_empty() || u.len() > 256 || u.contains(['\0', '/']) {
+            return Err(ProtoError::invalid(
+                "user must be 1 to 256 bytes without NUL or /",
+            ));
+        }
+    }
+    if let Some(w) = &id.workdir {
+        space_proto::query::validate_path(w)?;
+    }
     if let Some(pem) = &id.ca_pem {
         crate::ca::validate(pem)?;
     }
@@ -191,6 +201,8 @@ pub async fn identity(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         state.sandbox_id = Some(id.sandbox_id.clone());
         state.hostname = id.hostname.clone();
         state.env = id.env.clone();
+        state.user = id.user.clone();
+        state.workdir = id.workdir.clone();
     }
     if let Some(egress) = d.egress.get() {
         egress.reset().await;

@@ -53,9 +53,73 @@ pub fn lookup(name: &str) -> Result<Account, ProtoError> {
     lookup_in(PASSWD, name)
 }
 
+/// Where groups are read from.
+pub const GROUP: &str = "/etc/group";
+
+/// The number of group `name` in the group file at `path`.
+pub fn group_in(path: &str, name: &str) -> Result<u32, ProtoError> {
+    if name.is_empty() || name.len() > MAX_NAME || name.contains([':', '\n', '\0', '/']) {
+        return Err(ProtoError::invalid(format!("{name:?} is not a group name")));
+    }
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_PASSWD).read_to_string(&mut text))
+        .map_err(|e| ProtoError::io(format!("reading {path}"), &e))?;
+    text.lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 3 && f[0] == name)
+        .and_then(|f| f[2].parse().ok())
+        .ok_or_else(|| ProtoError::new(ErrorKind::NotFound, format!("no group {name:?} in {path}")))
+}
+
+/// An account name or a uid, and a gid.
+pub type UserSpec = (Option<String>, Option<u32>, Option<u32>);
+
+/// Who a default user spec names (`user`, `uid`, `user:group`, `uid:gid`, as a Dockerfile's
+/// `USER`): an account name or a uid, and a gid when a group is given. Groups by name are
+/// looked up in `groups`.
+pub fn parse_spec(spec: &str, groups: &str) -> Result<UserSpec, ProtoError> {
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let (name, uid) = match user.parse::<u32>() {
+        Ok(n) => (None, Some(n)),
+        Err(_) => (Some(user.to_owned()), None),
+    };
+    let gid = match group {
+        None => None,
+        Some(g) => Some(match g.parse::<u32>() {
+            Ok(n) => n,
+            Err(_) => group_in(groups, g)?,
+        }),
+    };
+    Ok((name, uid, gid))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_specs() {
+        let dir = tempfile::tempdir().unwrap();
+        let groups = dir.path().join("group");
+        std::fs::write(&groups, "root:x:0:\nstaff:x:50:a,b\nbad:x:zz:\n").unwrap();
+        let g = groups.to_str().unwrap();
+        assert_eq!(parse_spec("1000", g).unwrap(), (None, Some(1000), None));
+        assert_eq!(
+            parse_spec("app:staff", g).unwrap(),
+            (Some("app".into()), None, Some(50))
+        );
+        assert_eq!(parse_spec("7:8", g).unwrap(), (None, Some(7), Some(8)));
+        assert_eq!(
+            parse_spec("app:nope", g).unwrap_err().kind,
+            ErrorKind::NotFound
+        );
+        assert!(parse_spec("app:bad", g).is_err());
+    }
 
     #[test]
     fn finds_accounts_and_refuses_bad_names() {

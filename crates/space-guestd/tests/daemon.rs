@@ -613,6 +613,7 @@ async fn identity_outside_a_vm_changes_nothing_on_the_host() {
                 .into_iter()
                 .collect(),
             ca_pem: None,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -641,6 +642,7 @@ async fn identity_outside_a_vm_changes_nothing_on_the_host() {
             hostname: None,
             env: Default::default(),
             ca_pem: None,
+            ..Default::default()
         })
         .await,
     );

@@ -229,6 +229,11 @@ pub fn build(
         .map_err(|e| ImageError::io("chmod the staging directory", e))?;
     let layers = image.apply_layers(stage.path(), budget)?;
     prepare_tree(stage.path(), guestd)?;
+    // Runtimes make the working directory when an image names one it lacks.
+    let workdir = &image.config().config.working_dir;
+    if workdir.starts_with('/') {
+        resolve_dir(stage.path(), &parts(workdir), true)?;
+    }
     let tree = tree_bytes(stage.path())?;
     let size = image_bytes(tree, min_bytes);
     make_ext4(stage.path(), out, size)?;

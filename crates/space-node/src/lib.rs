@@ -18,6 +18,7 @@
 pub mod admission;
 pub mod api;
 pub mod archive;
+pub mod build;
 pub mod error;
 pub mod fence;
 pub mod gateway;
@@ -37,6 +38,7 @@ pub mod template;
 pub use admission::AdmissionConfig;
 pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
 pub use archive::{ArchiveConfig, ArchiveReport};
+pub use build::{BuildLog, Credentials, LogChunk, TemplateSource};
 pub use error::{NodeError, Result};
 pub use gateway::{
     EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
@@ -52,4 +54,6 @@ pub use record::{
 pub use recovery::RecoveryReport;
 pub use sandbox::{CreateRequest, SandboxInfo, TimeoutKind};
 pub use scheduler::{RollingConfig, RollingReport};
-pub use template::{Template, TemplateManifest, TemplateSpec};
+pub use template::{
+    GuestDefaults, ReadyCheck, StartSpec, Template, TemplateManifest, TemplateSpec,
+};

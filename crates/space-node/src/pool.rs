@@ -494,6 +494,7 @@ fn pooled_record(t: &Template) -> SandboxRecord {
             lineage: None,
         },
     );
+    r.guest = m.guest.clone();
     if let Some(p) = r.pending.as_mut() {
         p.request = POOL_REQUEST.to_owned();
         p.started_unix_ms = now_ms();

@@ -360,6 +360,12 @@ pub struct SandboxRecord {
     /// refuses the commits of an older epoch than its head's (`docs/cluster.md`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u64,
+    /// The defaults its commands start with, from its template (a fork inherits them).
+    #[serde(
+        default,
+        skip_serializing_if = "crate::template::GuestDefaults::is_empty"
+    )]
+    pub guest: crate::template::GuestDefaults,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -652,6 +658,7 @@ mod tests {
             tenant: DEFAULT_TENANT.into(),
             lineage: None,
             shredded_unix_ms: None,
+            guest: Default::default(),
             epoch: 0,
         }
     }

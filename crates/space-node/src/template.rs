@@ -21,6 +21,7 @@
 //! rebuild on its own: a template's sources may have changed or gone since, and a silent rebuild
 //! would hand out sandboxes that differ from what the version promised.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,7 +64,68 @@ pub struct TemplateSpec {
     pub kernel_cmdline: Option<String>,
     /// How long the build VM may take to report ready.
     pub ready_timeout: Duration,
+    /// What its sandboxes' commands start with (an image's config).
+    pub guest: GuestDefaults,
+    /// A process started before the snapshot, and when it counts as up.
+    pub start: Option<StartSpec>,
+    /// Where the root image came from, for people (`stock base`, an image reference with its
+    /// digest, a Dockerfile build).
+    pub source: String,
 }
+
+/// The defaults of a template's sandboxes from its image's config (`ENV`, `USER`,
+/// `WORKDIR`), and what the image says about itself (its command, its ports).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestDefaults {
+    /// Environment of every exec and PTY, under the sandbox's own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Who commands run as when they name nobody (`user`, `uid`, `user:group`, `uid:gid`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Their working directory when they name none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The image's entrypoint and command (kept and shown; a template runs only its start
+    /// command).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// The ports the image exposes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<u16>,
+}
+
+impl GuestDefaults {
+    /// Nothing set.
+    pub fn is_empty(&self) -> bool {
+        self == &GuestDefaults::default()
+    }
+}
+
+/// A template's start command and ready check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartSpec {
+    /// Run under `/bin/sh -c` as the template's default user, in its working directory.
+    pub command: String,
+    /// When the process counts as serving; `None`: as soon as it started.
+    #[serde(default)]
+    pub ready: Option<ReadyCheck>,
+    /// How long the check may take to pass, milliseconds.
+    pub timeout_ms: u64,
+}
+
+/// When a template's start command counts as serving.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReadyCheck {
+    /// This shell command exits 0.
+    Command(String),
+    /// This TCP port of the guest accepts a connection.
+    Port(u16),
+}
+
+/// How long a start command's ready check may take when the request names no time.
+pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Identity of a file a template was built from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -103,6 +165,15 @@ pub struct TemplateManifest {
     pub created_unix_ms: u64,
     /// How long the build took, milliseconds.
     pub build_ms: u64,
+    /// Defaults of its sandboxes' commands.
+    #[serde(default, skip_serializing_if = "GuestDefaults::is_empty")]
+    pub guest: GuestDefaults,
+    /// The process its snapshot holds, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartSpec>,
+    /// Where its root image came from.
+    #[serde(default)]
+    pub source: String,
 }
 
 /// A complete template build on this node.
@@ -183,6 +254,105 @@ pub fn stale_or(template: &TemplateRef, e: space_runtime::Error) -> NodeError {
         },
         other => NodeError::Runtime(other),
     }
+}
+
+/// The identity a build VM takes before its start command: the template's defaults.
+pub(crate) fn build_identity(guest: &GuestDefaults) -> space_proto::Identity {
+    space_proto::Identity {
+        sandbox_id: "template-build".to_owned(),
+        env: guest.env.clone(),
+        user: guest.user.clone(),
+        workdir: guest.workdir.clone(),
+        ..Default::default()
+    }
+}
+
+/// How often a ready check is tried.
+const READY_POLL: Duration = Duration::from_millis(250);
+
+/// Applies the template's defaults in the build VM, starts its start command and waits for
+/// its ready check. A check that does not pass in time fails the build with the command's
+/// output so far.
+async fn start(client: &space_proto::GuestClient, spec: &TemplateSpec) -> Result<()> {
+    let guest = |what: &'static str| move |source| NodeError::Guest { what, source };
+    client
+        .identity(&build_identity(&spec.guest))
+        .await
+        .map_err(guest("template defaults"))?;
+    let Some(start) = &spec.start else {
+        return Ok(());
+    };
+    let mut exec = space_proto::ExecSpec::shell(start.command.clone());
+    exec.tag = Some("template-start".to_owned());
+    let mut handle = client.exec(exec).await.map_err(guest("start command"))?;
+    let deadline = Instant::now() + Duration::from_millis(start.timeout_ms);
+    let mut output = Vec::new();
+    let failed = |why: String, output: &[u8]| {
+        let tail = String::from_utf8_lossy(&output[output.len().saturating_sub(2048)..]);
+        NodeError::Invalid(format!(
+            "start command {:?} {why}; its output: {}",
+            start.command,
+            if tail.trim().is_empty() {
+                "(none)"
+            } else {
+                tail.trim()
+            }
+        ))
+    };
+    loop {
+        // Drain what the process wrote meanwhile (it also tells whether it exited).
+        while let Ok(next) =
+            tokio::time::timeout(Duration::from_millis(10), handle.next_output()).await
+        {
+            match next.map_err(guest("start command"))? {
+                Some(space_proto::ExecOutput::Stdout(b) | space_proto::ExecOutput::Stderr(b)) => {
+                    output.extend_from_slice(&b);
+                    if output.len() > 64 << 10 {
+                        output.drain(..output.len() - (32 << 10));
+                    }
+                }
+                None => {
+                    let code = handle
+                        .status()
+                        .and_then(|s| s.exit_code)
+                        .map_or("no exit code".to_owned(), |c| format!("exit code {c}"));
+                    return Err(failed(
+                        format!("exited ({code}) before it was ready"),
+                        &output,
+                    ));
+                }
+            }
+        }
+        let ready = match &start.ready {
+            None => true,
+            Some(ReadyCheck::Port(port)) => match client.tcp(*port).await {
+                Ok(tunnel) => {
+                    drop(tunnel);
+                    true
+                }
+                Err(_) => false,
+            },
+            Some(ReadyCheck::Command(c)) => client
+                .run(space_proto::ExecSpec::shell(c.clone()))
+                .await
+                .is_ok_and(|o| o.status.success()),
+        };
+        if ready {
+            break;
+        }
+        if Instant::now() >= deadline {
+            return Err(failed(
+                format!("was not ready within {} s", start.timeout_ms / 1000),
+                &output,
+            ));
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
+    // The process keeps running without its output stream; close the stream well before
+    // the snapshot so the close is not half-delivered in it.
+    drop(handle);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(())
 }
 
 /// Runs blocking filesystem work off the async threads.
@@ -380,6 +550,9 @@ async fn build_inner(
         .await?;
     let snapshot = async {
         let client = vm.wait_ready(spec.ready_timeout).await?;
+        if spec.start.is_some() || !spec.guest.is_empty() {
+            start(&client, spec).await?;
+        }
         // The snapshot is taken with this connection open and idle, and it is dropped only
         // afterwards: a connection closing while the VM is stopped for the snapshot can leave
         // restored guests with a half-delivered close on their port, which they do not recover
@@ -387,7 +560,7 @@ async fn build_inner(
         // (docs/protocol.md, "Transport and reconnection").
         let info = vm.snapshot(&dir.join(SNAPSHOT_DIR)).await;
         drop(client);
-        info
+        Ok::<_, NodeError>(info?)
     }
     .await;
     // The build VM is no longer needed whatever happened.
@@ -416,6 +589,9 @@ async fn build_inner(
         disk_bytes,
         created_unix_ms: now_ms(),
         build_ms: started.elapsed().as_millis() as u64,
+        guest: spec.guest.clone(),
+        start: spec.start.clone(),
+        source: spec.source.clone(),
     };
     let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
     let path = dir.join(TEMPLATE_MANIFEST);

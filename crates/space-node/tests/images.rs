@@ -58,6 +58,9 @@ fn a_sandbox_of_an_image_template_sees_what_its_layers_leave() {
                 memory_mib: 256,
                 kernel_cmdline: None,
                 ready_timeout: Duration::from_secs(120),
+                guest: Default::default(),
+                start: None,
+                source: String::new(),
             })
             .await
             .expect("a template of the image");

@@ -186,6 +186,9 @@ fn creates_and_builds_the_node_cannot_honour_are_refused() {
                     memory_mib: 256,
                     kernel_cmdline: None,
                     ready_timeout: Duration::from_secs(20),
+                    guest: Default::default(),
+                    start: None,
+                    source: String::new(),
                 })
                 .await
                 .unwrap_err();
@@ -212,6 +215,9 @@ fn creates_and_builds_the_node_cannot_honour_are_refused() {
                     memory_mib: 256,
                     kernel_cmdline: None,
                     ready_timeout: Duration::from_secs(20),
+                    guest: Default::default(),
+                    start: None,
+                    source: String::new(),
                 })
                 .await
                 .unwrap_err();

@@ -410,6 +410,14 @@ pub struct Identity {
     /// guest adds it to its trust store so the egress gateway can intercept TLS.
     #[serde(default)]
     pub ca_pem: Option<String>,
+    /// Who later execs and PTYs run as when they name nobody: an account name, a uid, or
+    /// `user:group` / `uid:gid` (a template's `USER`). `None`: root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Their working directory when they name none (a template's `WORKDIR`); an absolute
+    /// path. `None`: the account's home, else `/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 /// `POST /v1/fs/grow`: grow the filesystem mounted at `path` to fill its block device.
@@ -493,6 +501,8 @@ mod tests {
             hostname: None,
             env: BTreeMap::new(),
             ca_pem: Some("-----BEGIN CERTIFICATE-----".into()),
+            user: Some("1000:1000".into()),
+            workdir: Some("/app".into()),
         };
         let json = serde_json::to_value(&id).unwrap();
         assert_eq!(json["entropy"], "AAEC/v8=");

@@ -143,6 +143,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         kernel: a.kernel.clone(),
         images,
         stock_templates: templates.clone(),
+        guestd: std::env::var_os("SPACE_GUESTD").map(PathBuf::from),
         max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         archive,
@@ -262,6 +263,7 @@ async fn member(
     };
     let kernel = a.kernel.clone().unwrap_or_default();
     let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone())
+        .with_guestd(std::env::var_os("SPACE_GUESTD").map(PathBuf::from))
         .with_secrets(secrets);
     // Stock templates: built once in the cluster, from this node's images.
     let mut builds = Vec::new();
@@ -270,13 +272,12 @@ async fn member(
             let _: TemplateName = name
                 .parse()
                 .map_err(|e| anyhow::anyhow!("image name {name:?}: {e}"))?;
-            builds.push(space_node::api::TemplateBuild {
-                template: space_node::TemplateRef::new(name, "1")?,
-                image: name.clone(),
-                vcpus: space_control::api::admin::DEFAULT_TEMPLATE_VCPUS,
-                memory_mib: space_control::api::admin::DEFAULT_TEMPLATE_MEMORY_MIB,
-                ready_timeout_ms: 120_000,
-            });
+            builds.push(space_node::api::TemplateBuild::stock(
+                space_node::TemplateRef::new(name, "1")?,
+                name,
+                space_control::api::templates::DEFAULT_TEMPLATE_VCPUS,
+                space_control::api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
+            ));
         }
     }
     let node_id = match &a.node_id {

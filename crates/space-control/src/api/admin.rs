@@ -1,5 +1,4 @@
-//! Templates (list for everyone; build and delete with an admin key), tenants and keys
-//! (admin), and the audit log.
+//! Tenants and keys (admin), and the audit log.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -7,152 +6,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::api::{TemplateBuild, TemplateInfo};
-use space_node::TemplateRef;
 
 use super::{AdminCaller, ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
 use crate::error::{ApiError, ApiResult};
 use crate::keys;
 use crate::masters::MasterKeyConfig;
 use crate::store::{AuditFilter, Quotas, TenantName, DEFAULT_AUDIT_LIMIT, MAX_AUDIT_LIMIT};
-
-/// vCPUs of a template build when the request names none.
-pub const DEFAULT_TEMPLATE_VCPUS: u32 = 1;
-/// Memory of a template build when the request names none.
-pub const DEFAULT_TEMPLATE_MEMORY_MIB: u64 = 256;
-
-/// The API's JSON form of a template build.
-pub fn template_json(t: &TemplateInfo) -> Value {
-    json!({
-        "name": t.template.name.as_str(),
-        "version": t.template.version.as_str(),
-        "vcpus": t.vcpus,
-        "memory_mib": t.memory_mib,
-        "image_mib": t.image_mib(),
-        "image": t.image,
-        "created_unix_ms": t.created_unix_ms,
-    })
-}
-
-/// `GET /v1/templates`
-pub async fn list_templates(
-    State(st): State<Shared>,
-    Caller(_who): Caller,
-) -> ApiResult<Json<Value>> {
-    let all = st.node.templates().await?;
-    let list: Vec<Value> = all.iter().map(template_json).collect();
-    Ok(Json(json!({ "templates": list })))
-}
-
-/// Body of `POST /v1/templates`.
-#[derive(Debug, Deserialize)]
-pub struct BuildBody {
-    name: String,
-    #[serde(default)]
-    version: Option<String>,
-    image: String,
-    #[serde(default)]
-    vcpus: Option<u32>,
-    #[serde(default)]
-    memory_mib: Option<u64>,
-}
-
-/// One more than the newest numeric version of `name`, or `1`.
-pub fn next_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> String {
-    let newest = versions
-        .into_iter()
-        .filter_map(|v| v.parse::<u64>().ok())
-        .max();
-    newest.map_or(1, |n| n.saturating_add(1)).to_string()
-}
-
-/// `POST /v1/templates`: builds synchronously.
-pub async fn build_template(
-    State(st): State<Shared>,
-    AdminCaller(who): AdminCaller,
-    ApiJson(body): ApiJson<BuildBody>,
-) -> ApiResult<Response> {
-    let result = build_inner(&st, body).await;
-    st.audit(
-        &who,
-        None,
-        "template.build",
-        result.as_ref().err(),
-        result
-            .as_ref()
-            .ok()
-            .map(|v| format!("template {}:{}", v["name"], v["version"]).replace('"', "")),
-    )
-    .await;
-    Ok((StatusCode::CREATED, Json(result?)).into_response())
-}
-
-async fn build_inner(st: &Shared, body: BuildBody) -> ApiResult<Value> {
-    if !TenantName::is_valid(&body.name) {
-        return Err(ApiError::invalid_id(format!(
-            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
-            body.name.chars().take(64).collect::<String>()
-        )));
-    }
-    let images = st.node.images().await?;
-    if !images.contains(&body.image) {
-        return Err(ApiError::invalid(format!(
-            "no image {:?} on this server; it has: {}",
-            body.image.chars().take(64).collect::<String>(),
-            images.join(", ")
-        )));
-    }
-    // One build at a time: each boots a VM, and the default version must not race.
-    let _one = st.builds.lock().await;
-    let version = match body.version {
-        Some(v) => v,
-        None => {
-            let all = st.node.templates().await?;
-            next_version(
-                all.iter()
-                    .filter(|t| t.template.name.as_str() == body.name)
-                    .map(|t| t.template.version.as_str()),
-            )
-        }
-    };
-    let template =
-        TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
-    let t = st
-        .node
-        .build_template(TemplateBuild {
-            template,
-            image: body.image,
-            vcpus: body.vcpus.unwrap_or(DEFAULT_TEMPLATE_VCPUS),
-            memory_mib: body.memory_mib.unwrap_or(DEFAULT_TEMPLATE_MEMORY_MIB),
-            ready_timeout_ms: u64::try_from(st.ready_timeout.as_millis()).unwrap_or(u64::MAX),
-        })
-        .await?;
-    Ok(template_json(&t))
-}
-
-/// `DELETE /v1/templates/{name}/{version}`
-pub async fn delete_template(
-    State(st): State<Shared>,
-    AdminCaller(who): AdminCaller,
-    ApiPath((name, version)): ApiPath<(String, String)>,
-) -> ApiResult<StatusCode> {
-    let template =
-        TemplateRef::new(&name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
-    let result = st
-        .node
-        .delete_template(&template)
-        .await
-        .map_err(ApiError::from);
-    st.audit(
-        &who,
-        None,
-        "template.delete",
-        result.as_ref().err(),
-        Some(format!("template {template}")),
-    )
-    .await;
-    result.map(|()| StatusCode::NO_CONTENT)
-}
 
 fn tenant_name(raw: &str) -> ApiResult<TenantName> {
     raw.parse()
@@ -487,17 +346,4 @@ pub async fn audit(
         limit,
     };
     Ok(Json(json!({ "events": st.store.audit(&filter).await? })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_version_follows_the_newest_number() {
-        assert_eq!(next_version([]), "1");
-        assert_eq!(next_version(["1", "2", "x"]), "3");
-        assert_eq!(next_version(["9", "10"]), "11");
-        assert_eq!(next_version(["beta"]), "1");
-    }
 }

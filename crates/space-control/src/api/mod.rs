@@ -13,6 +13,7 @@ pub mod files;
 pub mod net;
 pub mod sandboxes;
 pub mod streams;
+pub mod templates;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -60,6 +61,11 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/metrics", "metrics"),
     r("GET", "/v1/templates", "template.list"),
     r("POST", "/v1/templates", "template.build"),
+    r("POST", "/v1/template-uploads", "template.upload"),
+    r("GET", "/v1/builds", "template.builds"),
+    r("GET", "/v1/builds/{id}", "template.build_get"),
+    r("GET", "/v1/builds/{id}/log", "template.build_log"),
+    r("POST", "/v1/sandboxes/{id}/template", "template.save"),
     r(
         "DELETE",
         "/v1/templates/{name}/{version}",
@@ -159,6 +165,10 @@ pub struct AppState {
     pub ready_timeout: Duration,
     /// Serializes template builds (each boots a VM).
     pub builds: tokio::sync::Mutex<()>,
+    /// Where template uploads (build contexts, image archives) are kept.
+    pub uploads_dir: std::path::PathBuf,
+    /// Largest template upload, in bytes.
+    pub max_template_upload_bytes: u64,
     /// The credentials vault.
     pub vault: Arc<crate::vault::Vault>,
     /// The base of ingress URLs (`https://space.example.com`), when configured; else
@@ -517,15 +527,21 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
     use net as n;
     use sandboxes as s;
     use streams as x;
+    use templates as t;
     let router = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
         .route("/metrics", get(metrics))
         .route(
             "/v1/templates",
-            get(a::list_templates).post(a::build_template),
+            get(t::list_templates).post(t::build_template),
         )
-        .route("/v1/templates/{name}/{version}", delete(a::delete_template))
+        .route("/v1/templates/{name}/{version}", delete(t::delete_template))
+        .route("/v1/template-uploads", post(t::upload))
+        .route("/v1/builds", get(t::list_builds))
+        .route("/v1/builds/{id}", get(t::get_build))
+        .route("/v1/builds/{id}/log", get(t::build_log))
+        .route("/v1/sandboxes/{id}/template", post(t::save_template))
         .route("/v1/sandboxes", post(s::create).get(s::list))
         .route("/v1/sandboxes/{id}", get(s::get).delete(s::kill))
         .route("/v1/sandboxes/{id}/pause", post(s::pause))
@@ -692,6 +708,8 @@ mod tests {
             max_upload_bytes: 1 << 20,
             ready_timeout: Duration::from_secs(1),
             builds: tokio::sync::Mutex::new(()),
+            uploads_dir: std::env::temp_dir().join(format!("space-uploads-{}", std::process::id())),
+            max_template_upload_bytes: 1 << 30,
             masters: None,
             keyring: None,
             cluster: None,

@@ -234,6 +234,7 @@ pub async fn create_sandbox(
             .parse()
             .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?,
     };
+    super::templates::check_visible(st, tenant, name.as_str()).await?;
     // The template is resolved once: the create names the exact build it was sized by.
     let t = st.node.template(&name, &version).await?;
     let timeouts = body.timeouts;

@@ -450,6 +450,34 @@ impl NodeApi for ClusterNodes {
         Ok(t)
     }
 
+    async fn build_log(&self, build: &str, from: u64) -> NodeResult<space_node::LogChunk> {
+        // The node that runs (or ran) the build has its log; the others do not know it.
+        let mut last = None;
+        for (_, c) in self.live().await? {
+            match c.build_log(build, from).await {
+                Ok(chunk) => return Ok(chunk),
+                Err(f) => last = Some(f),
+            }
+        }
+        Err(last.unwrap_or_else(|| Fault::new(FaultCode::NotFound, format!("no build {build}"))))
+    }
+
+    async fn save_template(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRef,
+    ) -> NodeResult<TemplateInfo> {
+        let c = self.owner(id).await?;
+        let t = c.save_template(id, template).await?;
+        if self.cluster.archive().is_some() {
+            c.publish_template(template).await?;
+            for (_, other) in self.live().await? {
+                let _ = other.fetch_template(template).await;
+            }
+        }
+        Ok(t)
+    }
+
     async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()> {
         let mut deleted = false;
         let mut refusal = None;

@@ -35,6 +35,7 @@ mod pg;
 mod schema;
 mod secrets;
 pub(crate) mod sql;
+mod templates;
 mod tenants;
 #[cfg(test)]
 mod tests;
@@ -47,6 +48,7 @@ use schema::MIGRATIONS;
 pub use schema::SCHEMA_VERSION;
 use schema::{configure, migrate};
 use sql::{args, Row, Sql, Sqlite, Value};
+pub use templates::{BuildRow, MAX_STORED_LOG};
 
 /// How long a statement waits for a lock held by another connection.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);

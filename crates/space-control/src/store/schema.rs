@@ -133,6 +133,26 @@ CREATE TABLE create_keys (
 ) STRICT;
 CREATE INDEX create_keys_created ON create_keys(created_ms);
 "#,
+    // 9: template owners and builds.
+    r#"
+CREATE TABLE template_owners (
+    name   TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL
+) STRICT;
+CREATE TABLE template_builds (
+    id          TEXT PRIMARY KEY,
+    tenant      TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    error       TEXT,
+    log         TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    finished_ms INTEGER
+) STRICT;
+CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -262,6 +282,26 @@ CREATE TABLE create_keys (
     PRIMARY KEY (tenant, key)
 );
 CREATE INDEX create_keys_created ON create_keys(created_ms);
+"#,
+    // 6: template owners and builds.
+    r#"
+CREATE TABLE template_owners (
+    name   TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL
+);
+CREATE TABLE template_builds (
+    id          TEXT PRIMARY KEY,
+    tenant      TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    version     TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    error       TEXT,
+    log         TEXT NOT NULL,
+    created_ms  BIGINT NOT NULL,
+    finished_ms BIGINT
+);
+CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
 "#,
 ];
 

@@ -16,12 +16,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use space_proto::GuestClient;
 
+use crate::build::{BuildLog, BuildPlan, LogChunk, TemplateSource};
 use crate::gateway::EgressPolicy;
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
 use crate::node::Node;
 use crate::record::{SnapshotKind, TimeoutPolicy};
 use crate::sandbox::CreateRequest;
-use crate::template::{Template, TemplateSpec};
+use crate::template::{StartSpec, Template};
 
 pub mod remote;
 pub mod rpc;
@@ -40,19 +41,51 @@ pub use wire::{
 /// What a node API call returns.
 pub type NodeResult<T> = Result<T, Fault>;
 
-/// A template build request: which root image of the node's, and the shape of the snapshot.
+/// A template build request: what from ([`TemplateSource`]), the shape of the snapshot, the
+/// start command.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TemplateBuild {
     /// Name and version of the build; the version must not exist yet.
     pub template: TemplateRef,
-    /// One of the node's root images ([`NodeApi::images`]).
-    pub image: String,
+    /// What the root image is made of.
+    pub source: TemplateSource,
     /// vCPUs of the snapshot.
     pub vcpus: u32,
     /// Guest RAM of the snapshot in MiB.
     pub memory_mib: u64,
+    /// The root disk's size at least, MiB (default: what the source needs).
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
+    /// A process to start before the snapshot, and its ready check.
+    #[serde(default)]
+    pub start: Option<StartSpec>,
     /// How long the build VM may take to report ready, in milliseconds.
     pub ready_timeout_ms: u64,
+    /// Names the build's log ([`NodeApi::build_log`]).
+    #[serde(default)]
+    pub build_id: Option<String>,
+    /// What a Dockerfile's builder may reach (default: the default policy).
+    #[serde(default)]
+    pub egress: Option<EgressPolicy>,
+}
+
+impl TemplateBuild {
+    /// A build of one of the node's stock images, no start command.
+    pub fn stock(template: TemplateRef, image: &str, vcpus: u32, memory_mib: u64) -> Self {
+        TemplateBuild {
+            template,
+            source: TemplateSource::Stock {
+                image: image.to_owned(),
+            },
+            vcpus,
+            memory_mib,
+            disk_mib: None,
+            start: None,
+            ready_timeout_ms: 120_000,
+            build_id: None,
+            egress: None,
+        }
+    }
 }
 
 /// Everything the control plane asks of a node.
@@ -111,6 +144,19 @@ pub trait NodeApi: Send + Sync + 'static {
     async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo>;
     /// Deletes a template build nothing uses.
     async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()>;
+    /// The log of build `build` (a [`TemplateBuild::build_id`]) from byte `from`, waiting a
+    /// few seconds for more when there is none yet.
+    async fn build_log(&self, _build: &str, _from: u64) -> NodeResult<LogChunk> {
+        Err(not_here("build_log"))
+    }
+    /// Makes a template of a running sandbox, its processes included.
+    async fn save_template(
+        &self,
+        _id: &SandboxId,
+        _template: &TemplateRef,
+    ) -> NodeResult<TemplateInfo> {
+        Err(not_here("save_template"))
+    }
     /// The template pools.
     async fn pools(&self) -> NodeResult<Vec<Pool>>;
     /// The PEM of the CA the node's gateway signs intercepted TLS with.
@@ -164,6 +210,8 @@ pub struct LocalNode {
     node: Node,
     kernel: PathBuf,
     images: BTreeMap<String, PathBuf>,
+    guestd: Option<PathBuf>,
+    builds: std::sync::Arc<std::sync::Mutex<BuildLogs>>,
     settings: std::sync::Arc<crate::settings::Applied>,
     secrets: Option<std::sync::Arc<crate::settings::SecretValues>>,
 }
@@ -182,9 +230,17 @@ impl LocalNode {
             node,
             kernel,
             images,
+            guestd: None,
+            builds: Default::default(),
             settings: Default::default(),
             secrets: None,
         }
+    }
+
+    /// Puts `guestd` into the root images it makes of OCI images and Dockerfiles.
+    pub fn with_guestd(mut self, guestd: Option<PathBuf>) -> Self {
+        self.guestd = guestd;
+        self
     }
 
     /// Keeps secret values sent by the control plane in `secrets`, which must be the node's
@@ -255,9 +311,43 @@ impl LocalNode {
             created_unix_ms: m.created_unix_ms,
             accelerator: m.accel.as_str().to_owned(),
             qemu: m.qemu.to_string(),
+            source: m.source.clone(),
+            guest: m.guest.clone(),
+            start: m.start.clone(),
         }
     }
 }
+
+/// Finished build logs kept for readers.
+const KEPT_BUILD_LOGS: usize = 64;
+
+/// The logs of the builds a node ran or runs, newest last.
+#[derive(Default)]
+struct BuildLogs {
+    logs: Vec<(String, std::sync::Arc<BuildLog>)>,
+}
+
+impl BuildLogs {
+    fn start(&mut self, id: &str) -> std::sync::Arc<BuildLog> {
+        self.logs.retain(|(i, _)| i != id);
+        let log = std::sync::Arc::new(BuildLog::default());
+        self.logs.push((id.to_owned(), log.clone()));
+        if self.logs.len() > KEPT_BUILD_LOGS {
+            self.logs.remove(0);
+        }
+        log
+    }
+
+    fn get(&self, id: &str) -> Option<std::sync::Arc<BuildLog>> {
+        self.logs
+            .iter()
+            .find(|(i, _)| i == id)
+            .map(|(_, l)| l.clone())
+    }
+}
+
+/// How long a read of a build log waits for more when there is nothing new.
+const BUILD_LOG_WAIT: Duration = Duration::from_secs(5);
 
 /// Key events one heartbeat carries at most.
 const MAX_REPORTED_KEY_EVENTS: usize = 500;
@@ -392,32 +482,63 @@ impl NodeApi for LocalNode {
     }
 
     async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo> {
-        let Some(rootfs) = self.images.get(&build.image) else {
-            let known: Vec<&str> = self.images.keys().map(String::as_str).collect();
-            return Err(Fault::new(
-                FaultCode::Invalid,
-                format!(
-                    "no image {:?} on this node (it has: {})",
-                    build.image,
-                    if known.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        known.join(", ")
-                    }
-                ),
-            ));
+        let log = match &build.build_id {
+            Some(id) => self
+                .builds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .start(id),
+            None => Default::default(),
         };
-        let spec = TemplateSpec {
+        log.line(format!(
+            "building {} from {}",
+            build.template,
+            build.source.describe()
+        ));
+        let plan = BuildPlan {
             template: build.template,
+            source: build.source,
             kernel: self.kernel.clone(),
-            rootfs: rootfs.clone(),
+            guestd: self.guestd.clone(),
+            stock: self.images.clone(),
             vcpus: build.vcpus,
             memory_mib: build.memory_mib,
-            kernel_cmdline: None,
+            disk_mib: build.disk_mib,
+            start: build.start,
             ready_timeout: Duration::from_millis(build.ready_timeout_ms),
+            egress: build.egress.unwrap_or_default(),
         };
+        let built = self.node.build(plan, &log).await;
+        if let Err(e) = &built {
+            log.line(format!("error: {e}"));
+        }
+        log.finish();
+        built.map(|t| self.info(&t)).map_err(fault)
+    }
+
+    async fn build_log(&self, build: &str, from: u64) -> NodeResult<LogChunk> {
+        let log = self
+            .builds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(build)
+            .ok_or_else(|| {
+                Fault::new(
+                    FaultCode::NotFound,
+                    format!("no build {build:?} on this node"),
+                )
+            })?;
+        log.wait(from, BUILD_LOG_WAIT).await;
+        Ok(log.read(from))
+    }
+
+    async fn save_template(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRef,
+    ) -> NodeResult<TemplateInfo> {
         self.node
-            .build_template(spec)
+            .save_template(id, template)
             .await
             .map(|t| self.info(&t))
             .map_err(fault)

@@ -361,11 +361,34 @@ impl NodeApi for RemoteNode {
     }
 
     async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo> {
-        self.call(Call::BuildTemplate { build }).await
+        self.call(Call::BuildTemplate {
+            build: Box::new(build),
+        })
+        .await
     }
 
     async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()> {
         self.call(Call::DeleteTemplate {
+            template: template.clone(),
+        })
+        .await
+    }
+
+    async fn build_log(&self, build: &str, from: u64) -> NodeResult<crate::build::LogChunk> {
+        self.call(Call::BuildLog {
+            build: build.to_owned(),
+            from,
+        })
+        .await
+    }
+
+    async fn save_template(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRef,
+    ) -> NodeResult<TemplateInfo> {
+        self.call(Call::SaveTemplate {
+            id: id.clone(),
             template: template.clone(),
         })
         .await

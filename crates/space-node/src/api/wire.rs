@@ -159,6 +159,15 @@ pub struct TemplateInfo {
     pub accelerator: String,
     /// The QEMU build that took its snapshot.
     pub qemu: String,
+    /// Where its root image came from.
+    #[serde(default)]
+    pub source: String,
+    /// Its sandboxes' defaults (from an image's config).
+    #[serde(default)]
+    pub guest: crate::template::GuestDefaults,
+    /// The process its snapshot holds.
+    #[serde(default)]
+    pub start: Option<crate::template::StartSpec>,
 }
 
 impl TemplateInfo {

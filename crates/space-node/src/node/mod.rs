@@ -22,7 +22,7 @@ use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::archive::{ArchiveConfig, ArchiveReport};
 use crate::error::{NodeError, Result};
 use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
-use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
+use crate::ids::{SandboxId, SnapshotId, TemplateRef, VersionReq};
 use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{
     now_ms, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
@@ -35,11 +35,12 @@ use crate::sandbox::{
 };
 use crate::scheduler::{RollingConfig, RollingReport};
 use crate::storage::{self, Layout, Storage, StorageOptions};
-use crate::template::{self, blocking, Template, TemplateSpec};
+use crate::template::{self, blocking, Template};
 
 mod cluster;
 mod config;
 mod records;
+mod templates;
 
 pub use config::{NodeConfig, DEFAULT_MAX_DISK_MIB};
 pub(crate) use records::{new_record, MachineShape, Owner};
@@ -312,62 +313,6 @@ impl Node {
         self.inner.ctx.records.path(id)
     }
 
-    // ---- templates -----------------------------------------------------------------------
-
-    /// Builds a template version (see [`crate::template`]).
-    pub async fn build_template(&self, spec: TemplateSpec) -> Result<Template> {
-        let ctx = &self.inner.ctx;
-        let built = template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
-        // A new version replaces the pool of the previous one.
-        self.inner.pools.wake();
-        built
-    }
-
-    /// A complete template build; `latest` resolves to the newest.
-    pub fn template(&self, name: &TemplateName, version: &VersionReq) -> Result<Template> {
-        template::resolve(&self.inner.ctx.layout, name, version)
-    }
-
-    /// Every complete template build.
-    pub fn templates(&self) -> Result<Vec<Template>> {
-        template::list(&self.inner.ctx.layout)
-    }
-
-    /// Deletes a template build. Refused ([`NodeError::TemplateInUse`]) while a sandbox that
-    /// is not terminated was made from it: a cold boot or a crash recovery may still need its
-    /// kernel and image. Its warm pool goes with the next pool pass.
-    pub async fn delete_template(&self, template: &TemplateRef) -> Result<()> {
-        self.check_open()?;
-        let ctx = &self.inner.ctx;
-        let version = VersionReq::Exact(template.version.clone());
-        let t = template::resolve(&ctx.layout, &template.name, &version)?;
-        let users: Vec<SandboxId> = blocking({
-            let records = ctx.records.clone();
-            move || Ok(records.list()?)
-        })
-        .await?
-        .into_iter()
-        .filter(|r| &r.template == template && r.state != State::Terminated && !r.is_pooled())
-        .map(|r| r.id)
-        .collect();
-        if let Some(first) = users.first() {
-            return Err(NodeError::TemplateInUse {
-                template: template.clone(),
-                sandbox: first.clone(),
-                count: users.len(),
-            });
-        }
-        let (s, d) = (ctx.storage.clone(), t.dir.clone());
-        blocking(move || Ok(s.delete_volume(&d)?)).await?;
-        if let Some(parent) = t.dir.parent() {
-            // Only succeeds once the name has no versions left.
-            let _ = std::fs::remove_dir(parent);
-        }
-        self.inner.pools.wake();
-        tracing::info!(template = %template, "template deleted");
-        Ok(())
-    }
-
     // ---- create --------------------------------------------------------------------------
 
     /// Creates a sandbox from a template and returns it Running (guest ready, identity set).
@@ -425,6 +370,7 @@ impl Node {
                 lineage: None,
             },
         );
+        record.guest = t.manifest.guest.clone();
         if let Launch::Restore { .. } = how {
             // A warm-pool member if there is one (`crate::pool`), else the restore below.
             if let Some(live) = self.inner.pools.take(t.template_ref(), &mut record).await {
@@ -443,7 +389,7 @@ impl Node {
         let ticket = self.admit(shape.vcpus, shape.memory_mib)?;
         let point: ForkPoint = self.call(id, Request::Fork).await?;
         let parent = point.parent;
-        let record = new_record(
+        let mut record = new_record(
             SandboxId::generate(),
             parent.template.clone(),
             parent.options.clone(),
@@ -462,6 +408,7 @@ impl Node {
                 lineage: Some(parent.lineage().to_owned()),
             },
         );
+        record.guest = parent.guest.clone();
         self.start(
             record,
             Launch::Restore {

@@ -25,7 +25,8 @@ pub(crate) enum Launch {
 pub(crate) fn identity(ctx: &Ctx, record: &SandboxRecord) -> Identity {
     let mut entropy = vec![0u8; 64];
     rand::rngs::OsRng.fill_bytes(&mut entropy);
-    let mut env = record.options.env.clone();
+    let mut env = record.guest.env.clone();
+    env.extend(record.options.env.clone());
     for b in &record.options.secrets {
         env.insert(b.name.clone(), b.placeholder.clone());
     }
@@ -41,6 +42,8 @@ pub(crate) fn identity(ctx: &Ctx, record: &SandboxRecord) -> Identity {
         hostname: Some(record.id.to_string()),
         env,
         ca_pem: Some(ctx.gateway.ca_pem()),
+        user: record.guest.user.clone(),
+        workdir: record.guest.workdir.clone(),
     }
 }
 

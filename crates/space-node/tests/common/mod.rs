@@ -156,6 +156,9 @@ pub async fn build_minimal(node: &Node, version: &str) -> TemplateRef {
         memory_mib: 256,
         kernel_cmdline: None,
         ready_timeout: Duration::from_secs(120),
+        guest: Default::default(),
+        start: None,
+        source: String::new(),
     })
     .await
     .expect("building the minimal template");

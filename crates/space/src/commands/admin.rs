@@ -58,7 +58,7 @@ pub async fn template(c: &Client, cmd: TemplateCmd, json: bool) -> Result<()> {
                 body.insert("memory_mib".into(), m.into());
             }
             eprintln!("building (this boots a VM and takes a few seconds)...");
-            let t: Value = c.post("/v1/templates", &body.into()).await?;
+            let t: Value = c.post("/v1/templates?wait=true", &body.into()).await?;
             if json {
                 output::json(&t);
             } else {

@@ -876,7 +876,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
-    assert_eq!(SCHEMA_VERSION, 8);
+    assert_eq!(SCHEMA_VERSION, 9);
     let acme = t("acme");
     assert_eq!(
         store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
@@ -939,3 +939,4 @@ async fn ports_are_looked_up_by_token_hash_and_replaced(db: Db) {
 mod cluster;
 mod idempotency;
 mod postgres;
+mod templates;

@@ -1,0 +1,719 @@
+//! Templates: listing, builds (jobs with a status and a log), saves of running sandboxes,
+//! deletion; and who may see which.
+//!
+//! A build request is answered at once (`202`, the build's id) and runs in the control
+//! plane's process whether the client stays or not; `?wait=true` answers when it is done
+//! (the build, succeeded, with its template; or the build's error). Files a build needs (a
+//! Dockerfile's context as a tar, an image archive) are uploaded first
+//! (`POST /v1/template-uploads`) and named by their upload id.
+//!
+//! Names: a name nobody owns is public (the stock templates, admins' builds); a name a tenant
+//! built or saved is that tenant's: only it lists it, builds versions of it, makes
+//! sandboxes of it and deletes it (and admins).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use space_node::api::{TemplateBuild, TemplateInfo};
+use space_node::{Credentials, ReadyCheck, SandboxId, StartSpec, TemplateRef, TemplateSource};
+
+use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
+use crate::error::{ApiError, ApiResult};
+use crate::store::{BuildRow, Principal, TenantName};
+
+/// vCPUs of a template build when the request names none.
+pub const DEFAULT_TEMPLATE_VCPUS: u32 = 1;
+/// Memory of a template build when the request names none.
+pub const DEFAULT_TEMPLATE_MEMORY_MIB: u64 = 256;
+/// Builds listed at most.
+const MAX_LISTED_BUILDS: u32 = 100;
+
+/// The API's JSON form of a template build.
+pub fn template_json(t: &TemplateInfo, owner: Option<&str>) -> Value {
+    json!({
+        "name": t.template.name.as_str(),
+        "version": t.template.version.as_str(),
+        "vcpus": t.vcpus,
+        "memory_mib": t.memory_mib,
+        "image_mib": t.image_mib(),
+        "image": t.image,
+        "created_unix_ms": t.created_unix_ms,
+        "source": t.source,
+        "owner": owner,
+        "env": t.guest.env,
+        "user": t.guest.user,
+        "workdir": t.guest.workdir,
+        "command": t.guest.command,
+        "ports": t.guest.ports,
+        "start": t.start.as_ref().map(|s| json!({
+            "command": s.command,
+            "ready": match &s.ready {
+                None => Value::Null,
+                Some(ReadyCheck::Command(c)) => json!({"command": c}),
+                Some(ReadyCheck::Port(p)) => json!({"port": p}),
+            },
+        })),
+    })
+}
+
+fn build_json(b: &BuildRow) -> Value {
+    json!({
+        "id": b.id,
+        "tenant": b.tenant,
+        "name": b.name,
+        "version": b.version,
+        "source": b.source,
+        "state": b.state,
+        "error": b.error,
+        "created_unix_ms": b.created_ms,
+        "finished_unix_ms": b.finished_ms,
+    })
+}
+
+/// Whether `who` may see and use template `name` (public, or its tenant's, or an admin).
+pub async fn visible(st: &Shared, who: &TenantName, admin: bool, name: &str) -> ApiResult<bool> {
+    if admin {
+        return Ok(true);
+    }
+    Ok(match st.store.template_owner(name).await? {
+        None => true,
+        Some(owner) => owner == who.as_str(),
+    })
+}
+
+/// Refuses a template `tenant` may not use as if it did not exist.
+pub async fn check_visible(st: &Shared, tenant: &TenantName, name: &str) -> ApiResult<()> {
+    if visible(st, tenant, false, name).await? {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        StatusCode::NOT_FOUND,
+        "template_not_found",
+        format!("no template {name}"),
+    ))
+}
+
+/// `GET /v1/templates`
+pub async fn list_templates(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+) -> ApiResult<Json<Value>> {
+    let all = st.node.templates().await?;
+    let owners: BTreeMap<String, String> = st.store.template_owners().await?.into_iter().collect();
+    let list: Vec<Value> = all
+        .iter()
+        .filter_map(|t| {
+            let owner = owners.get(t.template.name.as_str());
+            let ok = who.admin || owner.is_none_or(|o| o == who.tenant.as_str());
+            ok.then(|| template_json(t, owner.map(String::as_str)))
+        })
+        .collect();
+    Ok(Json(json!({ "templates": list })))
+}
+
+/// Registry credentials in a request.
+#[derive(Debug, Deserialize)]
+pub struct ImageBody {
+    reference: String,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default)]
+    plain_http: bool,
+}
+
+impl ImageBody {
+    fn credentials(&self) -> ApiResult<Option<Credentials>> {
+        match (&self.username, &self.password) {
+            (None, None) => Ok(None),
+            (Some(u), Some(p)) => Ok(Some(Credentials {
+                username: u.clone(),
+                password: p.clone(),
+            })),
+            _ => Err(ApiError::invalid(
+                "registry credentials need both username and password",
+            )),
+        }
+    }
+}
+
+/// Body of `POST /v1/templates`: one source (`image`, `from_image`, `from_archive`,
+/// `dockerfile`), the shape, the start command.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildBody {
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+    /// A stock image of the server's.
+    #[serde(default)]
+    image: Option<String>,
+    #[serde(default)]
+    from_image: Option<ImageBody>,
+    /// An upload id of an OCI or Docker archive.
+    #[serde(default)]
+    from_archive: Option<String>,
+    /// The tag to pick in an archive holding several images.
+    #[serde(default)]
+    archive_tag: Option<String>,
+    /// The Dockerfile's text.
+    #[serde(default)]
+    dockerfile: Option<String>,
+    /// An upload id of the build context (a tar, plain or gzip).
+    #[serde(default)]
+    context: Option<String>,
+    #[serde(default)]
+    build_args: BTreeMap<String, String>,
+    /// Credentials and scheme for a Dockerfile's `FROM` image.
+    #[serde(default)]
+    registry: Option<ImageBody>,
+    #[serde(default)]
+    vcpus: Option<u32>,
+    #[serde(default)]
+    memory_mib: Option<u64>,
+    #[serde(default)]
+    disk_mib: Option<u64>,
+    #[serde(default)]
+    start: Option<String>,
+    #[serde(default)]
+    ready_command: Option<String>,
+    #[serde(default)]
+    ready_port: Option<u16>,
+    #[serde(default)]
+    start_timeout_ms: Option<u64>,
+}
+
+/// `?wait=true`
+#[derive(Debug, Default, Deserialize)]
+pub struct WaitQuery {
+    #[serde(default)]
+    wait: bool,
+}
+
+/// One more than the newest numeric version of `name`, or `1`.
+pub fn next_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> String {
+    let newest = versions
+        .into_iter()
+        .filter_map(|v| v.parse::<u64>().ok())
+        .max();
+    newest.map_or(1, |n| n.saturating_add(1)).to_string()
+}
+
+fn upload_path(st: &Shared, id: &str) -> ApiResult<PathBuf> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    {
+        return Err(ApiError::invalid(format!("{id:?} is not an upload id")));
+    }
+    let p = st.uploads_dir.join(id);
+    if !p.is_file() {
+        return Err(ApiError::invalid(format!("no upload {id}")));
+    }
+    Ok(p)
+}
+
+fn source_of(st: &Shared, body: &BuildBody) -> ApiResult<TemplateSource> {
+    let given = [
+        body.image.is_some(),
+        body.from_image.is_some(),
+        body.from_archive.is_some(),
+        body.dockerfile.is_some(),
+    ]
+    .iter()
+    .filter(|g| **g)
+    .count();
+    if given != 1 {
+        return Err(ApiError::invalid(
+            "name exactly one source: image, from_image, from_archive or dockerfile",
+        ));
+    }
+    if body.context.is_some() && body.dockerfile.is_none() {
+        return Err(ApiError::invalid("a context goes with a dockerfile"));
+    }
+    if let Some(image) = &body.image {
+        return Ok(TemplateSource::Stock {
+            image: image.clone(),
+        });
+    }
+    if let Some(i) = &body.from_image {
+        space_image::registry::Reference::parse(&i.reference)
+            .map_err(|e| ApiError::invalid(format!("image reference: {e}")))?;
+        return Ok(TemplateSource::Image {
+            reference: i.reference.clone(),
+            credentials: i.credentials()?,
+            plain_http: i.plain_http,
+        });
+    }
+    if let Some(upload) = &body.from_archive {
+        return Ok(TemplateSource::Archive {
+            path: upload_path(st, upload)?,
+            tag: body.archive_tag.clone(),
+        });
+    }
+    let text = body.dockerfile.clone().unwrap_or_default();
+    // Refused here, before anything runs, with the line.
+    space_image::dockerfile::parse(&text, &body.build_args)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    Ok(TemplateSource::Dockerfile {
+        dockerfile: text,
+        context: body
+            .context
+            .as_deref()
+            .map(|c| upload_path(st, c))
+            .transpose()?,
+        build_args: body.build_args.clone(),
+        credentials: body
+            .registry
+            .as_ref()
+            .map(ImageBody::credentials)
+            .transpose()?
+            .flatten(),
+        plain_http: body.registry.as_ref().is_some_and(|r| r.plain_http),
+    })
+}
+
+fn start_of(body: &BuildBody) -> ApiResult<Option<StartSpec>> {
+    let ready = match (&body.ready_command, body.ready_port) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "name one ready check: ready_command or ready_port",
+            ))
+        }
+        (Some(c), None) => Some(ReadyCheck::Command(c.clone())),
+        (None, Some(p)) => Some(ReadyCheck::Port(p)),
+        (None, None) => None,
+    };
+    match &body.start {
+        None if ready.is_some() => Err(ApiError::invalid("a ready check needs a start command")),
+        None => Ok(None),
+        Some(c) if c.trim().is_empty() => Err(ApiError::invalid("the start command is empty")),
+        Some(c) => Ok(Some(StartSpec {
+            command: c.clone(),
+            ready,
+            timeout_ms: body
+                .start_timeout_ms
+                .unwrap_or(space_node::template::DEFAULT_START_TIMEOUT.as_millis() as u64),
+        })),
+    }
+}
+
+fn new_build_id() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 8];
+    rand::rngs::OsRng.fill_bytes(&mut b);
+    format!("bld-{}", hex::encode(b))
+}
+
+/// `POST /v1/templates[?wait=true]`
+pub async fn build_template(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiQuery(q): ApiQuery<WaitQuery>,
+    ApiJson(body): ApiJson<BuildBody>,
+) -> ApiResult<Response> {
+    let started = start_build(&st, &who, body).await;
+    let (row, job) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            st.audit(&who, None, "template.build", Some(&e), None).await;
+            return Err(e);
+        }
+    };
+    let detail = format!("template {}:{} build {}", row.name, row.version, row.id);
+    st.audit(&who, None, "template.build", None, Some(detail))
+        .await;
+    if !q.wait {
+        return Ok((StatusCode::ACCEPTED, Json(build_json(&row))).into_response());
+    }
+    let result = job
+        .await
+        .map_err(|e| ApiError::internal(format!("the build task failed: {e}")))?;
+    let t = result?;
+    let owner = st.store.template_owner(t.template.name.as_str()).await?;
+    let mut done = match st.store.build(&row.id).await? {
+        Some(b) => build_json(&b),
+        None => build_json(&row),
+    };
+    done["template"] = template_json(&t, owner.as_deref());
+    Ok((StatusCode::ACCEPTED, Json(done)).into_response())
+}
+
+type Job = tokio::task::JoinHandle<ApiResult<TemplateInfo>>;
+
+async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult<(BuildRow, Job)> {
+    if !crate::store::TenantName::is_valid(&body.name) {
+        return Err(ApiError::invalid_id(format!(
+            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
+            body.name.chars().take(64).collect::<String>()
+        )));
+    }
+    let source = source_of(st, &body)?;
+    let start = start_of(&body)?;
+    if let TemplateSource::Stock { image } = &source {
+        let images = st.node.images().await?;
+        if !images.contains(image) {
+            return Err(ApiError::invalid(format!(
+                "no image {:?} on this server; it has: {}",
+                image.chars().take(64).collect::<String>(),
+                images.join(", ")
+            )));
+        }
+    }
+    // Who the name is: a public name takes builds from admins only; a tenant's from it.
+    let all = st.node.templates().await?;
+    let exists = all.iter().any(|t| t.template.name.as_str() == body.name);
+    match st.store.template_owner(&body.name).await? {
+        None if exists && !who.admin => {
+            return Err(ApiError::forbidden(format!(
+                "the template {} is public: only an admin builds its versions",
+                body.name
+            )))
+        }
+        None if !who.admin => st.store.claim_template(&body.name, &who.tenant).await?,
+        Some(owner) if owner != who.tenant.as_str() && !who.admin => {
+            return Err(ApiError::conflict(format!(
+                "the template name {} is taken",
+                body.name
+            )))
+        }
+        _ => {}
+    }
+    let version = match &body.version {
+        Some(v) => v.clone(),
+        None => next_version(
+            all.iter()
+                .filter(|t| t.template.name.as_str() == body.name)
+                .map(|t| t.template.version.as_str()),
+        ),
+    };
+    let template =
+        TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    if all.iter().any(|t| t.template == template) {
+        return Err(ApiError::conflict(format!("template {template} exists")));
+    }
+    let id = new_build_id();
+    let row = BuildRow {
+        id: id.clone(),
+        tenant: who.tenant.to_string(),
+        name: body.name.clone(),
+        version: version.clone(),
+        source: source.describe(),
+        state: "running".into(),
+        error: None,
+        log: String::new(),
+        created_ms: 0,
+        finished_ms: None,
+    };
+    st.store.insert_build(&row).await?;
+    let build = TemplateBuild {
+        template,
+        source,
+        vcpus: body.vcpus.unwrap_or(DEFAULT_TEMPLATE_VCPUS),
+        memory_mib: body.memory_mib.unwrap_or(DEFAULT_TEMPLATE_MEMORY_MIB),
+        disk_mib: body.disk_mib,
+        start,
+        ready_timeout_ms: u64::try_from(st.ready_timeout.as_millis()).unwrap_or(u64::MAX),
+        build_id: Some(id.clone()),
+        egress: None,
+    };
+    let job = tokio::spawn(run_build(st.clone(), id, build));
+    let row = st.store.build(&row.id).await?.unwrap_or(row);
+    Ok((row, job))
+}
+
+/// The build job: one at a time (each boots VMs), its end and log recorded.
+async fn run_build(st: Shared, id: String, build: TemplateBuild) -> ApiResult<TemplateInfo> {
+    let _one = st.builds.lock().await;
+    let result = st.node.build_template(build).await;
+    let log = match st.node.build_log(&id, 0).await {
+        Ok(chunk) => chunk.text,
+        Err(_) => String::new(),
+    };
+    let err = result.as_ref().err().map(|f| f.message.clone());
+    if let Err(e) = st.store.finish_build(&id, err.as_deref(), &log).await {
+        tracing::error!(build = %id, error = %e, "recording the end of a build");
+    }
+    Ok(result?)
+}
+
+async fn visible_build(st: &Shared, who: &Principal, id: &str) -> ApiResult<BuildRow> {
+    match st.store.build(id).await? {
+        Some(b) if who.admin || b.tenant == who.tenant.as_str() => Ok(b),
+        _ => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "build_not_found",
+            format!("no build {id}"),
+        )),
+    }
+}
+
+/// `GET /v1/builds`
+pub async fn list_builds(State(st): State<Shared>, Caller(who): Caller) -> ApiResult<Json<Value>> {
+    let tenant = (!who.admin).then_some(&who.tenant);
+    let rows = st.store.builds(tenant, MAX_LISTED_BUILDS).await?;
+    Ok(Json(
+        json!({ "builds": rows.iter().map(build_json).collect::<Vec<_>>() }),
+    ))
+}
+
+/// `GET /v1/builds/{id}`
+pub async fn get_build(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<Value>> {
+    Ok(Json(build_json(&visible_build(&st, &who, &id).await?)))
+}
+
+/// `?from=N&follow=true`
+#[derive(Debug, Default, Deserialize)]
+pub struct LogQuery {
+    #[serde(default)]
+    from: u64,
+    #[serde(default)]
+    follow: bool,
+}
+
+/// `GET /v1/builds/{id}/log[?from=N][&follow=true]`: the log as text; with `follow`, it
+/// streams until the build ends.
+pub async fn build_log(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(q): ApiQuery<LogQuery>,
+) -> ApiResult<Response> {
+    let row = visible_build(&st, &who, &id).await?;
+    let text_plain = [(header::CONTENT_TYPE, "text/plain; charset=utf-8")];
+    if row.state != "running" || !q.follow {
+        let text = if row.state == "running" {
+            st.node
+                .build_log(&id, q.from)
+                .await
+                .map(|c| c.text)
+                .unwrap_or_default()
+        } else {
+            let at = (q.from as usize).min(row.log.len());
+            let mut at = at;
+            while !row.log.is_char_boundary(at) {
+                at += 1;
+            }
+            row.log[at..].to_owned()
+        };
+        return Ok((text_plain, text).into_response());
+    }
+    let stream =
+        futures::stream::unfold((st, id, q.from, false), |(st, id, from, done)| async move {
+            if done {
+                return None;
+            }
+            match st.node.build_log(&id, from).await {
+                Ok(chunk) => {
+                    let next = chunk.next;
+                    Some((
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(chunk.text)),
+                        (st, id, next, chunk.done),
+                    ))
+                }
+                Err(_) => {
+                    // The node's log is gone (it restarted): what the store has, then the end.
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    let text = match st.store.build(&id).await {
+                        Ok(Some(b)) if b.state != "running" => {
+                            b.log.get(from as usize..).unwrap_or("").to_owned()
+                        }
+                        Ok(Some(_)) => {
+                            return Some((Ok(bytes::Bytes::new()), (st, id, from, false)))
+                        }
+                        _ => String::new(),
+                    };
+                    Some((Ok(bytes::Bytes::from(text)), (st, id, from, true)))
+                }
+            }
+        })
+        .filter(|c| futures::future::ready(!matches!(c, Ok(b) if b.is_empty())));
+    Ok((text_plain, Body::from_stream(stream)).into_response())
+}
+
+/// Body of `POST /v1/sandboxes/{id}/template`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SaveBody {
+    name: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/template`: a template of the sandbox as it is now.
+pub async fn save_template(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<SaveBody>,
+) -> ApiResult<Response> {
+    let result = save_inner(&st, &who, &id, body).await;
+    st.audit(
+        &who,
+        Some(&id),
+        "template.save",
+        result.as_ref().err(),
+        result
+            .as_ref()
+            .ok()
+            .map(|v| format!("template {}:{}", v["name"], v["version"]).replace('"', "")),
+    )
+    .await;
+    Ok((StatusCode::CREATED, Json(result?)).into_response())
+}
+
+async fn save_inner(st: &Shared, who: &Principal, id: &str, body: SaveBody) -> ApiResult<Value> {
+    let sid: SandboxId = st.scope(who, id).await?;
+    if !crate::store::TenantName::is_valid(&body.name) {
+        return Err(ApiError::invalid_id(format!(
+            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
+            body.name.chars().take(64).collect::<String>()
+        )));
+    }
+    let all = st.node.templates().await?;
+    let exists = all.iter().any(|t| t.template.name.as_str() == body.name);
+    match st.store.template_owner(&body.name).await? {
+        None if exists && !who.admin => {
+            return Err(ApiError::forbidden(format!(
+                "the template {} is public: only an admin makes its versions",
+                body.name
+            )))
+        }
+        None => st.store.claim_template(&body.name, &who.tenant).await?,
+        Some(owner) if owner != who.tenant.as_str() => {
+            return Err(ApiError::conflict(format!(
+                "the template name {} is taken",
+                body.name
+            )))
+        }
+        Some(_) => {}
+    }
+    let version = body.version.unwrap_or_else(|| {
+        next_version(
+            all.iter()
+                .filter(|t| t.template.name.as_str() == body.name)
+                .map(|t| t.template.version.as_str()),
+        )
+    });
+    let template =
+        TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    let t = st.node.save_template(&sid, &template).await?;
+    let owner = st.store.template_owner(&body.name).await?;
+    Ok(template_json(&t, owner.as_deref()))
+}
+
+/// `POST /v1/template-uploads`: the body kept as a file for a build to name (a build
+/// context tar, an image archive). Answers `{"upload": ID, "bytes": N}`.
+pub async fn upload(
+    State(st): State<Shared>,
+    Caller(_who): Caller,
+    body: Body,
+) -> ApiResult<Response> {
+    use tokio::io::AsyncWriteExt;
+    std::fs::create_dir_all(&st.uploads_dir)
+        .map_err(|e| ApiError::internal(format!("creating the upload directory: {e}")))?;
+    let id = format!("upl-{}", &new_build_id()[4..]);
+    let path = st.uploads_dir.join(&id);
+    let mut f = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| ApiError::internal(format!("creating an upload: {e}")))?;
+    let mut stream = body.into_data_stream();
+    let mut n = 0u64;
+    let limit = st.max_template_upload_bytes;
+    let written = async {
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::invalid(format!("the upload broke off: {e}")))?;
+            n += chunk.len() as u64;
+            if n > limit {
+                return Err(ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too_large",
+                    format!("an upload may be {limit} bytes at most"),
+                ));
+            }
+            f.write_all(&chunk)
+                .await
+                .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))?;
+        }
+        f.flush()
+            .await
+            .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))
+    }
+    .await;
+    if let Err(e) = written {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(e);
+    }
+    Ok((StatusCode::CREATED, Json(json!({"upload": id, "bytes": n}))).into_response())
+}
+
+/// `DELETE /v1/templates/{name}/{version}`: an admin's, or the owning tenant's.
+pub async fn delete_template(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath((name, version)): ApiPath<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let template =
+        TemplateRef::new(&name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    let result = async {
+        let owner = st.store.template_owner(&name).await?;
+        match &owner {
+            _ if who.admin => {}
+            Some(o) if o == who.tenant.as_str() => {}
+            Some(_) => {
+                return Err(ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "template_not_found",
+                    format!("no template {template}"),
+                ))
+            }
+            None => {
+                return Err(ApiError::forbidden(
+                    "only an admin deletes public templates",
+                ))
+            }
+        }
+        st.node.delete_template(&template).await?;
+        let left = st.node.templates().await?;
+        if owner.is_some() && !left.iter().any(|t| t.template.name.as_str() == name) {
+            st.store.release_template(&name).await?;
+        }
+        Ok(())
+    }
+    .await;
+    st.audit(
+        &who,
+        None,
+        "template.delete",
+        result.as_ref().err(),
+        Some(format!("template {template}")),
+    )
+    .await;
+    result.map(|()| StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_version_follows_the_newest_number() {
+        assert_eq!(next_version([]), "1");
+        assert_eq!(next_version(["1", "2", "x"]), "3");
+        assert_eq!(next_version(["9", "10"]), "11");
+        assert_eq!(next_version(["beta"]), "1");
+    }
+}
