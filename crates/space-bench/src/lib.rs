@@ -30,3 +30,4 @@ pub mod qmp;
 pub mod scratch;
 pub mod stats;
 pub mod storage;
+pub mod templates;

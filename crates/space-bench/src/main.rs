@@ -16,6 +16,7 @@
 //!     [--guest [--guest-runs N]]
 //! source target/space/env.sh && cargo run --release -p space-bench -- e2b [--runs N]
 //!     [--round-trips N] [--pool-size N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- templates [--runs N]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -118,6 +119,10 @@ enum Command {
     /// Measures the E2B facade: the official E2B Python SDK against space's Python SDK on one
     /// server with a warm pool of `base`: create to first command, and a command round trip.
     E2b(E2bArgs),
+    /// Measures template builds: a small Dockerfile cold and with its cache warm, the import
+    /// of an image per 100 MB, and create from the Dockerfile's template against the stock
+    /// one. `--runs` defaults to 5 here.
+    Templates,
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
@@ -359,6 +364,22 @@ async fn run(cli: Cli) -> Result<()> {
             repo,
         };
         return space_bench::e2b::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Templates) = &cli.command {
+        let guestd = std::env::var_os("SPACE_GUESTD")
+            .map(PathBuf::from)
+            .filter(|p| p.is_file())
+            .ok_or_else(|| {
+                anyhow!("no space-guestd: set SPACE_GUESTD (`source target/space/env.sh`)")
+            })?;
+        let plan = space_bench::templates::TemplatesPlan {
+            runs: if cli.runs_given { cli.runs } else { 5 },
+            qemu: cli.qemu.clone(),
+            kernel,
+            rootfs,
+            guestd,
+        };
+        return space_bench::templates::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Cluster(args)) = &cli.command {
         let plan = space_bench::cluster::ClusterPlan {
