@@ -86,6 +86,8 @@ pub fn parse_spec(spec: &str, groups: &str) -> Result<UserSpec, ProtoError> {
     };
     let (name, uid) = match user.parse::<u32>() {
         Ok(n) => (None, Some(n)),
+        // Root needs no passwd entry (an image may have none).
+        Err(_) if user == "root" => (None, Some(0)),
         Err(_) => (Some(user.to_owned()), None),
     };
     let gid = match group {
@@ -114,6 +116,7 @@ mod tests {
             (Some("app".into()), None, Some(50))
         );
         assert_eq!(parse_spec("7:8", g).unwrap(), (None, Some(7), Some(8)));
+        assert_eq!(parse_spec("root", g).unwrap(), (None, Some(0), None));
         assert_eq!(
             parse_spec("app:nope", g).unwrap_err().kind,
             ErrorKind::NotFound

@@ -249,9 +249,30 @@ pub enum NodeCmd {
 pub enum TemplateCmd {
     /// List templates.
     Ls,
-    /// Build a template from one of the server's root images (admin).
-    Build(TemplateBuildArgs),
-    /// Delete a template version (admin).
+    /// Build a template: from a stock image, a Dockerfile, an image reference or an image
+    /// archive. Follows the build's log until it ends.
+    Build(Box<TemplateBuildArgs>),
+    /// Make a template of a running sandbox, its processes included.
+    Save {
+        /// The sandbox id (sbx-...).
+        id: String,
+        /// The template name.
+        name: String,
+        /// The version (default: one more than the newest).
+        #[arg(long)]
+        version: Option<String>,
+    },
+    /// Show a build's log.
+    Logs {
+        /// The build id (bld-...).
+        build: String,
+        /// Keep following until the build ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// List builds, newest first.
+    Builds,
+    /// Delete a template version.
     Rm {
         /// The template name.
         name: String,
@@ -262,21 +283,65 @@ pub enum TemplateCmd {
 
 /// `space template build`.
 #[derive(Debug, Args)]
+#[command(group(
+    clap::ArgGroup::new("source")
+        .required(true)
+        .args(["image", "dockerfile", "from_image", "from_archive"])
+))]
 pub struct TemplateBuildArgs {
     /// The template name.
     pub name: String,
-    /// The root image (`minimal` or `base`, or another the server was given).
+    /// A stock root image of the server's (`minimal`, `base`).
     #[arg(long)]
-    pub image: String,
+    pub image: Option<String>,
+    /// A Dockerfile.
+    #[arg(long)]
+    pub dockerfile: Option<std::path::PathBuf>,
+    /// The Dockerfile's build context (default: the Dockerfile's directory).
+    #[arg(long, requires = "dockerfile")]
+    pub context: Option<std::path::PathBuf>,
+    /// A build argument `NAME=VALUE` (repeatable).
+    #[arg(long = "build-arg", requires = "dockerfile")]
+    pub build_args: Vec<String>,
+    /// An image reference (`registry/repository[:tag][@digest]`).
+    #[arg(long)]
+    pub from_image: Option<String>,
+    /// An OCI or Docker archive file (`docker save`, `skopeo copy ... oci-archive:`).
+    #[arg(long)]
+    pub from_archive: Option<std::path::PathBuf>,
+    /// The image to pick in an archive holding several.
+    #[arg(long, requires = "from_archive")]
+    pub tag: Option<String>,
+    /// The registry user (the password comes from $SPACE_REGISTRY_PASSWORD).
+    #[arg(long)]
+    pub registry_user: Option<String>,
+    /// Speak plain HTTP to the registry.
+    #[arg(long)]
+    pub plain_http: bool,
+    /// A command started before the snapshot (every sandbox starts with it running).
+    #[arg(long)]
+    pub start: Option<String>,
+    /// A command that must exit 0 before the snapshot.
+    #[arg(long, requires = "start", conflicts_with = "ready_port")]
+    pub ready: Option<String>,
+    /// A TCP port that must accept before the snapshot.
+    #[arg(long, requires = "start")]
+    pub ready_port: Option<u16>,
     /// vCPUs of sandboxes made from it.
     #[arg(long)]
     pub cpus: Option<u32>,
     /// Memory of sandboxes made from it, in MiB.
     #[arg(long)]
     pub memory: Option<u64>,
+    /// Its root disk at least, in MiB.
+    #[arg(long)]
+    pub disk: Option<u64>,
     /// The version (default: one more than the newest).
     #[arg(long)]
     pub version: Option<String>,
+    /// Answer with the build id at once instead of following its log.
+    #[arg(long)]
+    pub no_follow: bool,
 }
 
 /// One sandbox id.

@@ -497,3 +497,83 @@ fn set_executable(p: &Path) {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+#[test]
+fn templates_are_built_from_a_dockerfile_and_saved_from_a_sandbox() {
+    let _serial = serial();
+    let s = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let ctx = dir.path().join("app");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(ctx.join("note.txt"), "from the context\n").unwrap();
+    std::fs::write(ctx.join("private.key"), "never sent\n").unwrap();
+    std::fs::write(ctx.join(".dockerignore"), "*.key\n").unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM minimal\nCOPY . /app\nWORKDIR /app\nRUN echo step-output-line && wc -l < note.txt > lines\n",
+    )
+    .unwrap();
+    let df = ctx.join("Dockerfile");
+    let out = s.cli([
+        "template",
+        "build",
+        "mine",
+        "--dockerfile",
+        df.to_str().unwrap(),
+    ]);
+    let (log, said) = (stderr(&out), stdout(&out));
+    assert!(out.status.success(), "{log}{said}");
+    // The build's log streamed to stderr, the result on stdout.
+    assert!(
+        log.contains("step-output-line") && log.contains("3 steps, 0 from the cache"),
+        "{log}"
+    );
+    assert!(said.contains("template mine:1 built"), "{said}");
+    let id = id_of(&json(&s.cli(["create", "--template", "mine", "--json"])));
+    assert_eq!(
+        sh(&s, &id, "cat lines; pwd; ls /app"),
+        "1\n/app\nDockerfile\nlines\nnote.txt\n"
+    );
+
+    // The builds list and a build's log afterwards.
+    let builds = json(&s.cli(["template", "builds", "--json"]));
+    let build = builds[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(builds[0]["state"], "succeeded");
+    let logs = s.cli(["template", "logs", &build]);
+    assert!(
+        stderr(&logs).contains("step-output-line"),
+        "{}",
+        stderr(&logs)
+    );
+
+    // A failing step fails the command with its output.
+    std::fs::write(&df, "FROM minimal\nRUN echo it-broke; false\n").unwrap();
+    let out = s.cli([
+        "template",
+        "build",
+        "broken",
+        "--dockerfile",
+        df.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("it-broke") && err.contains("exited with code 1"),
+        "{err}"
+    );
+
+    // A sandbox saved as a template carries its files.
+    sh(&s, &id, "echo saved-state > /app/state");
+    let saved = json(&s.cli(["template", "save", &id, "mine-saved", "--json"]));
+    assert_eq!(saved["name"], "mine-saved");
+    let copy = id_of(&json(&s.cli([
+        "create",
+        "--template",
+        "mine-saved",
+        "--json",
+    ])));
+    assert_eq!(sh(&s, &copy, "cat /app/state"), "saved-state\n");
+    for sb in [&id, &copy] {
+        ok(&s.cli(["kill", sb]));
+    }
+}

@@ -33,6 +33,7 @@ from .errors import (
 )
 from .models import (
     AuditEvent,
+    Build,
     DirEntry,
     ExecResult,
     FileStat,
@@ -51,6 +52,7 @@ __all__ = [
     "AsyncSandbox",
     "AsyncSpace",
     "AuditEvent",
+    "Build",
     "ConfigError",
     "Conflict",
     "DirEntry",

@@ -365,3 +365,87 @@ class ExecDecoder:
         if self._exit is None:
             raise SpaceConnectionError("the exec stream ended before the process's exit record")
         return self.result()
+
+
+def template_build_body(
+    name: str,
+    *,
+    version: str | None,
+    image: str | None,
+    from_image: str | None,
+    registry_username: str | None,
+    registry_password: str | None,
+    plain_http: bool,
+    dockerfile_text: str | None,
+    build_args: Mapping[str, str] | None,
+    archive_tag: str | None,
+    start: str | None,
+    ready_command: str | None,
+    ready_port: int | None,
+    vcpus: int | None,
+    memory_mib: int | None,
+    disk_mib: int | None,
+) -> dict[str, Any]:
+    """The JSON of ``POST /v1/templates`` (the uploads' ids are added by the caller)."""
+    if ready_command is not None and ready_port is not None:
+        raise InvalidRequest("name one ready check: ready_command or ready_port")
+    if (ready_command is not None or ready_port is not None) and start is None:
+        raise InvalidRequest("a ready check needs a start command")
+    if (registry_username is None) != (registry_password is None):
+        raise InvalidRequest("registry credentials need both a username and a password")
+    body: dict[str, Any] = {"name": name}
+    registry: dict[str, Any] = {}
+    if registry_username is not None:
+        registry["username"] = registry_username
+        registry["password"] = registry_password
+    if plain_http:
+        registry["plain_http"] = True
+    if image is not None:
+        body["image"] = image
+    if from_image is not None:
+        body["from_image"] = {"reference": from_image, **registry}
+    if dockerfile_text is not None:
+        body["dockerfile"] = dockerfile_text
+        if registry:
+            body["registry"] = registry
+        args = _str_map(build_args, "build_args")
+        if args:
+            body["build_args"] = args
+    if archive_tag is not None:
+        body["archive_tag"] = archive_tag
+    for key, value in (
+        ("version", version),
+        ("start", start),
+        ("ready_command", ready_command),
+        ("ready_port", ready_port),
+        ("vcpus", vcpus),
+        ("memory_mib", memory_mib),
+        ("disk_mib", disk_mib),
+    ):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def context_tar(directory: str | os.PathLike[str]) -> bytes:
+    """A tar of a build context directory (the server applies its ``.dockerignore``)."""
+    import io
+    import tarfile
+
+    root = Path(directory)
+    if not root.is_dir():
+        raise InvalidRequest(f"the build context {root} is not a directory")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for path in sorted(root.rglob("*")):
+            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
+    return buf.getvalue()
+
+
+def sources_given(**sources: Any) -> None:
+    """Refuses a build that names no source or several."""
+    given = [k for k, v in sources.items() if v is not None]
+    if len(given) != 1:
+        raise InvalidRequest(
+            "name exactly one source: " + ", ".join(sources) + f" (got {given or 'none'})"
+        )

@@ -3,7 +3,9 @@ its :class:`Files`."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import IO, Any
@@ -22,6 +24,7 @@ from .errors import (
 )
 from .models import (
     AuditEvent,
+    Build,
     DirEntry,
     ExecResult,
     FileStat,
@@ -201,6 +204,121 @@ class Space:
         """The templates sandboxes can be created from."""
         value = self._json("GET", "/v1/templates")
         return [Template.from_json(t) for t in _core.list_field(value, "templates")]
+
+    def upload(self, data: bytes) -> str:
+        """Uploads a build input (a context tar, an image archive); answers its upload id."""
+        resp = self.request(
+            "POST",
+            "/v1/template-uploads",
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        value = _core.json_body(resp.status_code, resp.content)
+        if not isinstance(value, dict) or not isinstance(value.get("upload"), str):
+            raise SpaceError("invalid_response", "the upload answer has no id", resp.status_code)
+        return value["upload"]
+
+    def build_template(
+        self,
+        name: str,
+        *,
+        image: str | None = None,
+        dockerfile: str | os.PathLike[str] | None = None,
+        context: str | os.PathLike[str] | None = None,
+        from_image: str | None = None,
+        from_archive: str | os.PathLike[str] | None = None,
+        archive_tag: str | None = None,
+        registry_username: str | None = None,
+        registry_password: str | None = None,
+        plain_http: bool = False,
+        build_args: Mapping[str, str] | None = None,
+        start: str | None = None,
+        ready_command: str | None = None,
+        ready_port: int | None = None,
+        vcpus: int | None = None,
+        memory_mib: int | None = None,
+        disk_mib: int | None = None,
+        version: str | None = None,
+        wait: bool = True,
+        on_log: Callable[[str], None] | None = None,
+    ) -> Build:
+        """Builds a template from one source: a stock ``image``, a ``dockerfile`` (a path; its
+        ``context`` defaults to the file's directory), an image reference ``from_image``, or
+        an OCI/Docker archive file ``from_archive``. With ``wait`` (the default) it returns
+        when the build ended, passing the log to ``on_log`` as it comes, and raises
+        :class:`~space_sdk.SpaceError` (``build_failed``) if it failed."""
+        _core.sources_given(
+            image=image, dockerfile=dockerfile, from_image=from_image, from_archive=from_archive
+        )
+        text = None
+        if dockerfile is not None:
+            with open(dockerfile, encoding="utf-8") as f:
+                text = f.read()
+        body = _core.template_build_body(
+            name,
+            version=version,
+            image=image,
+            from_image=from_image,
+            registry_username=registry_username,
+            registry_password=registry_password,
+            plain_http=plain_http,
+            dockerfile_text=text,
+            build_args=build_args,
+            archive_tag=archive_tag,
+            start=start,
+            ready_command=ready_command,
+            ready_port=ready_port,
+            vcpus=vcpus,
+            memory_mib=memory_mib,
+            disk_mib=disk_mib,
+        )
+        if dockerfile is not None:
+            ctx = context if context is not None else os.path.dirname(os.fspath(dockerfile)) or "."
+            body["context"] = self.upload(_core.context_tar(ctx))
+        if from_archive is not None:
+            with open(from_archive, "rb") as f:
+                body["from_archive"] = self.upload(f.read())
+        build = Build.from_json(self._json("POST", "/v1/templates", json=body))
+        if not wait:
+            return build
+        return self.wait_build(build.id, on_log=on_log)
+
+    def wait_build(self, build_id: str, *, on_log: Callable[[str], None] | None = None) -> Build:
+        """Waits for a build to end, passing its log to ``on_log`` as it comes; raises
+        :class:`~space_sdk.SpaceError` (``build_failed``) if it failed."""
+        offset = 0
+        while True:
+            b = self.build(build_id)
+            text = self.build_log(build_id, start=offset)
+            offset += len(text.encode())
+            if on_log is not None and text:
+                on_log(text)
+            if b.state != "running":
+                break
+            time.sleep(0.5)
+        if b.state != "succeeded":
+            raise SpaceError("build_failed", b.error or "the build failed", 200)
+        return b
+
+    def build(self, build_id: str) -> Build:
+        """One build."""
+        return Build.from_json(self._json("GET", f"/v1/builds/{_core.seg(build_id)}"))
+
+    def builds(self) -> _List[Build]:
+        """The caller's builds, newest first."""
+        value = self._json("GET", "/v1/builds")
+        return [Build.from_json(b) for b in _core.list_field(value, "builds")]
+
+    def build_log(self, build_id: str, *, start: int = 0) -> str:
+        """A build's log from byte ``start`` on."""
+        resp = self.request(
+            "GET", f"/v1/builds/{_core.seg(build_id)}/log", params={"from": str(int(start))}
+        )
+        return resp.content.decode("utf-8", errors="replace")
+
+    def delete_template(self, name: str, version: str) -> None:
+        """Deletes a template version."""
+        self.request("DELETE", f"/v1/templates/{_core.seg(name)}/{_core.seg(version)}")
 
     def audit(
         self,
@@ -542,6 +660,15 @@ class Sandbox:
         """A new running sandbox that starts as a copy of this one (memory and disk)."""
         value = self.client._json("POST", _core.sandbox_path(self.id, "fork"))
         return Sandbox(self.client, SandboxInfo.from_json(value))
+
+    def save_as_template(self, name: str, version: str | None = None) -> Template:
+        """A template of this sandbox as it is now, its processes included (private to the
+        caller's tenant)."""
+        body: dict[str, Any] = {"name": name}
+        if version is not None:
+            body["version"] = version
+        value = self.client._json("POST", _core.sandbox_path(self.id, "template"), json=body)
+        return Template.from_json(value)
 
     def kill(self) -> SandboxInfo:
         """Stops the VM for good; the record and snapshots stay."""

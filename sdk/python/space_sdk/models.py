@@ -271,6 +271,15 @@ class Template:
     image_mib: int
     image: str
     created_unix_ms: int
+    #: Where its root image came from (a stock image, an image reference, a Dockerfile, a
+    #: sandbox).
+    source: str = ""
+    #: The tenant a private template belongs to; ``None`` for public ones.
+    owner: str | None = None
+    #: Environment, user and working directory its sandboxes' commands start with.
+    env: dict[str, str] = field(default_factory=dict)
+    user: str | None = None
+    workdir: str | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> Template:
@@ -285,6 +294,45 @@ class Template:
             image_mib=_opt(d, "image_mib", int, w) or 0,
             image=_opt(d, "image", str, w) or "",
             created_unix_ms=_opt(d, "created_unix_ms", int, w) or 0,
+            source=_opt(d, "source", str, w) or "",
+            owner=_opt(d, "owner", str, w),
+            env=_str_map(d, "env", w),
+            user=_opt(d, "user", str, w),
+            workdir=_opt(d, "workdir", str, w),
+        )
+
+
+@dataclass
+class Build:
+    """A template build: ``state`` is ``running``, ``succeeded`` or ``failed``."""
+
+    id: str
+    name: str
+    version: str
+    state: str
+    source: str
+    error: str | None
+    created_unix_ms: int
+    finished_unix_ms: int | None
+    #: The template, once a build waited for has succeeded.
+    template: Template | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Build:
+        """Reads a ``Build`` object."""
+        d = _obj(value, "build")
+        w = "build"
+        t = d.get("template")
+        return cls(
+            id=_get(d, "id", str, w),
+            name=_get(d, "name", str, w),
+            version=str(_get(d, "version", (str, int), w)),
+            state=_get(d, "state", str, w),
+            source=_opt(d, "source", str, w) or "",
+            error=_opt(d, "error", str, w),
+            created_unix_ms=_opt(d, "created_unix_ms", int, w) or 0,
+            finished_unix_ms=_opt(d, "finished_unix_ms", int, w),
+            template=Template.from_json(t) if t is not None else None,
         )
 
 

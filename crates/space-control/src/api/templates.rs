@@ -358,6 +358,19 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
     }
     let source = source_of(st, &body)?;
     let start = start_of(&body)?;
+    if let TemplateSource::Dockerfile {
+        dockerfile,
+        build_args,
+        ..
+    } = &source
+    {
+        // A base that is a template must be one the caller may use.
+        let file = space_image::dockerfile::parse(dockerfile, build_args)
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        if file.from.parse::<space_node::TemplateName>().is_ok() && !who.admin {
+            check_visible(st, &who.tenant, &file.from).await?;
+        }
+    }
     if let TemplateSource::Stock { image } = &source {
         let images = st.node.images().await?;
         if !images.contains(image) {

@@ -1,9 +1,9 @@
-//! Templates, tenants, keys and the audit log.
+//! Tenants, keys and the audit log.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
-use crate::cli::{AuditArgs, KeyCmd, NodeCmd, TemplateCmd, TenantCmd};
+use crate::cli::{AuditArgs, KeyCmd, NodeCmd, TenantCmd};
 use crate::client::{seg, Client};
 use crate::output::{self, field};
 
@@ -12,74 +12,6 @@ fn array(v: &Value, key: &str) -> Result<Vec<Value>> {
         Some(Value::Array(a)) => Ok(a.clone()),
         _ => bail!("the server's answer has no `{key}` array"),
     }
-}
-
-/// `space template ...`.
-pub async fn template(c: &Client, cmd: TemplateCmd, json: bool) -> Result<()> {
-    match cmd {
-        TemplateCmd::Ls => {
-            let list = array(&c.get("/v1/templates", &[]).await?, "templates")?;
-            if json {
-                output::json(&Value::Array(list));
-                return Ok(());
-            }
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|t| {
-                    vec![
-                        field(t, "name"),
-                        field(t, "version"),
-                        field(t, "image"),
-                        field(t, "vcpus"),
-                        format!("{}M", field(t, "memory_mib")),
-                        format!("{}M", field(t, "image_mib")),
-                        output::age(t, "created_unix_ms"),
-                    ]
-                })
-                .collect();
-            output::print_table(
-                &[
-                    "NAME", "VERSION", "IMAGE", "VCPUS", "MEMORY", "DISK", "CREATED",
-                ],
-                &rows,
-            );
-        }
-        TemplateCmd::Build(a) => {
-            let mut body = Map::new();
-            body.insert("name".into(), a.name.into());
-            body.insert("image".into(), a.image.into());
-            if let Some(v) = a.version {
-                body.insert("version".into(), v.into());
-            }
-            if let Some(n) = a.cpus {
-                body.insert("vcpus".into(), n.into());
-            }
-            if let Some(m) = a.memory {
-                body.insert("memory_mib".into(), m.into());
-            }
-            eprintln!("building (this boots a VM and takes a few seconds)...");
-            let t: Value = c.post("/v1/templates?wait=true", &body.into()).await?;
-            if json {
-                output::json(&t);
-            } else {
-                println!(
-                    "template {}:{} built",
-                    field(&t, "name"),
-                    field(&t, "version")
-                );
-            }
-        }
-        TemplateCmd::Rm { name, version } => {
-            c.delete(&format!("/v1/templates/{}/{}", seg(&name)?, seg(&version)?))
-                .await?;
-            if json {
-                output::json(&json!({"name": name, "version": version, "deleted": true}));
-            } else {
-                println!("template {name}:{version} deleted");
-            }
-        }
-    }
-    Ok(())
 }
 
 /// `space audit`.

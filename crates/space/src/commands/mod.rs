@@ -6,6 +6,7 @@ mod files;
 mod net;
 mod sandbox;
 mod shell;
+mod templates;
 
 use std::collections::BTreeMap;
 
@@ -27,7 +28,7 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Up(_) | Command::Control(_) | Command::Node(_) => {
             unreachable!("server roles are dispatched in main")
         }
-        Command::Template(cmd) => admin::template(c, cmd, json).await?,
+        Command::Template(cmd) => templates::template(c, cmd, json).await?,
         Command::Create(args) => sandbox::create(c, args, json).await?,
         Command::Ls(args) => sandbox::ls(c, args, json).await?,
         Command::Info(a) => sandbox::info(c, &a.id, json).await?,
