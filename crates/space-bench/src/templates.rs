@@ -8,7 +8,8 @@
 //! - the import of an OCI archive with 100 MB of random data in a layer, made into a root
 //!   image (fetch and ext4, no VM), in seconds per 100 MB;
 //! - create to the first exec from the Dockerfile's template against the stock `minimal`
-//!   template, alternating in the same run (they should be the same: both restore a snapshot).
+//!   template, alternating in the same run (they should be the same: both restore a snapshot);
+//! - a template saved from a running sandbox (a full snapshot, cloned into the template).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -285,10 +286,22 @@ async fn measure_on(plan: &TemplatesPlan, node: &Node) -> Result<()> {
         }
     }
 
+    let mut save = Samples::new();
+    for run in 0..plan.runs {
+        progress(&format!("template save, run {}/{}", run + 1, plan.runs));
+        let id = node.create(CreateRequest::new("df".parse()?)).await?.id;
+        let t = Instant::now();
+        node.save_template(&id, &TemplateRef::new("saved", &(run + 1).to_string())?)
+            .await?;
+        save.push_duration(t.elapsed());
+        node.kill(&id).await?;
+    }
+
     let mut t = Table::new("Template builds");
     t.add("Dockerfile build, cold (4 steps run)", "ms", cold.clone());
     t.add("Dockerfile build, warm (last step run)", "ms", warm.clone());
     t.add("image import per 100 MB (fetch + ext4)", "s", import_s);
+    t.add("template save of a running sandbox", "ms", save);
     println!("{}", t.render());
     let mut c = Table::new("Create to first exec");
     c.add("from the Dockerfile's template", "ms", custom.clone());

@@ -53,7 +53,12 @@ fn context_tar(files: &[(&str, &[u8])]) -> Vec<u8> {
 #[test]
 fn templates_of_tenants_builds_and_saves() {
     with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
+        let mut config = server_config(&data);
+        // `base` (Debian, with Python) to build from; not a stock template built at start.
+        config
+            .images
+            .insert("base".into(), common::env_path("SPACE_ROOTFS_BASE"));
+        let server = Server::start(config).await.expect("starting");
         let admin = server.bootstrap_key().unwrap().to_owned();
         let api = Api::new(server.url());
         let mut keys = Vec::new();
@@ -237,6 +242,49 @@ fn templates_of_tenants_builds_and_saves() {
             !names(api.ok("GET", "/v1/templates", acme, None, 200).await)
                 .contains(&"acme-bad".to_owned())
         );
+
+        // A start command with a port check: the first request after create is answered.
+        let web = api
+            .ok(
+                "POST",
+                "/v1/templates?wait=true",
+                acme,
+                Some(json!({
+                    "name": "acme-web",
+                    "image": "base",
+                    "memory_mib": 512,
+                    "start": "mkdir -p /tmp/www && echo serving > /tmp/www/index.html && cd /tmp/www && exec python3 -m http.server 8000",
+                    "ready_port": 8000,
+                })),
+                202,
+            )
+            .await;
+        assert_eq!(web["template"]["start"]["ready"]["port"], 8000, "{web}");
+        let w = api
+            .ok(
+                "POST",
+                "/v1/sandboxes",
+                acme,
+                Some(json!({"template": "acme-web"})),
+                201,
+            )
+            .await["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let resp = api
+            .request(
+                "GET",
+                &format!("/v1/sandboxes/{w}/ports/8000/proxy/index.html"),
+                Some(acme),
+            )
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.text().await.unwrap(), "serving\n");
+        api.ok("DELETE", &format!("/v1/sandboxes/{w}"), acme, None, 200)
+            .await;
 
         // A sandbox saved as a template: the tenant's, with the sandbox's files.
         api.sh(acme, &sb, "echo saved > /srv/mark").await;

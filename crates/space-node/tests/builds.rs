@@ -34,6 +34,20 @@ fn plan(name: &str, source: TemplateSource) -> BuildPlan {
     }
 }
 
+/// The busybox layout pushed to a registry at `port` as `tools/busybox:t`.
+fn push(layout: &Path, port: u16, creds: Option<&str>) -> String {
+    let reference = format!("127.0.0.1:{port}/tools/busybox:t");
+    let mut cmd = std::process::Command::new("skopeo");
+    cmd.args(["copy", "--dest-tls-verify=false", "--insecure-policy"]);
+    if let Some(c) = creds {
+        cmd.args(["--dest-creds", c]);
+    }
+    cmd.arg(format!("oci:{}:t", layout.display()))
+        .arg(format!("docker://{reference}"));
+    space_image::testing::run(&mut cmd);
+    reference
+}
+
 /// A busybox image (the umoci test image: three layers, `GREETING=hello`, `/opt`, `1000:1000`)
 /// as an OCI archive, with busybox under the names the steps call.
 fn busybox_archive(dir: &Path) -> PathBuf {
@@ -87,6 +101,106 @@ fn dockerfile_source(text: &str, context: &Path) -> TemplateSource {
         credentials: None,
         plain_http: false,
     }
+}
+
+#[test]
+fn templates_from_a_registry_image_with_credentials() {
+    with_node(
+        Disk::Btrfs,
+        |_| {},
+        |node| async move {
+            let work = tempfile::tempdir().unwrap();
+            busybox_archive(work.path());
+            let registry = space_image::testing::TestRegistry::start(Some(("agent", "s3cret")));
+            let reference = push(
+                &work.path().join("oci"),
+                registry.port,
+                Some("agent:s3cret"),
+            );
+            let creds = |password: &str| {
+                Some(space_node::Credentials {
+                    username: "agent".into(),
+                    password: password.into(),
+                })
+            };
+
+            // The image itself, and a Dockerfile on top of it, pulled with the credentials.
+            let log = BuildLog::default();
+            let source = TemplateSource::Image {
+                reference: reference.clone(),
+                credentials: creds("s3cret"),
+                plain_http: true,
+            };
+            node.build(plan("pulled", source), &log)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", log.read(0).text));
+            let t = node
+                .template(&"pulled".parse().unwrap(), &VersionReq::Latest)
+                .unwrap();
+            assert!(
+                t.manifest.source.contains("@sha256:"),
+                "pinned: {}",
+                t.manifest.source
+            );
+            let source = TemplateSource::Dockerfile {
+                dockerfile: format!(
+                    "FROM {reference}\nUSER root\nRUN echo layered > /opt/layered\n"
+                ),
+                context: None,
+                build_args: BTreeMap::new(),
+                credentials: creds("s3cret"),
+                plain_http: true,
+            };
+            let log = BuildLog::default();
+            node.build(plan("on-pulled", source), &log)
+                .await
+                .unwrap_or_else(|e| panic!("{e}\n{}", log.read(0).text));
+            let (id, guest) = sandbox(&node, "on-pulled").await;
+            assert_eq!(
+                sh(&guest, "cat /opt/layered; echo $GREETING").await,
+                (true, "layered\nhello\n".into())
+            );
+            node.kill(&id).await.unwrap();
+
+            // Refused credentials, and a name the registry does not have, say so.
+            let e = node
+                .build(
+                    plan(
+                        "refused",
+                        TemplateSource::Image {
+                            reference: reference.clone(),
+                            credentials: creds("wrong"),
+                            plain_http: true,
+                        },
+                    ),
+                    &BuildLog::default(),
+                )
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("refused the credentials"), "{e}");
+            let e = node
+                .build(
+                    plan(
+                        "missing",
+                        TemplateSource::Image {
+                            reference: format!("127.0.0.1:{}/tools/nothing:t", registry.port),
+                            credentials: creds("s3cret"),
+                            plain_http: true,
+                        },
+                    ),
+                    &BuildLog::default(),
+                )
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("tools/nothing"), "{e}");
+            assert!(node.templates().unwrap().iter().all(|t| {
+                let n = t.manifest.template.name.as_str();
+                n != "refused" && n != "missing"
+            }));
+        },
+    );
 }
 
 #[test]

@@ -191,6 +191,9 @@ pub struct BuildBody {
     ready_port: Option<u16>,
     #[serde(default)]
     start_timeout_ms: Option<u64>,
+    /// What a Dockerfile's `RUN` steps may reach (default: the default egress policy).
+    #[serde(default)]
+    egress: Option<space_node::gateway::EgressPolicy>,
 }
 
 /// `?wait=true`
@@ -358,6 +361,9 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
     }
     let source = source_of(st, &body)?;
     let start = start_of(&body)?;
+    if let Some(p) = &body.egress {
+        p.validate().map_err(ApiError::invalid)?;
+    }
     if let TemplateSource::Dockerfile {
         dockerfile,
         build_args,
@@ -436,7 +442,7 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
         start,
         ready_timeout_ms: u64::try_from(st.ready_timeout.as_millis()).unwrap_or(u64::MAX),
         build_id: Some(id.clone()),
-        egress: None,
+        egress: body.egress.clone(),
     };
     let job = tokio::spawn(run_build(st.clone(), id, build));
     let row = st.store.build(&row.id).await?.unwrap_or(row);

@@ -208,18 +208,18 @@ where
 pub async fn upload(mut e: Envd, query: Option<&str>, headers: HeaderMap, body: Body) -> Response {
     let (path, user) = match params(query) {
         Ok(p) => p,
-        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+        Err(m) => return drained(body, error(StatusCode::BAD_REQUEST, m)).await,
     };
     if user.is_some() {
         e.user = user;
     }
     let xattrs = match metadata(&headers) {
         Ok(m) => m,
-        Err(m) => return error(StatusCode::BAD_REQUEST, m),
+        Err(m) => return drained(body, error(StatusCode::BAD_REQUEST, m)).await,
     };
     let account = match e.account().await {
         Ok(a) => a,
-        Err(err) => return rpc_error(err),
+        Err(err) => return drained(body, rpc_error(err)).await,
     };
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -261,6 +261,29 @@ pub async fn upload(mut e: Envd, query: Option<&str>, headers: HeaderMap, body: 
     };
     e.touch();
     axum::Json(written).into_response()
+}
+
+/// How much of a refused upload's body is read before the answer.
+const DRAIN_BYTES: usize = 8 << 20;
+/// How long that may take.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Answers `refusal` after reading what the client is still sending (a small body, within
+/// bounds): a server that answers and closes while the client writes leaves it a broken
+/// pipe instead of the error.
+async fn drained(body: Body, refusal: Response) -> Response {
+    let mut stream = body.into_data_stream();
+    let mut read = 0usize;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(chunk)) = stream.next().await {
+            read += chunk.len();
+            if read > DRAIN_BYTES {
+                break;
+            }
+        }
+    })
+    .await;
+    refusal
 }
 
 /// The parts named `file` of a multipart form: with one file the `path` parameter names

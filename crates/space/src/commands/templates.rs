@@ -215,7 +215,15 @@ async fn build(c: &Client, a: TemplateBuildArgs, json: bool) -> Result<()> {
         field(&b, "version")
     );
     print_log(c, &id, true).await?;
-    let done: Value = c.get(&format!("/v1/builds/{}", seg(&id)?), &[]).await?;
+    // The log ends a moment before the build's end is recorded.
+    let mut done: Value = c.get(&format!("/v1/builds/{}", seg(&id)?), &[]).await?;
+    for _ in 0..100 {
+        if done["state"] != "running" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        done = c.get(&format!("/v1/builds/{}", seg(&id)?), &[]).await?;
+    }
     if json {
         output::json(&done);
     }
