@@ -4,7 +4,7 @@
 //!
 //! - [`import`]: an image's layers made into a root image, its config into defaults.
 //! - [`dockerfile`]: a Dockerfile's steps run in a builder VM, each step cached.
-//! - [`cache`]: the step cache.
+//! - [`cache`]: the step cache; `copy`: what a `COPY` or `ADD` writes.
 //! - [`log`]: a build's log, read from an offset.
 //!
 //! Every source ends in [`crate::template::build`]: the root image booted, the start command
@@ -13,6 +13,7 @@
 //! next start to remove.
 
 pub mod cache;
+mod copy;
 pub(crate) mod dockerfile;
 pub mod import;
 pub mod log;
@@ -275,21 +276,6 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
 async fn unpack_context(tar: &Path, work: &Path) -> Result<PathBuf> {
     let dir = work.join("context");
     let (t, d) = (tar.to_owned(), dir.clone());
-    blocking(move || {
-        std::fs::create_dir_all(&d).map_err(NodeError::io("creating", &d))?;
-        let f = std::fs::File::open(&t).map_err(NodeError::io("opening", &t))?;
-        let mut r = std::io::BufReader::new(f);
-        let compression = {
-            use std::io::BufRead;
-            space_image::Compression::sniff(r.fill_buf().map_err(NodeError::io("reading", &t))?)
-        };
-        let reader = space_image::layers::decompress(r, compression)
-            .map_err(|e| NodeError::Invalid(format!("the build context: {e}")))?;
-        let mut budget = import::IMAGE_BUDGET;
-        space_image::layers::apply_tar(&d, reader, &mut budget)
-            .map_err(|e| NodeError::Invalid(format!("the build context: {e}")))?;
-        Ok(())
-    })
-    .await?;
+    blocking(move || copy::unpack_tar(&t, &d, "the build context")).await?;
     Ok(dir)
 }
