@@ -449,3 +449,31 @@ def sources_given(**sources: Any) -> None:
         raise InvalidRequest(
             "name exactly one source: " + ", ".join(sources) + f" (got {given or 'none'})"
         )
+
+
+def build_request(
+    name: str,
+    *,
+    dockerfile: str | os.PathLike[str] | None,
+    context: str | os.PathLike[str] | None,
+    from_archive: str | os.PathLike[str] | None,
+    **fields: Any,
+) -> tuple[dict[str, Any], bytes | None, str | os.PathLike[str] | None]:
+    """What ``build_template`` sends: the JSON body (without upload ids), the context tar to
+    upload for a Dockerfile, and the archive file to upload."""
+    sources_given(
+        image=fields["image"],
+        dockerfile=dockerfile,
+        from_image=fields["from_image"],
+        from_archive=from_archive,
+    )
+    text = None
+    if dockerfile is not None:
+        with open(dockerfile, encoding="utf-8") as f:
+            text = f.read()
+    body = template_build_body(name, dockerfile_text=text, **fields)
+    tar = None
+    if dockerfile is not None:
+        ctx = context if context is not None else os.path.dirname(os.fspath(dockerfile)) or "."
+        tar = context_tar(ctx)
+    return body, tar, from_archive

@@ -238,22 +238,17 @@ class AsyncSpace:
         on_log: Callable[[str], None] | None = None,
     ) -> Build:
         """:meth:`space_sdk.Space.build_template`, awaited."""
-        _core.sources_given(
-            image=image, dockerfile=dockerfile, from_image=from_image, from_archive=from_archive
-        )
-        text = None
-        if dockerfile is not None:
-            with open(dockerfile, encoding="utf-8") as f:
-                text = f.read()
-        body = _core.template_build_body(
+        body, tar, archive = _core.build_request(
             name,
+            dockerfile=dockerfile,
+            context=context,
+            from_archive=from_archive,
             version=version,
             image=image,
             from_image=from_image,
             registry_username=registry_username,
             registry_password=registry_password,
             plain_http=plain_http,
-            dockerfile_text=text,
             build_args=build_args,
             archive_tag=archive_tag,
             start=start,
@@ -263,11 +258,10 @@ class AsyncSpace:
             memory_mib=memory_mib,
             disk_mib=disk_mib,
         )
-        if dockerfile is not None:
-            ctx = context if context is not None else os.path.dirname(os.fspath(dockerfile)) or "."
-            body["context"] = await self.upload(_core.context_tar(ctx))
-        if from_archive is not None:
-            with open(from_archive, "rb") as f:
+        if tar is not None:
+            body["context"] = await self.upload(tar)
+        if archive is not None:
+            with open(archive, "rb") as f:
                 body["from_archive"] = await self.upload(f.read())
         build = Build.from_json(await self._json("POST", "/v1/templates", json=body))
         if not wait:

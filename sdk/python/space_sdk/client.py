@@ -247,22 +247,17 @@ class Space:
         an OCI/Docker archive file ``from_archive``. With ``wait`` (the default) it returns
         when the build ended, passing the log to ``on_log`` as it comes, and raises
         :class:`~space_sdk.SpaceError` (``build_failed``) if it failed."""
-        _core.sources_given(
-            image=image, dockerfile=dockerfile, from_image=from_image, from_archive=from_archive
-        )
-        text = None
-        if dockerfile is not None:
-            with open(dockerfile, encoding="utf-8") as f:
-                text = f.read()
-        body = _core.template_build_body(
+        body, tar, archive = _core.build_request(
             name,
+            dockerfile=dockerfile,
+            context=context,
+            from_archive=from_archive,
             version=version,
             image=image,
             from_image=from_image,
             registry_username=registry_username,
             registry_password=registry_password,
             plain_http=plain_http,
-            dockerfile_text=text,
             build_args=build_args,
             archive_tag=archive_tag,
             start=start,
@@ -272,11 +267,10 @@ class Space:
             memory_mib=memory_mib,
             disk_mib=disk_mib,
         )
-        if dockerfile is not None:
-            ctx = context if context is not None else os.path.dirname(os.fspath(dockerfile)) or "."
-            body["context"] = self.upload(_core.context_tar(ctx))
-        if from_archive is not None:
-            with open(from_archive, "rb") as f:
+        if tar is not None:
+            body["context"] = self.upload(tar)
+        if archive is not None:
+            with open(archive, "rb") as f:
                 body["from_archive"] = self.upload(f.read())
         build = Build.from_json(self._json("POST", "/v1/templates", json=body))
         if not wait:
