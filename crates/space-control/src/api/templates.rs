@@ -203,6 +203,17 @@ pub struct WaitQuery {
     wait: bool,
 }
 
+/// Refuses a template name outside `[a-z0-9][a-z0-9-]{0,39}`.
+fn check_name(name: &str) -> ApiResult<()> {
+    if crate::store::TenantName::is_valid(name) {
+        return Ok(());
+    }
+    Err(ApiError::invalid_id(format!(
+        "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
+        name.chars().take(64).collect::<String>()
+    )))
+}
+
 /// One more than the newest numeric version of `name`, or `1`.
 pub fn next_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> String {
     let newest = versions
@@ -353,12 +364,7 @@ pub async fn build_template(
 type Job = tokio::task::JoinHandle<ApiResult<TemplateInfo>>;
 
 async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult<(BuildRow, Job)> {
-    if !crate::store::TenantName::is_valid(&body.name) {
-        return Err(ApiError::invalid_id(format!(
-            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
-            body.name.chars().take(64).collect::<String>()
-        )));
-    }
+    check_name(&body.name)?;
     let source = source_of(st, &body)?;
     let start = start_of(&body)?;
     if let Some(p) = &body.egress {
@@ -595,12 +601,7 @@ pub async fn save_template(
 
 async fn save_inner(st: &Shared, who: &Principal, id: &str, body: SaveBody) -> ApiResult<Value> {
     let sid: SandboxId = st.scope(who, id).await?;
-    if !crate::store::TenantName::is_valid(&body.name) {
-        return Err(ApiError::invalid_id(format!(
-            "template name {:?} must match [a-z0-9][a-z0-9-]{{0,39}}",
-            body.name.chars().take(64).collect::<String>()
-        )));
-    }
+    check_name(&body.name)?;
     let all = st.node.templates().await?;
     let exists = all.iter().any(|t| t.template.name.as_str() == body.name);
     match st.store.template_owner(&body.name).await? {
