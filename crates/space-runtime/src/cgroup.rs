@@ -319,9 +319,13 @@ impl Cgroup {
     }
 }
 
-/// Removes every empty VM cgroup under `parent` (those of VMs that exited while no node
-/// watched them). Returns the directories removed. Call it at node start before VMs are
-/// started: a cgroup created for a VM that has not joined it yet is empty too.
+/// How old an empty cgroup must be before a sweep removes it: a cgroup made for a VM that
+/// has not joined it yet is empty too, and another node on the host (or one starting a VM
+/// while this one sweeps) may have just made it.
+pub const SWEEP_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes every empty VM cgroup under `parent` older than [`SWEEP_GRACE`] (those of VMs
+/// that exited while no node watched them). Returns the directories removed.
 pub fn sweep(layout: &Layout, parent: &Path) -> Result<Vec<PathBuf>, CgroupError> {
     let mut removed = Vec::new();
     for p in layout.parents(parent) {
@@ -338,7 +342,14 @@ pub fn sweep(layout: &Layout, parent: &Path) -> Result<Vec<PathBuf>, CgroupError
         };
         for entry in entries.flatten() {
             let dir = entry.path();
+            let young = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_none_or(|age| age < SWEEP_GRACE);
             if entry.file_type().map(|t| t.is_dir()).unwrap_or(false)
+                && !young
                 && procs(&dir).is_empty()
                 && std::fs::remove_dir(&dir).is_ok()
             {
