@@ -36,6 +36,7 @@ lint: deps
 test: artifacts tools lint
 	@scripts/python-env.sh
 	@scripts/e2b-env.sh
+	@scripts/mcp-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
 	@echo "[test] the control plane's integration tests again: state in PostgreSQL, node over mutual TLS"

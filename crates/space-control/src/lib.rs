@@ -10,6 +10,7 @@
 //! - [`egress`]: the secret source and audit sink the node's gateway uses;
 //! - [`masters`]: each tenant's master key (the deployment's key file or a KMS key);
 //! - [`e2b`]: E2B compatibility (its REST API, envd and sandbox-port hosts);
+//! - [`mcp`]: the MCP server at `/mcp` (`space_mcp` over Streamable HTTP);
 //! - [`archive`]: the object store and master key, the audit of key unwraps, ownership of
 //!   sandboxes found in the store.
 //!
@@ -23,6 +24,7 @@ pub mod egress;
 pub mod error;
 pub mod keys;
 pub mod masters;
+pub mod mcp;
 pub mod metrics;
 pub mod quota;
 pub mod replica;

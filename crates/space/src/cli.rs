@@ -81,6 +81,9 @@ pub enum Command {
     Expose(ExposeArgs),
     /// Revoke the URL of an exposed port.
     Unexpose(UnexposeArgs),
+    /// Serve the sandbox tools to an agent over MCP on stdin/stdout (with this CLI's URL and
+    /// key); `docs/mcp.md` has the agent's configuration.
+    Mcp(McpArgs),
     /// Manage tenants (admin).
     #[command(subcommand)]
     Tenant(TenantCmd),
@@ -342,6 +345,14 @@ pub struct TemplateBuildArgs {
     /// Answer with the build id at once instead of following its log.
     #[arg(long)]
     pub no_follow: bool,
+}
+
+/// `space mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    /// Print the configuration snippet an agent needs to start this server, and exit.
+    #[arg(long)]
+    pub print_config: bool,
 }
 
 /// One sandbox id.

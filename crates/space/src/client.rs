@@ -114,6 +114,11 @@ impl Client {
         })
     }
 
+    /// The API's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
     /// A request to `path` (which starts with `/`) with the key attached.
     pub fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http

@@ -23,11 +23,15 @@ fn main() {
         Command::Node(a) => a.cmd.is_none(),
         _ => false,
     };
-    if server_role {
+    // stdout carries the protocol under `space mcp`: its log goes to stderr, warnings only.
+    let mcp = matches!(cli.command, Command::Mcp(_));
+    if server_role || mcp {
+        // rmcp logs every MCP session it serves at info.
+        let default = if mcp { "warn" } else { "info,rmcp=warn" };
         tracing_subscriber::fmt()
             .with_env_filter(
                 tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "info".into()),
+                    .unwrap_or_else(|_| default.into()),
             )
             .with_writer(std::io::stderr)
             .init();

@@ -59,6 +59,9 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/health", "health"),
     r("GET", "/v1/openapi.json", "openapi"),
     r("GET", "/metrics", "metrics"),
+    r("POST", crate::mcp::PATH, "mcp.post"),
+    r("GET", crate::mcp::PATH, "mcp.get"),
+    r("DELETE", crate::mcp::PATH, "mcp.delete"),
     r("GET", "/v1/templates", "template.list"),
     r("POST", "/v1/templates", "template.build"),
     r("POST", "/v1/template-uploads", "template.upload"),
@@ -519,8 +522,16 @@ async fn metrics(State(state): State<Shared>) -> Response {
         .into_response()
 }
 
-/// The API router over `state`; JSON bodies are limited to `max_body_bytes`.
+/// The API router over `state`; JSON bodies are limited to `max_body_bytes`. It serves MCP
+/// at `/mcp` too, whose tools call a second instance of the same router (without `/mcp`) in
+/// process.
 pub fn router(state: Shared, max_body_bytes: usize) -> Router {
+    let tools = build(state.clone(), max_body_bytes, None);
+    let mcp = crate::mcp::routes(state.clone(), tools);
+    build(state, max_body_bytes, Some(mcp))
+}
+
+fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> Router {
     use admin as a;
     use cluster as c;
     use files as f;
@@ -644,6 +655,10 @@ pub fn router(state: Shared, max_body_bytes: usize) -> Router {
         )
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method);
+    let router = match mcp {
+        Some(m) => router.merge(m),
+        None => router,
+    };
     crate::e2b::routes(router)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

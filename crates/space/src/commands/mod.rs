@@ -3,6 +3,7 @@
 mod admin;
 mod exec;
 mod files;
+mod mcp;
 mod net;
 mod sandbox;
 mod shell;
@@ -53,6 +54,7 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Net(args) => net::net(c, args, json).await?,
         Command::Expose(args) => net::expose(c, args, json).await?,
         Command::Unexpose(a) => net::unexpose(c, &a.id, a.port, json).await?,
+        Command::Mcp(args) => mcp::serve(c, args).await?,
     }
     Ok(0)
 }

@@ -1,0 +1,1006 @@
+//! The tools: their arguments (each a type whose JSON schema is the tool's input schema, with
+//! descriptions written for the model that calls them) and what each one does through the
+//! public API.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine as _;
+use http::Method;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::api::{enc, Body, Conn, Failure};
+use crate::progress::Status;
+
+/// Output kept of each of stdout and stderr when the caller names no cap.
+pub const DEFAULT_MAX_OUTPUT: usize = 32 << 10;
+/// The largest output cap a caller may ask for.
+pub const MAX_OUTPUT: usize = 1 << 20;
+/// A command's timeout when the caller names none.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 120;
+/// The longest timeout a caller may ask for.
+pub const MAX_TIMEOUT_SECS: u64 = 3600;
+/// The most of a file `read_file` returns.
+pub const MAX_READ: usize = 1 << 20;
+/// The longest `read_process_output` waits.
+pub const MAX_WAIT_SECS: u64 = 60;
+
+/// A tool's result: text for the model, and the same as data.
+#[derive(Debug)]
+pub struct Done {
+    /// What the model reads.
+    pub text: String,
+    /// The structured result.
+    pub data: Value,
+}
+
+impl Done {
+    fn json(data: Value) -> Done {
+        Done {
+            text: serde_json::to_string_pretty(&data).unwrap_or_default(),
+            data,
+        }
+    }
+}
+
+/// A tool that went wrong, said so that the model can act on it.
+#[derive(Debug)]
+pub struct ToolError(pub String);
+
+impl From<Failure> for ToolError {
+    fn from(f: Failure) -> ToolError {
+        let hint = match f.code.as_str() {
+            "sandbox_not_found" => " Call list_sandboxes to see the sandboxes you have.",
+            "snapshot_not_found" => " Call list_snapshots to see the sandbox's snapshots.",
+            "template_not_found" => " Call list_templates to see the templates there are.",
+            "illegal_state" => {
+                " Call get_sandbox to see its state; resume_sandbox wakes a paused or \
+                 suspended sandbox."
+            }
+            "file_not_found" => " Call list_directory on its parent to see what is there.",
+            "quota_exceeded" => " Kill sandboxes you no longer need (kill_sandbox) and retry.",
+            "capacity" => " The node is full: retry later or ask for less memory.",
+            "unauthorized" | "forbidden" => " The API key of this MCP connection may not do it.",
+            _ => "",
+        };
+        ToolError(format!(
+            "{} [{}].{hint}",
+            f.message.trim_end_matches('.'),
+            f.code
+        ))
+    }
+}
+
+type Result<T> = std::result::Result<T, ToolError>;
+
+/// One tool: its name, its description and its argument type's schema.
+pub struct Spec {
+    /// The tool's name.
+    pub name: &'static str,
+    /// Its title, for people.
+    pub title: &'static str,
+    /// What it does, for the model.
+    pub description: &'static str,
+    /// Its input schema.
+    pub schema: fn() -> std::sync::Arc<rmcp::model::JsonObject>,
+    /// Whether it only reads.
+    pub read_only: bool,
+    /// Whether it may destroy something.
+    pub destructive: bool,
+}
+
+fn schema<T: JsonSchema + 'static>() -> std::sync::Arc<rmcp::model::JsonObject> {
+    rmcp::handler::server::common::schema_for_type::<T>()
+}
+
+macro_rules! spec {
+    ($name:literal, $title:literal, $args:ty, $ro:expr, $destructive:expr, $desc:expr) => {
+        Spec {
+            name: $name,
+            title: $title,
+            description: $desc,
+            schema: schema::<$args>,
+            read_only: $ro,
+            destructive: $destructive,
+        }
+    };
+}
+
+/// Every tool, in the order they are listed.
+pub const TOOLS: &[Spec] = &[
+    spec!(
+        "create_sandbox",
+        "Create a sandbox",
+        CreateArgs,
+        false,
+        false,
+        "Create a new sandbox: an isolated Linux microVM with its own kernel, file system and \
+         network, for running code safely. Returns its id (sbx-...), needed by every other \
+         tool. The `base` template is Debian with python3, curl and git; `minimal` is a tiny \
+         BusyBox system. Outbound network is open unless `egress_allow` lists the only hosts \
+         it may reach. Secrets from the tenant's vault are never put in the VM: the sandbox \
+         gets a placeholder in an environment variable of the secret's name, and the gateway \
+         swaps in the real value on the way out to the secret's hosts."
+    ),
+    spec!(
+        "list_sandboxes",
+        "List sandboxes",
+        ListArgs,
+        true,
+        false,
+        "List your sandboxes, newest first, with their state (running, paused, suspended, \
+         failed; terminated ones only with state=terminated)."
+    ),
+    spec!(
+        "get_sandbox",
+        "Describe a sandbox",
+        SandboxArgs,
+        true,
+        false,
+        "Show one sandbox: state, template, size, timeouts, egress policy, secrets bound."
+    ),
+    spec!(
+        "list_templates",
+        "List templates",
+        NoArgs,
+        true,
+        false,
+        "List the templates sandboxes can be created from (name, version, description)."
+    ),
+    spec!(
+        "run_command",
+        "Run a command",
+        RunArgs,
+        false,
+        false,
+        "Run a shell command (/bin/sh -c) in a sandbox and wait for it to end. Returns its \
+         exit code, stdout and stderr; a non-zero exit code is a normal result, not an error. \
+         Output beyond `max_output_bytes` per stream keeps its first and last halves with a \
+         `[... truncated: ...]` marker between them. The command is killed after \
+         `timeout_seconds`. For servers and other long-running programs use start_process \
+         instead. A paused or suspended sandbox is woken first."
+    ),
+    spec!(
+        "start_process",
+        "Start a background process",
+        StartArgs,
+        false,
+        false,
+        "Start a long-running command (a server, a watcher, a long build) in the background \
+         and return at once with a process_id. Its output goes to files in the sandbox; read \
+         it with read_process_output, end it with stop_process. It keeps running after this \
+         call and after the MCP connection closes."
+    ),
+    spec!(
+        "read_process_output",
+        "Read a background process's output",
+        ReadProcessArgs,
+        true,
+        false,
+        "Read what a background process wrote since the offsets given (start at 0 and pass \
+         the returned next offsets on the next call), whether it is still running, and its \
+         exit code once it ended. `wait_seconds` waits for new output or the end."
+    ),
+    spec!(
+        "stop_process",
+        "Stop a background process",
+        StopArgs,
+        false,
+        true,
+        "Send a signal (TERM by default) to a background process and everything it started."
+    ),
+    spec!(
+        "read_file",
+        "Read a file",
+        ReadFileArgs,
+        true,
+        false,
+        "Read a file from a sandbox, as UTF-8 text (encoding=text, the default) or as base64 \
+         (encoding=base64, for binary files). At most `max_bytes` (1 MiB) are returned; the \
+         result says when the file is longer."
+    ),
+    spec!(
+        "write_file",
+        "Write a file",
+        WriteFileArgs,
+        false,
+        true,
+        "Write a file in a sandbox, replacing it atomically if it exists; missing parent \
+         directories are created. `content` is text, or base64 with encoding=base64."
+    ),
+    spec!(
+        "list_directory",
+        "List a directory",
+        PathArgs,
+        true,
+        false,
+        "List a directory of a sandbox: each entry's name, type (file, dir, symlink), size \
+         and mode."
+    ),
+    spec!(
+        "snapshot_sandbox",
+        "Snapshot a sandbox",
+        SnapshotArgs,
+        false,
+        false,
+        "Take a snapshot of a sandbox's disk (or, with full=true, of its memory and running \
+         processes too), to roll back to later. Returns the snapshot's id."
+    ),
+    spec!(
+        "list_snapshots",
+        "List snapshots",
+        SandboxArgs,
+        true,
+        false,
+        "List a sandbox's snapshots, oldest first (id, kind, reason, time)."
+    ),
+    spec!(
+        "rollback_sandbox",
+        "Roll back to a snapshot",
+        RollbackArgs,
+        false,
+        true,
+        "Roll a sandbox back to one of its snapshots: every change to its files since then is \
+         lost (and, for a full snapshot, its processes are back where they were)."
+    ),
+    spec!(
+        "fork_sandbox",
+        "Fork a sandbox",
+        SandboxArgs,
+        false,
+        false,
+        "Make a copy of a running sandbox (files, memory and processes) as a new sandbox, in \
+         milliseconds; both go on independently. Returns the new sandbox."
+    ),
+    spec!(
+        "pause_sandbox",
+        "Pause a sandbox",
+        SandboxArgs,
+        false,
+        false,
+        "Freeze a sandbox's CPUs: it uses no CPU until resumed, and keeps its memory."
+    ),
+    spec!(
+        "suspend_sandbox",
+        "Suspend a sandbox",
+        SandboxArgs,
+        false,
+        false,
+        "Save a sandbox's memory and disk and stop its VM: it then costs no memory or CPU. \
+         Its processes carry on where they were when it is resumed, even days later."
+    ),
+    spec!(
+        "resume_sandbox",
+        "Resume a sandbox",
+        SandboxArgs,
+        false,
+        false,
+        "Wake a paused or suspended sandbox (a running one is left as it is)."
+    ),
+    spec!(
+        "kill_sandbox",
+        "Kill a sandbox",
+        SandboxArgs,
+        false,
+        true,
+        "Stop a sandbox for good. Its files are gone for running commands; its record and \
+         snapshots stay."
+    ),
+    spec!(
+        "expose_port",
+        "Expose a port",
+        PortArgs,
+        false,
+        false,
+        "Make a TCP port that a program in the sandbox listens on (on 127.0.0.1 or 0.0.0.0) \
+         reachable from outside at a public URL, returned here. Anyone with the URL can reach \
+         it; exposing the port again makes a new URL and revokes the old one."
+    ),
+];
+
+/// No arguments.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoArgs {}
+
+/// Arguments of create_sandbox.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateArgs {
+    /// The template to start from (list_templates shows them); `base` when left out.
+    #[serde(default)]
+    pub template: Option<String>,
+    /// The template's version; the newest when left out.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// Virtual CPUs (the template's default when left out).
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    /// Memory in MiB (the template's default when left out).
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// Disk size in MiB (the template's default when left out).
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
+    /// Environment variables for every command run in the sandbox.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Labels to find the sandbox by later (list_sandboxes shows them).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// When given, the only hosts the sandbox may reach (`pypi.org`, `*.github.com`,
+    /// `example.com:443`); every other connection is refused. Left out: any host.
+    #[serde(default)]
+    pub egress_allow: Option<Vec<String>>,
+    /// Names of the tenant's vault secrets to bind (each appears as an environment variable
+    /// of its name holding a placeholder the gateway replaces with the real value).
+    #[serde(default)]
+    pub secrets: Vec<String>,
+    /// Seconds without activity before the sandbox is suspended (the server's default, 15
+    /// minutes, when left out).
+    #[serde(default)]
+    pub idle_timeout_seconds: Option<u64>,
+}
+
+/// Arguments of list_sandboxes.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListArgs {
+    /// Only sandboxes in this state (running, paused, suspended, failed, terminated).
+    #[serde(default)]
+    pub state: Option<String>,
+    /// Only sandboxes of this template.
+    #[serde(default)]
+    pub template: Option<String>,
+}
+
+/// A sandbox.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxArgs {
+    /// The sandbox's id (sbx-...), as create_sandbox or list_sandboxes returned it.
+    pub sandbox_id: String,
+}
+
+/// Arguments of run_command.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The command, a line for /bin/sh -c (pipes, redirections and && work).
+    pub command: String,
+    /// The working directory (the template's when left out).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables for this command.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Text written to the command's stdin, which is then closed.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// Seconds before the command is killed (default 120, at most 3600).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    /// Bytes kept of each of stdout and stderr (default 32768, at most 1048576).
+    #[serde(default)]
+    pub max_output_bytes: Option<usize>,
+}
+
+/// Arguments of start_process.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The command, a line for /bin/sh -c.
+    pub command: String,
+    /// The working directory (the template's when left out).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// Arguments of read_process_output.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadProcessArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The process_id start_process returned.
+    pub process_id: String,
+    /// Where to read stdout from (0, or the stdout_next_offset of the last read).
+    #[serde(default)]
+    pub stdout_offset: u64,
+    /// Where to read stderr from (0, or the stderr_next_offset of the last read).
+    #[serde(default)]
+    pub stderr_offset: u64,
+    /// Seconds to wait for new output or for the process to end (default 0, at most 60).
+    #[serde(default)]
+    pub wait_seconds: Option<u64>,
+    /// Bytes returned at most, stdout and stderr together (default 65536, at most 1048576).
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+}
+
+/// Arguments of stop_process.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The process_id start_process returned.
+    pub process_id: String,
+    /// TERM (default), INT, HUP or KILL.
+    #[serde(default)]
+    pub signal: Option<String>,
+}
+
+/// How file content is written out.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Encoding {
+    /// UTF-8 text.
+    #[default]
+    Text,
+    /// Base64 of the bytes.
+    Base64,
+}
+
+/// Arguments of read_file.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadFileArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The file's absolute path (/home/user/main.py).
+    pub path: String,
+    /// text (default; invalid UTF-8 is replaced) or base64.
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// Bytes returned at most (default and limit 1048576).
+    #[serde(default)]
+    pub max_bytes: Option<usize>,
+}
+
+/// Arguments of write_file.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteFileArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The file's absolute path.
+    pub path: String,
+    /// The content: text, or base64 with encoding=base64.
+    pub content: String,
+    /// text (default) or base64.
+    #[serde(default)]
+    pub encoding: Encoding,
+    /// Permission bits in octal, like "755" for a script (default 644).
+    #[serde(default)]
+    pub mode: Option<String>,
+}
+
+/// A path in a sandbox.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// An absolute path.
+    pub path: String,
+}
+
+/// Arguments of snapshot_sandbox.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// Also keep memory and running processes (default false: the disk only).
+    #[serde(default)]
+    pub full: bool,
+}
+
+/// Arguments of rollback_sandbox.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The snapshot's id, from snapshot_sandbox or list_snapshots.
+    pub snapshot_id: String,
+}
+
+/// Arguments of expose_port.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortArgs {
+    /// The sandbox's id (sbx-...).
+    pub sandbox_id: String,
+    /// The TCP port a program in the sandbox listens on.
+    pub port: u16,
+}
+
+fn args<T: DeserializeOwned>(tool: &str, raw: Value) -> Result<T> {
+    serde_json::from_value(raw).map_err(|e| {
+        ToolError(format!(
+            "bad arguments for {tool}: {e}. See the tool's input schema."
+        ))
+    })
+}
+
+fn sandbox_path(id: &str, rest: &str) -> String {
+    format!("/v1/sandboxes/{}{rest}", enc(id))
+}
+
+/// A sandbox answer, summed up for the model.
+fn sandbox_done(v: Value, lead: &str) -> Done {
+    let text = format!(
+        "{lead}sandbox {} is {} (template {} {}, {} vCPU, {} MiB)\n{}",
+        v["id"].as_str().unwrap_or("?"),
+        v["state"].as_str().unwrap_or("?"),
+        v["template"].as_str().unwrap_or("?"),
+        v["template_version"].as_str().unwrap_or("?"),
+        v["vcpus"],
+        v["memory_mib"],
+        serde_json::to_string_pretty(&v).unwrap_or_default()
+    );
+    Done { text, data: v }
+}
+
+/// Wakes sandbox `id` when it is paused or suspended; says what it did.
+async fn wake(conn: &Conn, id: &str) -> std::result::Result<Option<&'static str>, Failure> {
+    let v = conn.get(sandbox_path(id, "")).await?;
+    let action = match v["state"].as_str() {
+        Some("paused") => "resume",
+        Some("suspended") => "restore",
+        _ => return Ok(None),
+    };
+    conn.post(sandbox_path(id, &format!("/{action}")), json!({}))
+        .await?;
+    Ok(Some(if action == "resume" {
+        "resumed"
+    } else {
+        "restored"
+    }))
+}
+
+/// Runs `op`; when the sandbox was paused or suspended (and so refused it), wakes it and runs
+/// `op` again.
+async fn awake<T, F, Fut>(conn: &Conn, id: &str, op: F) -> std::result::Result<T, Failure>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, Failure>>,
+{
+    match op().await {
+        Err(f) if f.code == "illegal_state" => match wake(conn, id).await? {
+            Some(_) => op().await,
+            None => Err(f),
+        },
+        other => other,
+    }
+}
+
+/// Calls tool `name` with `raw` arguments.
+pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Result<Done> {
+    match name {
+        "create_sandbox" => create(conn, args(name, raw)?, status).await,
+        "list_sandboxes" => {
+            let a: ListArgs = args(name, raw)?;
+            let mut q = Vec::new();
+            if let Some(s) = a.state {
+                q.push(format!("state={}", enc(&s)));
+            }
+            if let Some(t) = a.template {
+                q.push(format!("template={}", enc(&t)));
+            }
+            let path = if q.is_empty() {
+                "/v1/sandboxes".to_owned()
+            } else {
+                format!("/v1/sandboxes?{}", q.join("&"))
+            };
+            let v = conn.get(path).await?;
+            let list = v["sandboxes"].as_array().cloned().unwrap_or_default();
+            let brief: Vec<Value> = list
+                .iter()
+                .map(|s| {
+                    json!({"id": s["id"], "state": s["state"], "template": s["template"],
+                           "metadata": s["metadata"], "created_unix_ms": s["created_unix_ms"]})
+                })
+                .collect();
+            Ok(Done::json(json!({"sandboxes": brief})))
+        }
+        "get_sandbox" => {
+            let a: SandboxArgs = args(name, raw)?;
+            let v = conn.get(sandbox_path(&a.sandbox_id, "")).await?;
+            Ok(sandbox_done(v, ""))
+        }
+        "list_templates" => {
+            let _: NoArgs = args(name, raw)?;
+            let v = conn.get("/v1/templates".to_owned()).await?;
+            let list = v["templates"].as_array().cloned().unwrap_or_default();
+            let brief: Vec<Value> = list
+                .iter()
+                .map(|t| {
+                    json!({"name": t["name"], "version": t["version"],
+                           "description": t["description"], "vcpus": t["vcpus"],
+                           "memory_mib": t["memory_mib"]})
+                })
+                .collect();
+            Ok(Done::json(json!({"templates": brief})))
+        }
+        "run_command" => run_command(conn, args(name, raw)?, status).await,
+        "start_process" => {
+            let a: StartArgs = args(name, raw)?;
+            status.set("starting".into());
+            let started =
+                crate::procs::start(conn, &a.sandbox_id, &a.command, a.cwd, a.env).await?;
+            Ok(Done::json(
+                serde_json::to_value(started).unwrap_or_default(),
+            ))
+        }
+        "read_process_output" => {
+            let a: ReadProcessArgs = args(name, raw)?;
+            let wait = Duration::from_secs(a.wait_seconds.unwrap_or(0).min(MAX_WAIT_SECS));
+            let max = a.max_bytes.unwrap_or(64 << 10).clamp(1, MAX_OUTPUT);
+            let out = crate::procs::read(
+                conn,
+                &a.sandbox_id,
+                &a.process_id,
+                (a.stdout_offset, a.stderr_offset),
+                max,
+                wait,
+            )
+            .await?;
+            let state = match (out.running, out.exit_code) {
+                (true, _) => "running".to_owned(),
+                (false, Some(c)) => format!("exited with code {c}"),
+                (false, None) => "ended, its exit code lost (the sandbox restarted)".to_owned(),
+            };
+            let text = format!(
+                "process {} is {state}\nstdout (next offset {}{}):\n{}\nstderr (next offset {}):\n{}",
+                a.process_id,
+                out.stdout_next_offset,
+                if out.more { "; more to read" } else { "" },
+                out.stdout,
+                out.stderr_next_offset,
+                out.stderr
+            );
+            Ok(Done {
+                text,
+                data: serde_json::to_value(out).unwrap_or_default(),
+            })
+        }
+        "stop_process" => {
+            let a: StopArgs = args(name, raw)?;
+            let signal = a.signal.as_deref().unwrap_or("TERM").to_ascii_uppercase();
+            let signal = signal.trim_start_matches("SIG").to_owned();
+            let sent = crate::procs::stop(conn, &a.sandbox_id, &a.process_id, &signal).await?;
+            Ok(Done::json(json!({
+                "process_id": a.process_id,
+                "signalled": sent,
+                "note": if sent { "signal sent" } else { "the process had already ended" },
+            })))
+        }
+        "read_file" => read_file(conn, args(name, raw)?).await,
+        "write_file" => write_file(conn, args(name, raw)?).await,
+        "list_directory" => {
+            let a: PathArgs = args(name, raw)?;
+            let path = sandbox_path(&a.sandbox_id, &format!("/files/list?path={}", enc(&a.path)));
+            let v = awake(conn, &a.sandbox_id, || conn.get(path.clone())).await?;
+            let entries: Vec<Value> = v["entries"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|e| {
+                    json!({"name": e["name"], "type": e["stat"]["file_type"],
+                           "size": e["stat"]["size"],
+                           "mode": format!("{:o}", e["stat"]["mode"].as_u64().unwrap_or(0))})
+                })
+                .collect();
+            Ok(Done::json(json!({"path": a.path, "entries": entries})))
+        }
+        "snapshot_sandbox" => {
+            let a: SnapshotArgs = args(name, raw)?;
+            status.set("taking the snapshot".into());
+            let kind = if a.full { "full" } else { "disk" };
+            let path = sandbox_path(&a.sandbox_id, "/snapshots");
+            let v = awake(conn, &a.sandbox_id, || {
+                conn.post(path.clone(), json!({"kind": kind}))
+            })
+            .await?;
+            Ok(Done::json(v))
+        }
+        "list_snapshots" => {
+            let a: SandboxArgs = args(name, raw)?;
+            let v = conn.get(sandbox_path(&a.sandbox_id, "/snapshots")).await?;
+            Ok(Done::json(v))
+        }
+        "rollback_sandbox" => {
+            let a: RollbackArgs = args(name, raw)?;
+            status.set("rolling back".into());
+            let path = sandbox_path(&a.sandbox_id, "/rollback");
+            let body = json!({"snapshot": a.snapshot_id});
+            let v = awake(conn, &a.sandbox_id, || {
+                conn.post(path.clone(), body.clone())
+            })
+            .await?;
+            Ok(sandbox_done(
+                v,
+                &format!("rolled back to {}: ", a.snapshot_id),
+            ))
+        }
+        "fork_sandbox" => {
+            let a: SandboxArgs = args(name, raw)?;
+            status.set("forking".into());
+            let path = sandbox_path(&a.sandbox_id, "/fork");
+            let v = awake(conn, &a.sandbox_id, || conn.post(path.clone(), json!({}))).await?;
+            Ok(sandbox_done(v, &format!("forked from {}: ", a.sandbox_id)))
+        }
+        "pause_sandbox" | "suspend_sandbox" | "kill_sandbox" => {
+            let a: SandboxArgs = args(name, raw)?;
+            let (method, path, done) = match name {
+                "pause_sandbox" => (Method::POST, "/pause", "paused: "),
+                "suspend_sandbox" => (Method::POST, "/suspend", "suspended: "),
+                _ => (Method::DELETE, "", "killed: "),
+            };
+            status.set(done.trim_end_matches(": ").to_owned());
+            let body = if method == Method::POST {
+                Body::Json(json!({}))
+            } else {
+                Body::Empty
+            };
+            let v = conn
+                .json(method, sandbox_path(&a.sandbox_id, path), body)
+                .await?;
+            Ok(sandbox_done(v, done))
+        }
+        "resume_sandbox" => {
+            let a: SandboxArgs = args(name, raw)?;
+            status.set("waking".into());
+            let woke = wake(conn, &a.sandbox_id).await?;
+            let v = conn.get(sandbox_path(&a.sandbox_id, "")).await?;
+            let lead = match woke {
+                Some(w) => format!("{w}: "),
+                None => "was not paused or suspended: ".to_owned(),
+            };
+            Ok(sandbox_done(v, &lead))
+        }
+        "expose_port" => {
+            let a: PortArgs = args(name, raw)?;
+            let path = sandbox_path(&a.sandbox_id, "/ports");
+            let v = awake(conn, &a.sandbox_id, || {
+                conn.post(path.clone(), json!({"port": a.port}))
+            })
+            .await?;
+            Ok(Done {
+                text: format!(
+                    "port {} of {} is at {}\n(anyone with this URL can reach it)",
+                    a.port,
+                    a.sandbox_id,
+                    v["url"].as_str().unwrap_or("?")
+                ),
+                data: v,
+            })
+        }
+        other => Err(ToolError(format!(
+            "there is no tool {other:?}; call tools/list for the tools there are"
+        ))),
+    }
+}
+
+async fn create(conn: &Conn, a: CreateArgs, status: &Status) -> Result<Done> {
+    let mut body = json!({
+        "template": a.template.unwrap_or_else(|| "base".to_owned()),
+        "env": a.env,
+        "metadata": a.metadata,
+        "secrets": a.secrets,
+    });
+    for (k, v) in [
+        ("version", a.version.map(Value::from)),
+        ("vcpus", a.vcpus.map(Value::from)),
+        ("memory_mib", a.memory_mib.map(Value::from)),
+        ("disk_mib", a.disk_mib.map(Value::from)),
+    ] {
+        if let Some(v) = v {
+            body[k] = v;
+        }
+    }
+    if let Some(allow) = a.egress_allow {
+        body["egress"] = json!({"default": "deny", "allow": allow, "deny": []});
+    }
+    if let Some(secs) = a.idle_timeout_seconds {
+        body["timeouts"] = json!({"idle_ms": secs.saturating_mul(1000)});
+    }
+    status.set("creating the sandbox".into());
+    let v = conn.post("/v1/sandboxes".to_owned(), body).await?;
+    Ok(sandbox_done(v, "created: "))
+}
+
+async fn run_command(conn: &Conn, a: RunArgs, status: &Status) -> Result<Done> {
+    let timeout = a
+        .timeout_seconds
+        .unwrap_or(DEFAULT_TIMEOUT_SECS)
+        .clamp(1, MAX_TIMEOUT_SECS);
+    let run = || {
+        crate::exec::run(
+            conn,
+            &a.sandbox_id,
+            crate::exec::Run {
+                command: a.command.clone(),
+                cwd: a.cwd.clone(),
+                env: a.env.clone(),
+                stdin: a.stdin.clone(),
+                timeout: Duration::from_secs(timeout),
+                max_output: a
+                    .max_output_bytes
+                    .unwrap_or(DEFAULT_MAX_OUTPUT)
+                    .clamp(1, MAX_OUTPUT),
+            },
+            status,
+        )
+    };
+    status.set("starting".into());
+    let ran = awake(conn, &a.sandbox_id, run).await?;
+    let how = match (ran.exit_code, ran.signal) {
+        (_, Some(9)) if ran.timed_out => format!("killed after its timeout of {timeout} s"),
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => format!("killed by signal {s}"),
+        (None, None) => "ended".to_owned(),
+    };
+    let text = format!(
+        "{how} ({} ms){}\nstdout:\n{}\nstderr:\n{}",
+        ran.duration_ms,
+        if ran.truncated {
+            "; output truncated"
+        } else {
+            ""
+        },
+        ran.stdout,
+        ran.stderr
+    );
+    Ok(Done {
+        text,
+        data: serde_json::to_value(ran).unwrap_or_default(),
+    })
+}
+
+async fn read_file(conn: &Conn, a: ReadFileArgs) -> Result<Done> {
+    let max = a.max_bytes.unwrap_or(MAX_READ).clamp(1, MAX_READ);
+    let path = sandbox_path(&a.sandbox_id, &format!("/files?path={}", enc(&a.path)));
+    let reply = awake(conn, &a.sandbox_id, || {
+        conn.send(Method::GET, path.clone(), Body::Empty)
+    })
+    .await
+    .map_err(|f| name_the_path(f, &a.path))?;
+    let (bytes, total) = crate::api::read_capped(reply.body, max).await;
+    let truncated = total > bytes.len() as u64;
+    let content = match a.encoding {
+        Encoding::Text => String::from_utf8_lossy(&bytes).into_owned(),
+        Encoding::Base64 => B64.encode(&bytes),
+    };
+    let note = if truncated {
+        format!(
+            "\n[... truncated: the file has {total} bytes, the first {} shown]",
+            bytes.len()
+        )
+    } else {
+        String::new()
+    };
+    Ok(Done {
+        text: format!("{content}{note}"),
+        data: json!({
+            "path": a.path, "size": total, "truncated": truncated,
+            "encoding": if a.encoding == Encoding::Text { "text" } else { "base64" },
+            "content": content,
+        }),
+    })
+}
+
+/// A missing file's error names its path.
+fn name_the_path(f: Failure, path: &str) -> Failure {
+    if f.code == "file_not_found" && !f.message.contains(path) {
+        return Failure {
+            message: format!("no such file: {path} ({})", f.message),
+            ..f
+        };
+    }
+    f
+}
+
+async fn write_file(conn: &Conn, a: WriteFileArgs) -> Result<Done> {
+    let bytes = match a.encoding {
+        Encoding::Text => a.content.into_bytes(),
+        Encoding::Base64 => B64
+            .decode(a.content.trim().as_bytes())
+            .map_err(|e| ToolError(format!("content is not valid base64: {e}")))?,
+    };
+    let mut query = format!("path={}&parents=true", enc(&a.path));
+    if let Some(mode) = &a.mode {
+        let mode = mode.trim_start_matches("0o");
+        if mode.is_empty() || mode.len() > 4 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
+            return Err(ToolError(format!(
+                "mode {mode:?} is not octal permission bits like \"644\" or \"755\""
+            )));
+        }
+        query.push_str(&format!("&mode={mode}"));
+    }
+    let path = sandbox_path(&a.sandbox_id, &format!("/files?{query}"));
+    let body = bytes::Bytes::from(bytes);
+    let v = awake(conn, &a.sandbox_id, || {
+        conn.json(Method::PUT, path.clone(), Body::Raw(body.clone()))
+    })
+    .await
+    .map_err(|f| name_the_path(f, &a.path))?;
+    Ok(Done {
+        text: format!("wrote {} bytes to {}", v["size"], a.path),
+        data: v,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_has_an_object_schema_with_described_properties() {
+        let mut names = std::collections::HashSet::new();
+        for t in TOOLS {
+            assert!(names.insert(t.name), "{} twice", t.name);
+            let s = (t.schema)();
+            assert_eq!(s["type"], "object", "{}", t.name);
+            let props = s.get("properties").and_then(Value::as_object);
+            for (k, p) in props.into_iter().flatten() {
+                let described = p.get("description").is_some() || p.get("$ref").is_some();
+                assert!(described, "{}.{k} has no description: {p}", t.name);
+            }
+            assert!(t.description.len() > 40, "{} is not described", t.name);
+        }
+        let run = (TOOLS
+            .iter()
+            .find(|t| t.name == "run_command")
+            .unwrap()
+            .schema)();
+        let required: Vec<&str> = run["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(required, ["sandbox_id", "command"]);
+    }
+
+    #[test]
+    fn bad_arguments_say_what_is_wrong() {
+        let e = args::<RunArgs>("run_command", json!({"sandbox_id": "sbx-1"})).unwrap_err();
+        assert!(e.0.contains("command"), "{}", e.0);
+        let e = args::<RunArgs>(
+            "run_command",
+            json!({"sandbox_id": "x", "command": "ls", "cmd": 1}),
+        )
+        .unwrap_err();
+        assert!(e.0.contains("cmd"), "{}", e.0);
+    }
+
+    #[test]
+    fn failures_become_advice() {
+        let f = Failure::from_body(
+            409,
+            br#"{"error": {"code": "illegal_state", "message": "sandbox is suspended"}}"#,
+        );
+        let ToolError(text) = f.into();
+        assert!(
+            text.starts_with("sandbox is suspended [illegal_state]."),
+            "{text}"
+        );
+        assert!(text.contains("resume_sandbox"), "{text}");
+    }
+}
