@@ -18,12 +18,9 @@
 use std::future::Future;
 use std::path::PathBuf;
 
-use anyhow::{anyhow, bail, Context as _, Result};
-use space_control::server::Server;
+use anyhow::Result;
 
-use crate::api::Served;
-use crate::bench::progress;
-use crate::node::DataDir;
+use crate::script::ScriptPlan;
 
 /// The template both SDKs create from.
 const TEMPLATE: &str = "base";
@@ -50,77 +47,40 @@ pub struct E2bPlan {
 
 /// Runs the benchmark; `interrupted` ends it early (with everything cleaned up).
 pub async fn run(plan: &E2bPlan, interrupted: impl Future<Output = &'static str>) -> Result<()> {
-    let script = plan.repo.join("compat/e2b/python/bench.py");
-    if !script.is_file() {
-        bail!("{} is missing", script.display());
-    }
-    if !plan.python.is_file() {
-        bail!(
-            "{} is missing: run scripts/e2b-env.sh (make test does)",
-            plan.python.display()
-        );
-    }
-    let mut dir = DataDir::with_prefix("space-bench-e2b-")?;
-    let mut slot: Option<Server> = None;
-    let result = tokio::select! {
-        r = measure(plan, &dir, &script, &mut slot) => r,
-        s = interrupted => Err(anyhow!("interrupted by {s}")),
-    };
-    if let Some(server) = slot.take() {
-        crate::api::stop_server(server).await;
-    }
-    let cleaned = tokio::task::block_in_place(|| dir.cleanup());
-    crate::bench::with_cleanup(result, cleaned)
-}
-
-async fn measure(
-    plan: &E2bPlan,
-    dir: &DataDir,
-    script: &std::path::Path,
-    slot: &mut Option<Server>,
-) -> Result<()> {
-    progress("starting the server (builds the base template)");
-    let served = Served {
+    let script = ScriptPlan {
+        group: "e2b",
+        header: format!(
+            "The E2B Python SDK against space's Python SDK, one server ({{url}}), template \
+             {TEMPLATE} with a warm pool of {}; {} create pairs, {} round trips each",
+            plan.pool_size, plan.runs, plan.round_trips
+        ),
         template: TEMPLATE,
-        rootfs: &plan.rootfs,
-        kernel: &plan.kernel,
-        qemu: &plan.qemu,
         pool_size: plan.pool_size,
+        kernel: plan.kernel.clone(),
+        rootfs: plan.rootfs.clone(),
+        qemu: plan.qemu.clone(),
+        python: plan.python.clone(),
+        installer: "scripts/e2b-env.sh",
+        script: plan.repo.join("compat/e2b/python/bench.py"),
+        args: vec![
+            "--runs".into(),
+            plan.runs.to_string(),
+            "--round-trips".into(),
+            plan.round_trips.to_string(),
+            "--template".into(),
+            TEMPLATE.into(),
+        ],
+        env: vec![
+            (
+                "PYTHONPATH".into(),
+                plan.repo.join("sdk/python").display().to_string(),
+            ),
+            // The SDK's own settings of the caller's shell must not point it elsewhere.
+            ("E2B_API_URL".into(), "{url}".into()),
+            ("E2B_SANDBOX_URL".into(), "{url}".into()),
+            ("E2B_API_KEY".into(), "{key}".into()),
+        ],
+        unset: vec!["E2B_DOMAIN"],
     };
-    let server = Server::start(served.config(dir, false))
-        .await
-        .context("starting the server (needs root for the loop-mounted btrfs image)")?;
-    let key = server
-        .bootstrap_key()
-        .context("a fresh data directory should print a bootstrap key")?
-        .to_owned();
-    let url = server.url();
-    *slot = Some(server);
-    println!("host:        {}", crate::host::host_summary());
-    println!(
-        "\nThe E2B Python SDK against space's Python SDK, one server ({url}), template {TEMPLATE} \
-         with a warm pool of {}; {} create pairs, {} round trips each\n",
-        plan.pool_size, plan.runs, plan.round_trips
-    );
-    let status = tokio::process::Command::new(&plan.python)
-        .arg(script)
-        .args(["--runs", &plan.runs.to_string()])
-        .args(["--round-trips", &plan.round_trips.to_string()])
-        .args(["--template", TEMPLATE])
-        .env("SPACE_URL", &url)
-        .env("SPACE_API_KEY", &key)
-        .env("PYTHONPATH", plan.repo.join("sdk/python"))
-        // The SDK's own settings of the caller's shell must not point it elsewhere.
-        .env("E2B_API_URL", &url)
-        .env("E2B_SANDBOX_URL", &url)
-        .env("E2B_API_KEY", &key)
-        .env_remove("E2B_DOMAIN")
-        .kill_on_drop(true)
-        .status()
-        .await
-        .with_context(|| format!("running {}", plan.python.display()))?;
-    if !status.success() {
-        bail!("{} ended with {status}", script.display());
-    }
-    Ok(())
+    crate::script::run(&script, interrupted).await
 }

@@ -16,6 +16,7 @@
 //!     [--guest [--guest-runs N]]
 //! source target/space/env.sh && cargo run --release -p space-bench -- e2b [--runs N]
 //!     [--round-trips N] [--pool-size N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- mcp [--round-trips N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- templates [--runs N]
 //! ```
 
@@ -119,6 +120,10 @@ enum Command {
     /// Measures the E2B facade: the official E2B Python SDK against space's Python SDK on one
     /// server with a warm pool of `base`: create to first command, and a command round trip.
     E2b(E2bArgs),
+    /// Measures the MCP server: a `run_command` round trip through the official MCP Python
+    /// SDK over stdio (`space mcp`) and over HTTP (`/mcp`), against the same command through
+    /// the REST exec, on one `base` sandbox.
+    Mcp(McpArgs),
     /// Measures template builds: a small Dockerfile cold and with its cache warm, the import
     /// of an image per 100 MB, and create from the Dockerfile's template against the stock
     /// one. `--runs` defaults to 5 here.
@@ -196,6 +201,22 @@ struct E2bArgs {
     /// The Python that has the E2B SDK (default: target/space/venv-e2b/bin/python).
     #[arg(long)]
     python: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct McpArgs {
+    /// Round trips per way.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    round_trips: u64,
+    /// The `base` root image.
+    #[arg(long, env = "SPACE_ROOTFS_BASE")]
+    rootfs_base: Option<PathBuf>,
+    /// The Python that has the MCP SDK (default: target/space/venv-mcp/bin/python).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// The `space` binary to start as `space mcp` (default: target/release/space).
+    #[arg(long)]
+    space: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -364,6 +385,30 @@ async fn run(cli: Cli) -> Result<()> {
             repo,
         };
         return space_bench::e2b::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Mcp(args)) = &cli.command {
+        let rootfs = args
+            .rootfs_base
+            .clone()
+            .filter(|r| r.is_file())
+            .ok_or_else(|| anyhow!("no base image: pass --rootfs-base or set SPACE_ROOTFS_BASE (`source target/space/env.sh`)"))?;
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let plan = space_bench::mcp::McpPlan {
+            round_trips: args.round_trips as usize,
+            kernel,
+            rootfs,
+            qemu: cli.qemu.clone(),
+            python: args
+                .python
+                .clone()
+                .unwrap_or_else(|| repo.join("target/space/venv-mcp/bin/python")),
+            space: args
+                .space
+                .clone()
+                .unwrap_or_else(|| repo.join("target/release/space")),
+            repo,
+        };
+        return space_bench::mcp::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Templates) = &cli.command {
         let guestd = std::env::var_os("SPACE_GUESTD")
