@@ -2,7 +2,9 @@
 //!
 //! The suite runs in the venv `scripts/python-env.sh` makes (`target/space/venv`; `make test`
 //! runs the script first), or in the Python named by `SPACE_PYTHON`. A missing venv fails this
-//! test: it never passes without having run the suite.
+//! test: it never passes without having run the suite. `SPACE_SDK_PYTEST_ARGS` (pytest's
+//! arguments, split at whitespace, such as `tests/test_network.py -k proxy`) runs a part of
+//! it instead of all of `tests`.
 
 mod common;
 
@@ -48,8 +50,13 @@ fn python_sdk_suite_passes_against_a_live_server() {
     let server = TestServer::start();
 
     let config_dir = tempfile::tempdir().expect("a temporary directory");
+    let selection: Vec<String> = match std::env::var("SPACE_SDK_PYTEST_ARGS") {
+        Ok(args) if !args.trim().is_empty() => args.split_whitespace().map(str::to_owned).collect(),
+        _ => vec!["tests".to_owned()],
+    };
     let mut cmd = Command::new(&python);
-    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"])
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(&selection)
         .current_dir(root.join("sdk/python"))
         .env("SPACE_URL", &server.url)
         .env("SPACE_API_KEY", &server.admin_key)

@@ -1,5 +1,6 @@
-"""What the synchronous and the asynchronous clients share: configuration, request bodies,
-and decoding of the exec stream. Nothing here does I/O on the network."""
+"""What the synchronous and the asynchronous clients share: configuration, request bodies and
+their checks, and decoding of the exec and watch streams. Nothing here does I/O on the
+network."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import base64
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import quote
@@ -20,7 +21,7 @@ from .errors import (
     SpaceError,
     make_error,
 )
-from .models import ExecResult
+from .models import EgressPolicy, ExecResult, WatchEvent
 
 DEFAULT_URL: Final = "http://127.0.0.1:7070"
 """Where ``space up`` listens by default."""
@@ -34,6 +35,12 @@ MAX_STREAM_LINE: Final = 4 * 1024 * 1024
 
 # Chunk size for uploads read from file-like objects.
 UPLOAD_CHUNK: Final = 256 * 1024
+
+
+def invalid(message: str) -> InvalidRequest:
+    """The error for an argument the client refuses before sending anything (``status``
+    ``None``, code ``invalid_request``)."""
+    return InvalidRequest("invalid_request", message, None)
 
 
 class _Never:
@@ -168,6 +175,10 @@ def create_body(
     idle_timeout: Timeout,
     max_lifetime: Timeout,
     timeout_action: str | None,
+    *,
+    egress: EgressPolicy | Mapping[str, Any] | None = None,
+    secrets: Sequence[str] | None = None,
+    auto_resume: bool | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/sandboxes``."""
     body: dict[str, Any] = {"template": template}
@@ -183,7 +194,229 @@ def create_body(
     timeouts = timeouts_body(idle_timeout, max_lifetime, timeout_action)
     if timeouts:
         body["timeouts"] = timeouts
+    if egress is not None:
+        body["egress"] = egress_body(egress)
+    if secrets is not None:
+        body["secrets"] = str_list(secrets, "secrets")
+    if auto_resume is not None:
+        if not isinstance(auto_resume, bool):
+            raise invalid(f"auto_resume should be True or False, not {auto_resume!r}")
+        body["auto_resume"] = auto_resume
     return body
+
+
+def idempotency_headers(key: str | None) -> dict[str, str]:
+    """The ``Idempotency-Key`` header of a create: 1 to 255 visible ASCII characters."""
+    if key is None:
+        return {}
+    if (
+        not isinstance(key, str)
+        or not 1 <= len(key) <= 255
+        or not all("!" <= c <= "~" for c in key)
+    ):
+        raise invalid(f"an idempotency key is 1 to 255 visible ASCII characters, not {key!r}"[:300])
+    return {"Idempotency-Key": key}
+
+
+def str_list(value: Any, what: str) -> list[str]:
+    """A list of strings from any iterable of them; a lone string is refused (it would
+    otherwise be taken character by character)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise invalid(f"{what} should be a list of strings, not {value!r}")
+    out = list(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise invalid(f"{what} should be a list of strings; {item!r} is not a string")
+    return out
+
+
+def egress_body(value: EgressPolicy | Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON of an ``EgressPolicy`` from one or from a mapping with its fields."""
+    if isinstance(value, EgressPolicy):
+        fields = value.to_json()
+    elif isinstance(value, Mapping):
+        unknown = sorted(str(k) for k in value if k not in ("default", "allow", "deny"))
+        if unknown:
+            raise invalid(
+                f"an egress policy has no field {unknown[0]!r} (only default, allow, deny)"
+            )
+        fields = dict(value)
+    else:
+        raise invalid(
+            f"an egress policy is an EgressPolicy or a mapping, not {type(value).__name__}"
+        )
+    default = fields.get("default", "allow")
+    if default not in ("allow", "deny"):
+        raise invalid(f"an egress policy's default is 'allow' or 'deny', not {default!r}")
+    body: dict[str, Any] = {"default": default}
+    for key in ("allow", "deny"):
+        rules = fields.get(key)
+        body[key] = [] if rules is None else str_list(rules, f"the egress {key} rules")
+    return body
+
+
+def egress_update(
+    policy: EgressPolicy | Mapping[str, Any] | None,
+    default: str | None,
+    allow: Sequence[str] | None,
+    deny: Sequence[str] | None,
+) -> dict[str, Any]:
+    """The body of ``PUT .../egress``: a whole policy, or its parts (the rest as a fresh
+    policy has them: default allow, no rules)."""
+    parts = (default, allow, deny)
+    if policy is not None:
+        if any(p is not None for p in parts):
+            raise invalid("give a policy, or default/allow/deny, not both")
+        return egress_body(policy)
+    return egress_body(
+        {
+            "default": "allow" if default is None else default,
+            "allow": [] if allow is None else allow,
+            "deny": [] if deny is None else deny,
+        }
+    )
+
+
+def secret_body(value: str | bytes, hosts: Sequence[str]) -> dict[str, Any]:
+    """The body of ``PUT /v1/secrets/{name}``."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise invalid("a secret's value must be UTF-8 text") from None
+    if not isinstance(value, str) or not value:
+        raise invalid("a secret's value is a non-empty string")
+    names = str_list(hosts, "hosts")
+    if not names:
+        raise invalid("a secret needs at least one host it may be sent to")
+    return {"value": value, "hosts": names}
+
+
+def count(value: Any, what: str) -> int:
+    """``value`` if it is a non-negative whole number (``what`` names it in the error)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise invalid(f"{what} should be a non-negative whole number, not {value!r}")
+    return value
+
+
+def quotas_body(
+    max_sandboxes: int | None,
+    max_vcpus: int | None,
+    max_memory_mib: int | None,
+    max_suspended: Timeout,
+) -> dict[str, Any]:
+    """The ``quotas`` of a tenant create or update: fields given as ``None`` are left out;
+    ``max_suspended`` is seconds, or :data:`NEVER` for no limit."""
+    body: dict[str, Any] = {}
+    for key, value in (
+        ("max_sandboxes", max_sandboxes),
+        ("max_vcpus", max_vcpus),
+        ("max_memory_mib", max_memory_mib),
+    ):
+        if value is not None:
+            body[key] = count(value, key)
+    if isinstance(max_suspended, _Never):
+        body["max_suspended_ms"] = None
+    elif max_suspended is not None:
+        if (
+            isinstance(max_suspended, bool)
+            or not isinstance(max_suspended, (int, float))
+            or not math.isfinite(max_suspended)
+            or max_suspended < 0
+        ):
+            raise invalid(
+                f"max_suspended should be seconds (0 or more) or NEVER, not {max_suspended!r}"
+            )
+        body["max_suspended_ms"] = round(max_suspended * 1000)
+    return body
+
+
+def master_key_body(
+    provider: str, key_id: str | None, region: str | None, endpoint: str | None
+) -> dict[str, Any]:
+    """The body of ``PUT /v1/tenants/{name}/master-key``."""
+    if provider == "deployment":
+        if key_id is not None or region is not None or endpoint is not None:
+            raise invalid("the deployment master key takes no key_id, region or endpoint")
+        return {"provider": "deployment"}
+    if provider == "kms":
+        if not key_id or not region:
+            raise invalid("a KMS master key needs key_id and region")
+        body: dict[str, Any] = {"provider": "kms", "key_id": key_id, "region": region}
+        if endpoint is not None:
+            body["endpoint"] = endpoint
+        return body
+    raise invalid(f"a master key's provider is 'deployment' or 'kms', not {provider!r}")
+
+
+def port_number(port: Any) -> int:
+    """A TCP port, 1 to 65535."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise invalid(f"a port is a whole number from 1 to 65535, not {port!r}")
+    return port
+
+
+# Characters left as they are in a proxied path (RFC 3986 pchar, and '%' for what the
+# caller encoded already).
+_PCHAR: Final = "!$&'()*+,;=:@-._~%"
+
+
+def proxy_path(sandbox_id: str, port: int, path: str) -> str:
+    """The API path of ``path`` on ``port`` of a sandbox, through the port proxy."""
+    if not isinstance(path, str):
+        raise invalid(f"a proxied path is a string, not {path!r}")
+    if "?" in path or "#" in path:
+        raise invalid("a proxied path has no query or fragment: pass the query as params=")
+    segments = path.lstrip("/").split("/")
+    if any(s in (".", "..") for s in segments):
+        raise invalid(f"a proxied path may not have '.' or '..' segments: {path!r}")
+    rest = "/".join(quote(s, safe=_PCHAR) for s in segments)
+    return sandbox_path(sandbox_id, "ports", str(port_number(port)), "proxy") + "/" + rest
+
+
+def proxy_error(status: int, body: bytes) -> SpaceError | None:
+    """The error of a proxied request that the server answered itself (the error envelope:
+    no such sandbox, a state that refuses it, nothing listening on the port); ``None`` for an
+    answer of the app inside, whatever its status."""
+    if status < 400:
+        return None
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict) or set(parsed) != {"error"}:
+        return None
+    err = parsed["error"]
+    if (
+        not isinstance(err, dict)
+        or set(err) != {"code", "message"}
+        or not isinstance(err["code"], str)
+        or not isinstance(err["message"], str)
+    ):
+        return None
+    return make_error(err["code"], err["message"], status)
+
+
+def audit_params(
+    sandbox: str | None,
+    operation: str | None,
+    since_unix_ms: int | None,
+    limit: int | None,
+    tenant: str | None,
+) -> dict[str, str]:
+    """The query of ``GET /v1/audit``."""
+    params: dict[str, str] = {}
+    if sandbox is not None:
+        params["sandbox"] = sandbox
+    if operation is not None:
+        params["operation"] = operation
+    if since_unix_ms is not None:
+        params["since_unix_ms"] = str(count(since_unix_ms, "since_unix_ms"))
+    if limit is not None:
+        params["limit"] = str(count(limit, "limit"))
+    if tenant is not None:
+        params["tenant"] = tenant
+    return params
 
 
 def list_params(
@@ -332,10 +565,14 @@ class ExecDecoder:
             pid = rec.get("pid")
             self._pid = pid if isinstance(pid, int) and not isinstance(pid, bool) else None
         elif kind == "exit":
-            code = rec.get("exit_code")
-            signal = rec.get("signal")
-            if not isinstance(code, int) or isinstance(code, bool):
+            if "exit_code" not in rec:
                 raise InvalidResponse("exec stream: exit record without an exit_code")
+            code = rec["exit_code"]
+            signal = rec.get("signal")
+            if code is None:
+                code = -1  # the guest could not learn how the process ended
+            if not isinstance(code, int) or isinstance(code, bool):
+                raise InvalidResponse("exec stream: exit record with a malformed exit_code")
             if signal is not None and (not isinstance(signal, int) or isinstance(signal, bool)):
                 raise InvalidResponse("exec stream: exit record with a malformed signal")
             self._exit = (code, signal)
@@ -367,6 +604,57 @@ class ExecDecoder:
         return self.result()
 
 
+class WatchDecoder:
+    """Decodes the NDJSON watch stream as bytes arrive: :meth:`feed` returns the events the
+    bytes complete and raises the error a stream's ``error`` record reports."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, chunk: bytes) -> list[WatchEvent]:
+        """Takes the next bytes of the stream; returns the events they complete."""
+        self._buf += chunk
+        out: list[WatchEvent] = []
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl < 0:
+                break
+            line = bytes(self._buf[:nl])
+            del self._buf[: nl + 1]
+            event = self._line(line)
+            if event is not None:
+                out.append(event)
+        if len(self._buf) > MAX_STREAM_LINE:
+            raise InvalidResponse(f"watch stream line longer than {MAX_STREAM_LINE} bytes")
+        return out
+
+    def finish(self) -> list[WatchEvent]:
+        """The event of what is left once the stream ended (a last line without newline)."""
+        rest = bytes(self._buf)
+        self._buf.clear()
+        event = self._line(rest)
+        return [] if event is None else [event]
+
+    @staticmethod
+    def _line(line: bytes) -> WatchEvent | None:
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            raise InvalidResponse(f"watch stream: a line is not JSON: {line[:200]!r}") from None
+        if isinstance(rec, dict) and rec.get("type") == "error":
+            code = rec.get("code")
+            message = rec.get("message")
+            raise make_error(
+                code if isinstance(code, str) and code else "stream_error",
+                message if isinstance(message, str) else "the watch stream broke",
+                200,
+            )
+        return WatchEvent.from_json(rec)
+
+
 def template_build_body(
     name: str,
     *,
@@ -385,14 +673,16 @@ def template_build_body(
     vcpus: int | None,
     memory_mib: int | None,
     disk_mib: int | None,
+    start_timeout: float | None = None,
+    egress: EgressPolicy | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The JSON of ``POST /v1/templates`` (the uploads' ids are added by the caller)."""
     if ready_command is not None and ready_port is not None:
-        raise InvalidRequest("name one ready check: ready_command or ready_port")
+        raise invalid("name one ready check: ready_command or ready_port")
     if (ready_command is not None or ready_port is not None) and start is None:
-        raise InvalidRequest("a ready check needs a start command")
+        raise invalid("a ready check needs a start command")
     if (registry_username is None) != (registry_password is None):
-        raise InvalidRequest("registry credentials need both a username and a password")
+        raise invalid("registry credentials need both a username and a password")
     body: dict[str, Any] = {"name": name}
     registry: dict[str, Any] = {}
     if registry_username is not None:
@@ -413,6 +703,14 @@ def template_build_body(
             body["build_args"] = args
     if archive_tag is not None:
         body["archive_tag"] = archive_tag
+    if start_timeout is not None:
+        if start is None:
+            raise invalid("a start timeout needs a start command")
+        body["start_timeout_ms"] = timeout_ms(start_timeout, "start_timeout")
+    if egress is not None:
+        if dockerfile_text is None:
+            raise invalid("an egress policy applies to a Dockerfile's steps only")
+        body["egress"] = egress_body(egress)
     for key, value in (
         ("version", version),
         ("start", start),
@@ -434,7 +732,7 @@ def context_tar(directory: str | os.PathLike[str]) -> bytes:
 
     root = Path(directory)
     if not root.is_dir():
-        raise InvalidRequest(f"the build context {root} is not a directory")
+        raise invalid(f"the build context {root} is not a directory")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in sorted(root.rglob("*")):
@@ -446,7 +744,7 @@ def sources_given(**sources: Any) -> None:
     """Refuses a build that names no source or several."""
     given = [k for k, v in sources.items() if v is not None]
     if len(given) != 1:
-        raise InvalidRequest(
+        raise invalid(
             "name exactly one source: " + ", ".join(sources) + f" (got {given or 'none'})"
         )
 

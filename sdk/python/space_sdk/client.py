@@ -1,12 +1,16 @@
+# Generated from space_sdk/aio.py by scripts/gen_sync.py: do not edit by hand.
+# Change aio.py, then run `python scripts/gen_sync.py` in sdk/python.
 """The synchronous client: :class:`Space` (a connection to a server), :class:`Sandbox` and
 its :class:`Files`."""
 
 from __future__ import annotations
 
+import codecs
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import IO, Any
 
@@ -14,6 +18,7 @@ import httpx
 
 from . import _core
 from ._core import Timeout
+from ._version import __version__
 from .errors import (
     ConfigError,
     IllegalState,
@@ -26,19 +31,36 @@ from .models import (
     AuditEvent,
     Build,
     DirEntry,
+    EgressPolicy,
     ExecResult,
     FileStat,
+    Health,
+    JoinToken,
+    Key,
+    KeyCreated,
+    MasterKey,
+    Node,
+    NodeList,
+    Port,
+    PortExposed,
     SandboxInfo,
+    Secret,
     Snapshot,
     Template,
+    Tenant,
+    TenantCreated,
+    Upload,
+    WatchEvent,
 )
 
-__all__ = ["Files", "Sandbox", "Space", "default_client"]
+__all__ = ["Files", "Sandbox", "Space", "Watch", "default_client"]
 
-_List = list  # `Sandbox.list` and `Files.list` shadow the builtin inside their classes.
+_List = list  # `Sandbox.list` and `Files.list` shadow the builtin in their classes.
 
 # How much of an error answer is read before giving up on the rest.
 _MAX_ERROR_BODY = 64 * 1024
+
+_USER_AGENT = f"space-sdk-python/{__version__}"
 
 OutputCallback = Callable[[bytes], object]
 """Called with each chunk of output as it arrives."""
@@ -63,6 +85,10 @@ def _file_chunks(f: IO[bytes]) -> Iterator[bytes]:
         yield bytes(chunk)
 
 
+def _key_id(key: Key | str) -> str:
+    return key.id if isinstance(key, Key) else key
+
+
 class Space:
     """A connection to a space server.
 
@@ -70,7 +96,7 @@ class Space:
     ``SPACE_API_KEY``, else from the CLI's configuration file (``$SPACE_CONFIG``, else
     ``$XDG_CONFIG_HOME/space/config.json``, else ``~/.config/space/config.json``, holding
     ``{"url": ..., "api_key": ...}``). ``timeout`` is in seconds per API call; exec streams
-    wait as long as the process runs. Use it as a context manager, or call :meth:`close`.
+    wait as long as the process runs. Close it with :meth:`close`, or use ``with``.
     """
 
     def __init__(
@@ -110,7 +136,7 @@ class Space:
     # -- plumbing ------------------------------------------------------------------------
 
     def _headers(self, auth: bool, extra: Mapping[str, str] | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "space-sdk-python/0.1"}
+        headers = {"Accept": "application/json", "User-Agent": _USER_AGENT}
         if auth:
             if not self.api_key:
                 raise ConfigError(
@@ -144,7 +170,9 @@ class Space:
             timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
         )
 
-    def _send(self, request: httpx.Request, stream: bool = False) -> httpx.Response:
+    def _send(
+        self, request: httpx.Request, stream: bool = False, check: bool = True
+    ) -> httpx.Response:
         try:
             resp = self._http.send(request, stream=stream)
         except httpx.TimeoutException as e:
@@ -155,13 +183,11 @@ class Space:
             raise SpaceConnectionError(
                 f"{request.method} {request.url.path}: cannot talk to {self.url}: {e}"
             ) from None
-        if resp.status_code >= 400:
+        if check and resp.status_code >= 400:
             try:
-                raise (
-                    _read_error(resp)
-                    if stream
-                    else error_from_response(resp.status_code, resp.content[:_MAX_ERROR_BODY])
-                )
+                if stream:
+                    raise _read_error(resp)
+                raise error_from_response(resp.status_code, resp.content[:_MAX_ERROR_BODY])
             finally:
                 resp.close()
         return resp
@@ -193,15 +219,24 @@ class Space:
 
     # -- server-wide calls ---------------------------------------------------------------
 
-    def health(self) -> dict[str, Any]:
-        """``GET /v1/health``: ``{"status", "version", "accelerator"}``."""
-        value = self._json("GET", "/v1/health", auth=False)
+    def health(self) -> Health:
+        """``GET /v1/health`` (no key needed): ``status``, ``version``, ``accelerator``."""
+        return Health.from_json(self._json("GET", "/v1/health", auth=False))
+
+    def openapi(self) -> dict[str, Any]:
+        """The server's OpenAPI document (no key needed)."""
+        value = self._json("GET", "/v1/openapi.json", auth=False)
         if not isinstance(value, dict):
-            raise SpaceError("invalid_response", "health answer is not an object", 200)
+            raise SpaceError("invalid_response", "the OpenAPI document is not an object", 200)
         return value
 
+    def metrics(self) -> str:
+        """The server's Prometheus metrics, as text (no key needed)."""
+        resp = self.request("GET", "/metrics", auth=False, headers={"Accept": "text/plain"})
+        return resp.content.decode("utf-8", errors="replace")
+
     def templates(self) -> _List[Template]:
-        """The templates sandboxes can be created from."""
+        """The templates sandboxes can be created from: the public ones and the caller's."""
         value = self._json("GET", "/v1/templates")
         return [Template.from_json(t) for t in _core.list_field(value, "templates")]
 
@@ -213,10 +248,7 @@ class Space:
             content=data,
             headers={"Content-Type": "application/octet-stream"},
         )
-        value = _core.json_body(resp.status_code, resp.content)
-        if not isinstance(value, dict) or not isinstance(value.get("upload"), str):
-            raise SpaceError("invalid_response", "the upload answer has no id", resp.status_code)
-        return value["upload"]
+        return Upload.from_json(_core.json_body(resp.status_code, resp.content)).upload
 
     def build_template(
         self,
@@ -235,6 +267,8 @@ class Space:
         start: str | None = None,
         ready_command: str | None = None,
         ready_port: int | None = None,
+        start_timeout: float | None = None,
+        egress: EgressPolicy | Mapping[str, Any] | None = None,
         vcpus: int | None = None,
         memory_mib: int | None = None,
         disk_mib: int | None = None,
@@ -244,8 +278,10 @@ class Space:
     ) -> Build:
         """Builds a template from one source: a stock ``image``, a ``dockerfile`` (a path; its
         ``context`` defaults to the file's directory), an image reference ``from_image``, or
-        an OCI/Docker archive file ``from_archive``. With ``wait`` (the default) it returns
-        when the build ended, passing the log to ``on_log`` as it comes, and raises
+        an OCI/Docker archive file ``from_archive``. ``start_timeout`` (seconds) bounds how
+        long the ``start`` command may take to be ready; ``egress`` is what a Dockerfile's
+        steps may reach. With ``wait`` (the default) it returns when the build ended,
+        passing the log to ``on_log`` as it comes, and raises
         :class:`~space_sdk.SpaceError` (``build_failed``) if it failed."""
         body, tar, archive = _core.build_request(
             name,
@@ -263,6 +299,8 @@ class Space:
             start=start,
             ready_command=ready_command,
             ready_port=ready_port,
+            start_timeout=start_timeout,
+            egress=egress,
             vcpus=vcpus,
             memory_mib=memory_mib,
             disk_mib=disk_mib,
@@ -277,7 +315,9 @@ class Space:
             return build
         return self.wait_build(build.id, on_log=on_log)
 
-    def wait_build(self, build_id: str, *, on_log: Callable[[str], None] | None = None) -> Build:
+    def wait_build(
+        self, build_id: str, *, on_log: Callable[[str], None] | None = None
+    ) -> Build:
         """Waits for a build to end, passing its log to ``on_log`` as it comes; raises
         :class:`~space_sdk.SpaceError` (``build_failed``) if it failed."""
         offset = 0
@@ -299,19 +339,60 @@ class Space:
         return Build.from_json(self._json("GET", f"/v1/builds/{_core.seg(build_id)}"))
 
     def builds(self) -> _List[Build]:
-        """The caller's builds, newest first."""
+        """The caller's builds (an admin's: everyone's), newest first."""
         value = self._json("GET", "/v1/builds")
         return [Build.from_json(b) for b in _core.list_field(value, "builds")]
 
-    def build_log(self, build_id: str, *, start: int = 0) -> str:
-        """A build's log from byte ``start`` on."""
-        resp = self.request(
-            "GET", f"/v1/builds/{_core.seg(build_id)}/log", params={"from": str(int(start))}
+    def build_log(
+        self,
+        build_id: str,
+        *,
+        start: int = 0,
+        follow: bool = False,
+        on_log: Callable[[str], None] | None = None,
+    ) -> str:
+        """A build's log from byte ``start`` on. With ``follow``, the log is streamed until
+        the build ends, each piece passed to ``on_log`` as it arrives; the whole is returned
+        either way."""
+        path = f"/v1/builds/{_core.seg(build_id)}/log"
+        params = {"from": str(_core.count(start, "start"))}
+        if not follow:
+            resp = self.request("GET", path, params=params)
+            text = resp.content.decode("utf-8", errors="replace")
+            if on_log is not None and text:
+                on_log(text)
+            return text
+        params["follow"] = "true"
+        req = self._build(
+            "GET",
+            path,
+            params=params,
+            headers={"Accept": "text/plain"},
+            timeout=httpx.Timeout(self.timeout, read=None),
         )
-        return resp.content.decode("utf-8", errors="replace")
+        resp = self._send(req, stream=True)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        parts: _List[str] = []
+        try:
+            for chunk in resp.iter_bytes():
+                text = decoder.decode(chunk)
+                if text:
+                    parts.append(text)
+                    if on_log is not None:
+                        on_log(text)
+        except httpx.TransportError as e:
+            raise SpaceConnectionError(f"the log of build {build_id} broke off: {e}") from None
+        finally:
+            resp.close()
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            parts.append(tail)
+            if on_log is not None:
+                on_log(tail)
+        return "".join(parts)
 
     def delete_template(self, name: str, version: str) -> None:
-        """Deletes a template version."""
+        """Deletes a template version (an admin's, or the owning tenant's)."""
         self.request("DELETE", f"/v1/templates/{_core.seg(name)}/{_core.seg(version)}")
 
     def audit(
@@ -321,20 +402,143 @@ class Space:
         operation: str | None = None,
         since_unix_ms: int | None = None,
         limit: int | None = None,
+        tenant: str | None = None,
     ) -> _List[AuditEvent]:
         """Audit events, newest first: the caller's tenant's (every tenant's for an admin
-        key), filtered by sandbox id, operation and time."""
-        params: dict[str, str] = {}
-        if sandbox is not None:
-            params["sandbox"] = sandbox
-        if operation is not None:
-            params["operation"] = operation
-        if since_unix_ms is not None:
-            params["since_unix_ms"] = str(int(since_unix_ms))
-        if limit is not None:
-            params["limit"] = str(int(limit))
+        key, or one tenant's with ``tenant=``), filtered by sandbox id, operation and time."""
+        params = _core.audit_params(sandbox, operation, since_unix_ms, limit, tenant)
         value = self._json("GET", "/v1/audit", params=params)
         return [AuditEvent.from_json(e) for e in _core.list_field(value, "events")]
+
+    # -- the credentials vault -----------------------------------------------------------
+
+    def secrets(self) -> _List[Secret]:
+        """The secrets of the caller's tenant, by name (never their values)."""
+        value = self._json("GET", "/v1/secrets")
+        return [Secret.from_json(s) for s in _core.list_field(value, "secrets")]
+
+    def set_secret(self, name: str, value: str | bytes, hosts: Sequence[str]) -> Secret:
+        """Stores the secret ``name`` (``[A-Z_][A-Z0-9_]*``) with ``value``, which the egress
+        gateway may send to ``hosts`` (egress rules) only; replaces one of that name (its
+        creation time stays). Sandboxes created with ``secrets=[name]`` see a placeholder."""
+        body = _core.secret_body(value, hosts)
+        return Secret.from_json(
+            self._json("PUT", f"/v1/secrets/{_core.seg(name)}", json=body)
+        )
+
+    def delete_secret(self, name: str) -> None:
+        """Deletes a secret; sandboxes bound to it keep the placeholder, which no longer
+        stands for anything."""
+        self.request("DELETE", f"/v1/secrets/{_core.seg(name)}")
+
+    # -- tenants and keys (admin) --------------------------------------------------------
+
+    def tenants(self) -> _List[Tenant]:
+        """Every tenant (admin)."""
+        value = self._json("GET", "/v1/tenants")
+        return [Tenant.from_json(t) for t in _core.list_field(value, "tenants")]
+
+    def create_tenant(
+        self,
+        name: str,
+        *,
+        max_sandboxes: int | None = None,
+        max_vcpus: int | None = None,
+        max_memory_mib: int | None = None,
+        max_suspended: Timeout = None,
+    ) -> TenantCreated:
+        """Creates a tenant (admin) and its first, non-admin key. Quotas left out take the
+        server's defaults; ``max_suspended`` is seconds a sandbox may stay suspended, or
+        :data:`~space_sdk.NEVER`."""
+        body: dict[str, Any] = {"name": name}
+        quotas = _core.quotas_body(max_sandboxes, max_vcpus, max_memory_mib, max_suspended)
+        if quotas:
+            body["quotas"] = quotas
+        return TenantCreated.from_json(self._json("POST", "/v1/tenants", json=body))
+
+    def update_tenant(
+        self,
+        name: str,
+        *,
+        max_sandboxes: int | None = None,
+        max_vcpus: int | None = None,
+        max_memory_mib: int | None = None,
+        max_suspended: Timeout = None,
+    ) -> Tenant:
+        """Changes a tenant's quotas (admin); those left out keep their value,
+        ``max_suspended=NEVER`` lifts that limit."""
+        quotas = _core.quotas_body(max_sandboxes, max_vcpus, max_memory_mib, max_suspended)
+        return Tenant.from_json(
+            self._json("PATCH", f"/v1/tenants/{_core.seg(name)}", json={"quotas": quotas})
+        )
+
+    def keys(self, tenant: str) -> _List[Key]:
+        """The keys of ``tenant`` (admin), revoked ones included."""
+        value = self._json("GET", f"/v1/tenants/{_core.seg(tenant)}/keys")
+        return [Key.from_json(k) for k in _core.list_field(value, "keys")]
+
+    def create_key(
+        self, tenant: str, *, admin: bool = False, label: str | None = None
+    ) -> KeyCreated:
+        """Makes a key for ``tenant`` (admin); ``key`` of the answer is the whole key, shown
+        only this once."""
+        if not isinstance(admin, bool):
+            raise _core.invalid(f"admin should be True or False, not {admin!r}")
+        body: dict[str, Any] = {"admin": admin}
+        if label is not None:
+            body["label"] = label
+        value = self._json("POST", f"/v1/tenants/{_core.seg(tenant)}/keys", json=body)
+        return KeyCreated.from_json(value)
+
+    def revoke_key(self, key: Key | str) -> None:
+        """Revokes a key (a :class:`~space_sdk.Key` or its id) for good (admin)."""
+        self.request("DELETE", f"/v1/keys/{_core.seg(_key_id(key))}")
+
+    def master_key(self, tenant: str) -> MasterKey:
+        """Which master key wraps the archive key of ``tenant`` (admin)."""
+        value = self._json("GET", f"/v1/tenants/{_core.seg(tenant)}/master-key")
+        return MasterKey.from_json(value)
+
+    def set_master_key(
+        self,
+        tenant: str,
+        provider: str = "deployment",
+        *,
+        key_id: str | None = None,
+        region: str | None = None,
+        endpoint: str | None = None,
+    ) -> MasterKey:
+        """Moves the archive key of ``tenant`` onto another master key (admin):
+        ``"deployment"``, or ``"kms"`` with ``key_id`` and ``region`` (and ``endpoint`` for a
+        KMS-compatible service). A KMS key that refuses raises
+        :class:`~space_sdk.Forbidden` (``key_unavailable``)."""
+        body = _core.master_key_body(provider, key_id, region, endpoint)
+        value = self._json("PUT", f"/v1/tenants/{_core.seg(tenant)}/master-key", json=body)
+        return MasterKey.from_json(value)
+
+    # -- cluster (admin; a single-node server answers NotFound, not_a_cluster) ------------
+
+    def nodes(self) -> NodeList:
+        """The nodes of the cluster, with its lease and grace times."""
+        return NodeList.from_json(self._json("GET", "/v1/nodes"))
+
+    def drain_node(self, node_id: str) -> Node:
+        """Places no new sandbox on the node and moves its sandboxes to other nodes."""
+        return Node.from_json(self._json("POST", f"/v1/nodes/{_core.seg(node_id)}/drain"))
+
+    def remove_node(self, node_id: str) -> Node:
+        """Takes the node out of the cluster; its heartbeats and rejoins are refused."""
+        return Node.from_json(self._json("DELETE", f"/v1/nodes/{_core.seg(node_id)}"))
+
+    def create_join_token(self, ttl: int | None = None) -> JoinToken:
+        """A one-time token a node joins the cluster with, valid ``ttl`` seconds (an hour
+        by default, a week at most)."""
+        body: dict[str, Any] = {}
+        if ttl is not None:
+            if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl <= 0:
+                raise _core.invalid(f"ttl is a positive whole number of seconds, not {ttl!r}")
+            body["ttl_s"] = ttl
+        return JoinToken.from_json(self._json("POST", "/v1/cluster/join-tokens", json=body))
 
 
 _default_lock = threading.Lock()
@@ -351,6 +555,96 @@ def default_client() -> Space:
         return _default
 
 
+def _call(callback: OutputCallback | None, data: bytes) -> None:
+    if callback is not None:
+        callback(data)
+
+
+class Watch:
+    """The changes under a watched path, as they happen: ``with
+    sandbox.files.watch(path) as w:``, then ``for event in w``. Leaving the block
+    ends the watch. ``timeout`` (seconds) bounds the wait for each event
+    (:class:`~space_sdk.SpaceConnectionError` when it passes); ``None`` waits for ever."""
+
+    def __init__(
+        self, files: Files, path: str, recursive: bool, timeout: float | None
+    ) -> None:
+        self.path = path
+        self.recursive = recursive
+        self.timeout = timeout
+        self._files = files
+        self._resp: httpx.Response | None = None
+        self._chunks: Iterator[bytes] | None = None
+        self._decoder = _core.WatchDecoder()
+        self._pending: _List[WatchEvent] = []
+        self._ended = False
+
+    def __repr__(self) -> str:
+        return f"Watch(path={self.path!r}, recursive={self.recursive!r})"
+
+    def start(self) -> Watch:
+        """Starts the watch (``with`` does): once this returns, changes are seen."""
+        if self._resp is not None or self._ended:
+            raise _core.invalid("this watch has been started already")
+        client = self._files._sb.client
+        params = {"path": self.path}
+        if self.recursive:
+            params["recursive"] = "true"
+        req = client._build(
+            "GET",
+            self._files._path("watch"),
+            params=params,
+            headers={"Accept": "application/x-ndjson"},
+            timeout=httpx.Timeout(client.timeout, read=self.timeout),
+        )
+        self._resp = client._send(req, stream=True)
+        self._chunks = self._resp.iter_bytes()
+        return self
+
+    def close(self) -> None:
+        """Ends the watch."""
+        self._ended = True
+        if self._resp is not None:
+            self._resp.close()
+
+    def __enter__(self) -> Watch:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __iter__(self) -> Watch:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        while not self._pending:
+            if self._ended:
+                raise StopIteration
+            if self._chunks is None:
+                raise _core.invalid(
+                    "start the watch first: call start(), or enter its with block"
+                )
+            try:
+                chunk = self._chunks.__next__()
+            except StopIteration:
+                self._ended = True
+                self._pending.extend(self._decoder.finish())
+                continue
+            except httpx.TimeoutException:
+                raise SpaceConnectionError(
+                    f"no change under {self.path} within {self.timeout} s"
+                ) from None
+            except httpx.TransportError as e:
+                raise SpaceConnectionError(f"the watch of {self.path} broke off: {e}") from None
+            self._pending.extend(self._decoder.feed(chunk))
+        return self._pending.pop(0)
+
+
 class Files:
     """The file system of one sandbox (``sandbox.files``). Paths are absolute guest paths."""
 
@@ -362,11 +656,12 @@ class Files:
 
     def read(self, path: str) -> bytes:
         """The whole contents of the file at ``path``."""
-        return self._sb.client.request("GET", self._path(), params={"path": path}).content
+        resp = self._sb.client.request("GET", self._path(), params={"path": path})
+        return resp.content
 
     def read_text(self, path: str, encoding: str = "utf-8") -> str:
         """The contents of the file at ``path`` as text."""
-        return self.read(path).decode(encoding)
+        return (self.read(path)).decode(encoding)
 
     def download(self, path: str, dest: IO[bytes]) -> int:
         """Streams the file at ``path`` into the binary file ``dest``; returns the byte count."""
@@ -447,12 +742,19 @@ class Files:
             self._sb.client._json("POST", self._path("rename"), json={"from": src, "to": dst})
         )
 
+    def watch(
+        self, path: str, recursive: bool = False, *, timeout: float | None = None
+    ) -> Watch:
+        """Watches ``path`` (a directory, and its subdirectories with ``recursive``): use the
+        answer with ``with`` and ``for`` (see :class:`Watch`)."""
+        return Watch(self, path, recursive, timeout)
+
 
 class Sandbox:
     """One sandbox: a microVM with its own kernel, disk and processes.
 
-    Make one with :meth:`create`, find one with :meth:`connect` or :meth:`list`. Used as a
-    context manager, it is killed when the block ends.
+    Make one with :meth:`create`, find one with :meth:`connect` or :meth:`list`. Used as
+    ``with sandbox:``, it is killed when the block ends.
     """
 
     def __init__(self, client: Space, info: SandboxInfo) -> None:
@@ -514,13 +816,23 @@ class Sandbox:
         idle_timeout: Timeout = None,
         max_lifetime: Timeout = None,
         timeout_action: str | None = None,
+        egress: EgressPolicy | Mapping[str, Any] | None = None,
+        secrets: Sequence[str] | None = None,
+        auto_resume: bool | None = None,
+        idempotency_key: str | None = None,
         client: Space | None = None,
     ) -> Sandbox:
         """Creates a running sandbox from ``template``.
 
         ``idle_timeout`` and ``max_lifetime`` are seconds, or :data:`~space_sdk.NEVER`;
         ``None`` takes the server's default (idle 15 minutes, no lifetime limit).
-        ``timeout_action`` is ``"suspend"`` (the default) or ``"kill"``.
+        ``timeout_action`` is ``"suspend"`` (the default) or ``"kill"``. ``egress`` is the
+        policy of its connections (default: allow all), ``secrets`` names secrets of the
+        vault to bind (each becomes an environment variable holding a placeholder), and
+        ``auto_resume=False`` makes guest access to a paused or suspended sandbox an
+        :class:`~space_sdk.IllegalState` instead of waking it. With ``idempotency_key``
+        the create happens at most once per key (for 24 hours): sent again, it answers the
+        sandbox the first one made.
         """
         client = client or default_client()
         body = _core.create_body(
@@ -534,16 +846,20 @@ class Sandbox:
             idle_timeout,
             max_lifetime,
             timeout_action,
+            egress=egress,
+            secrets=secrets,
+            auto_resume=auto_resume,
         )
-        return cls(client, SandboxInfo.from_json(client._json("POST", "/v1/sandboxes", json=body)))
+        headers = _core.idempotency_headers(idempotency_key)
+        value = client._json("POST", "/v1/sandboxes", json=body, headers=headers)
+        return cls(client, SandboxInfo.from_json(value))
 
     @classmethod
     def connect(cls, sandbox_id: str, *, client: Space | None = None) -> Sandbox:
         """The existing sandbox ``sandbox_id`` (``NotFound`` if the caller's tenant has none)."""
         client = client or default_client()
-        return cls(
-            client, SandboxInfo.from_json(client._json("GET", _core.sandbox_path(sandbox_id)))
-        )
+        value = client._json("GET", _core.sandbox_path(sandbox_id))
+        return cls(client, SandboxInfo.from_json(value))
 
     @classmethod
     def list(
@@ -619,9 +935,7 @@ class Sandbox:
         try:
             for chunk in resp.iter_bytes():
                 for kind, data in decoder.feed(chunk):
-                    callback = on_stdout if kind == "stdout" else on_stderr
-                    if callback is not None:
-                        callback(data)
+                    _call(on_stdout if kind == "stdout" else on_stderr, data)
                 if decoder.done:
                     break
         except httpx.TimeoutException:
@@ -635,7 +949,8 @@ class Sandbox:
     # -- lifecycle -----------------------------------------------------------------------
 
     def pause(self) -> SandboxInfo:
-        """Stops the vCPUs; memory stays. Guest access is refused until :meth:`resume`."""
+        """Stops the vCPUs; memory stays. Guest access resumes it (unless created with
+        ``auto_resume=False``), as does :meth:`resume`."""
         return self._post("pause")
 
     def resume(self) -> SandboxInfo:
@@ -651,7 +966,8 @@ class Sandbox:
         return self._post("restore")
 
     def fork(self) -> Sandbox:
-        """A new running sandbox that starts as a copy of this one (memory and disk)."""
+        """A new running sandbox that starts as a copy of this one (memory and disk), with
+        its egress policy and secret bindings."""
         value = self.client._json("POST", _core.sandbox_path(self.id, "fork"))
         return Sandbox(self.client, SandboxInfo.from_json(value))
 
@@ -665,7 +981,7 @@ class Sandbox:
         return Template.from_json(value)
 
     def kill(self) -> SandboxInfo:
-        """Stops the VM for good; the record and snapshots stay."""
+        """Stops the VM for good and revokes its ingress URLs; the record and snapshots stay."""
         return self._update(self.client._json("DELETE", _core.sandbox_path(self.id)))
 
     def snapshot(self, full: bool = False) -> Snapshot:
@@ -699,3 +1015,81 @@ class Sandbox:
         return self._update(
             self.client._json("PUT", _core.sandbox_path(self.id, "timeouts"), json=body)
         )
+
+    # -- network -------------------------------------------------------------------------
+
+    def egress(self) -> EgressPolicy:
+        """The sandbox's egress policy, its rules in canonical form."""
+        value = self.client._json("GET", _core.sandbox_path(self.id, "egress"))
+        return EgressPolicy.from_json(value)
+
+    def set_egress(
+        self,
+        policy: EgressPolicy | Mapping[str, Any] | None = None,
+        *,
+        default: str | None = None,
+        allow: Sequence[str] | None = None,
+        deny: Sequence[str] | None = None,
+    ) -> EgressPolicy:
+        """Replaces the egress policy: ``policy`` whole, or built from ``default``
+        (``"allow"`` unless given), ``allow`` and ``deny`` (none unless given). New
+        connections follow it at once; returns the policy in effect."""
+        body = _core.egress_update(policy, default, allow, deny)
+        value = self.client._json("PUT", _core.sandbox_path(self.id, "egress"), json=body)
+        applied = EgressPolicy.from_json(value)
+        self._info = replace(self._info, egress=applied)
+        return applied
+
+    def expose(self, port: int) -> PortExposed:
+        """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no
+        key and is shown only now); exposing it again makes a new URL and revokes the old."""
+        value = self.client._json(
+            "POST", _core.sandbox_path(self.id, "ports"), json={"port": _core.port_number(port)}
+        )
+        return PortExposed.from_json(value)
+
+    def ports(self) -> _List[Port]:
+        """The exposed ports (without their URLs)."""
+        value = self.client._json("GET", _core.sandbox_path(self.id, "ports"))
+        return [Port.from_json(p) for p in _core.list_field(value, "ports")]
+
+    def unexpose(self, port: int) -> None:
+        """Revokes the ingress URL of ``port``."""
+        self.client.request(
+            "DELETE", _core.sandbox_path(self.id, "ports", str(_core.port_number(port)))
+        )
+
+    def proxy(
+        self,
+        port: int,
+        path: str = "/",
+        *,
+        method: str = "GET",
+        params: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | str | None = None,
+        json: Any = None,
+    ) -> httpx.Response:
+        """Sends an HTTP request to ``port`` inside the sandbox (exposed or not) through the
+        authenticated port proxy, and returns the app's answer whatever its status. The API
+        key is not passed on. Errors of the proxy itself raise: no such sandbox
+        (:class:`~space_sdk.NotFound`), a state that refuses it
+        (:class:`~space_sdk.IllegalState`), nothing listening
+        (:class:`~space_sdk.GuestError`)."""
+        if method.upper() not in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE"):
+            raise _core.invalid(f"the port proxy does not pass {method!r} requests")
+        send_headers = {"Accept": "*/*"}
+        send_headers.update(headers or {})
+        req = self.client._build(
+            method.upper(),
+            _core.proxy_path(self.id, port, path),
+            params=params,
+            json=json,
+            content=content.encode("utf-8") if isinstance(content, str) else content,
+            headers=send_headers,
+        )
+        resp = self.client._send(req, check=False)
+        error = _core.proxy_error(resp.status_code, resp.content)
+        if error is not None:
+            raise error
+        return resp

@@ -78,7 +78,8 @@ class InvalidResponse(SpaceError):
 
 class InvalidRequest(SpaceError):
     """400: a field is missing, malformed or out of range (``invalid_request``,
-    ``invalid_json``, ``invalid_id``)."""
+    ``invalid_json``, ``invalid_id``). The client raises it too, with ``status`` ``None``,
+    for arguments it can tell are wrong before sending anything."""
 
 
 class Unauthorized(SpaceError):
@@ -86,12 +87,14 @@ class Unauthorized(SpaceError):
 
 
 class Forbidden(SpaceError):
-    """403: an admin route called with a tenant key, or a guest permission error."""
+    """403: an admin route called with a tenant key, a guest permission error, or a key the
+    archive needs that does not open (``key_unavailable``)."""
 
 
 class NotFound(SpaceError):
-    """404: the sandbox, snapshot, template, tenant, key, file or route does not exist (or
-    belongs to another tenant)."""
+    """404: the sandbox, snapshot, template, tenant, key, file, secret, port, node or route
+    does not exist (or belongs to another tenant); ``not_found`` for an unknown or revoked
+    ingress URL, ``not_a_cluster`` for a cluster route on a single-node server."""
 
 
 class MethodNotAllowed(SpaceError):
@@ -103,7 +106,9 @@ class IllegalState(SpaceError):
 
 
 class Conflict(SpaceError):
-    """409 ``conflict``: the thing exists already, or is still in use."""
+    """409 ``conflict``: the thing exists already, or is still in use; also a create under an
+    ``Idempotency-Key`` that is still running (``create_in_progress``) or that was used for
+    another request (``idempotency_key_reused``, 409 or 422)."""
 
 
 class PayloadTooLarge(SpaceError):
@@ -123,8 +128,10 @@ class GuestError(SpaceError):
 
 
 class Unavailable(SpaceError):
-    """503: the node has no room for another VM now (``capacity``), or the server is stopping
-    (``shutting_down``)."""
+    """503: the node has no room for another VM now (``capacity``), the server is stopping
+    (``shutting_down``), the node holding the sandbox cannot be reached (``node_unavailable``)
+    or another replica holds the tenant's quota (``quota_busy``); also 502
+    ``archive_unavailable``, the object store failing. Retrying later may succeed."""
 
 
 class InternalError(SpaceError):
@@ -146,6 +153,15 @@ _BY_CODE: dict[str, type[SpaceError]] = {
     "guest_error": GuestError,
     "capacity": Unavailable,
     "shutting_down": Unavailable,
+    "node_unavailable": Unavailable,
+    "quota_busy": Unavailable,
+    "archive_unavailable": Unavailable,
+    "key_unavailable": Forbidden,
+    "create_in_progress": Conflict,
+    "idempotency_key_reused": Conflict,
+    "stale_incarnation": Conflict,
+    "not_found": NotFound,
+    "not_a_cluster": NotFound,
     "internal": InternalError,
 }
 
@@ -158,6 +174,7 @@ _BY_STATUS: dict[int, type[SpaceError]] = {
     409: Conflict,
     413: PayloadTooLarge,
     415: UnsupportedMediaType,
+    422: Conflict,
     429: QuotaExceeded,
     500: InternalError,
     502: GuestError,

@@ -1,6 +1,9 @@
 """Typed records for what the API returns.
 
-Each ``from_json`` checks the types of the fields it reads and raises
+Each record names the schema of the OpenAPI document it stands for in ``SCHEMA`` (a name
+under ``components/schemas``, or ``Schema.property`` for an object defined inside another);
+a test checks that the fields are exactly that schema's properties, those without a default
+being the required ones. ``from_json`` checks the types of the fields it reads and raises
 :class:`~space_sdk.errors.InvalidResponse` when the server's answer does not fit; fields this
 version does not know are ignored, so a newer server stays readable.
 """
@@ -8,20 +11,40 @@ version does not know are ignored, so a newer server stays readable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .errors import InvalidResponse
 
 __all__ = [
     "AuditEvent",
+    "Build",
     "DirEntry",
+    "EgressPolicy",
     "ExecResult",
     "FileStat",
     "ForkedFrom",
+    "Health",
+    "JoinToken",
+    "Key",
+    "KeyCreated",
+    "MasterKey",
+    "Node",
+    "NodeList",
+    "Port",
+    "PortExposed",
+    "Quotas",
+    "RemoteCopy",
+    "RestorePoint",
     "SandboxInfo",
+    "Secret",
+    "SecretBinding",
     "Snapshot",
     "Template",
+    "Tenant",
+    "TenantCreated",
     "Timeouts",
+    "Upload",
+    "WatchEvent",
 ]
 
 T = TypeVar("T")
@@ -62,9 +85,59 @@ def _str_map(d: dict[str, Any], key: str, what: str) -> dict[str, str]:
     return dict(value)
 
 
+def _list(d: dict[str, Any], key: str, typ: type[T], what: str) -> list[T]:
+    value = d.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(
+        isinstance(v, typ) and not (isinstance(v, bool) and typ is int) for v in value
+    ):
+        raise InvalidResponse(f"{what}: field {key!r} should be a list of {typ.__name__}")
+    return list(value)
+
+
+def _objects(d: dict[str, Any], key: str, what: str) -> list[Any]:
+    value = d.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise InvalidResponse(f"{what}: field {key!r} should be a list")
+    return value
+
+
+@dataclass(frozen=True)
+class Health:
+    """What ``GET /v1/health`` says: ``status`` is ``ok``, ``accelerator`` ``kvm`` or
+    ``tcg``. Also readable as a mapping (``health["status"]``), as version 0.1 answered."""
+
+    SCHEMA: ClassVar[str] = "Health"
+
+    status: str
+    version: str
+    accelerator: str
+
+    def __getitem__(self, key: str) -> str:
+        if key not in ("status", "version", "accelerator"):
+            raise KeyError(key)
+        value: str = getattr(self, key)
+        return value
+
+    @classmethod
+    def from_json(cls, value: Any) -> Health:
+        """Reads the health answer."""
+        d = _obj(value, "health")
+        return cls(
+            status=_get(d, "status", str, "health"),
+            version=_opt(d, "version", str, "health") or "",
+            accelerator=_opt(d, "accelerator", str, "health") or "",
+        )
+
+
 @dataclass(frozen=True)
 class Timeouts:
     """A sandbox's timeouts. ``None`` means never."""
+
+    SCHEMA: ClassVar[str] = "Timeouts"
 
     idle_ms: int | None
     max_lifetime_ms: int | None
@@ -85,6 +158,8 @@ class Timeouts:
 class ForkedFrom:
     """Where a forked sandbox came from: the parent and the snapshot the fork was made from."""
 
+    SCHEMA: ClassVar[str] = "ForkedFrom"
+
     sandbox: str
     snapshot: str
 
@@ -99,8 +174,78 @@ class ForkedFrom:
 
 
 @dataclass(frozen=True)
+class EgressPolicy:
+    """Where a sandbox may connect: ``deny`` rules win, then ``allow`` rules, then
+    ``default`` (``"allow"`` or ``"deny"``). Rules are ``HOST[:PORT]``, ``*.suffix``, ``*``
+    or IP literals; a private address needs an allow rule naming it exactly."""
+
+    SCHEMA: ClassVar[str] = "EgressPolicy"
+
+    default: str = "allow"
+    allow: list[str] = field(default_factory=list)
+    deny: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object the API takes."""
+        return {"default": self.default, "allow": list(self.allow), "deny": list(self.deny)}
+
+    @classmethod
+    def from_json(cls, value: Any) -> EgressPolicy:
+        """Reads an ``EgressPolicy`` object."""
+        d = _obj(value, "egress policy")
+        w = "egress policy"
+        return cls(
+            default=_opt(d, "default", str, w) or "allow",
+            allow=_list(d, "allow", str, w),
+            deny=_list(d, "deny", str, w),
+        )
+
+
+@dataclass(frozen=True)
+class SecretBinding:
+    """A secret a sandbox is bound to: the environment variable ``name`` holds
+    ``placeholder``, which the egress gateway replaces by the value on the secret's hosts."""
+
+    SCHEMA: ClassVar[str] = "SecretBindingInfo"
+
+    name: str
+    placeholder: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> SecretBinding:
+        """Reads one entry of a sandbox's ``secrets``."""
+        d = _obj(value, "secret binding")
+        return cls(
+            name=_get(d, "name", str, "secret binding"),
+            placeholder=_get(d, "placeholder", str, "secret binding"),
+        )
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """For a suspended sandbox: the snapshot a restore starts from and where it is
+    (``local``, ``remote``, ``local+remote`` or ``lost``)."""
+
+    SCHEMA: ClassVar[str] = "Sandbox.restore_point"
+
+    snapshot: str
+    location: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> RestorePoint:
+        """Reads the ``restore_point`` object of a sandbox."""
+        d = _obj(value, "restore point")
+        return cls(
+            snapshot=_get(d, "snapshot", str, "restore point"),
+            location=_get(d, "location", str, "restore point"),
+        )
+
+
+@dataclass(frozen=True)
 class SandboxInfo:
     """A sandbox as the API describes it at one moment."""
+
+    SCHEMA: ClassVar[str] = "Sandbox"
 
     id: str
     tenant: str
@@ -114,10 +259,18 @@ class SandboxInfo:
     metadata: dict[str, str]
     timeouts: Timeouts
     forked_from: ForkedFrom | None
-    failure: Any
+    failure: str | None
     created_unix_ms: int
     state_since_unix_ms: int
     last_activity_unix_ms: int
+    #: Where the sandbox may connect.
+    egress: EgressPolicy
+    #: The secrets it is bound to, with their placeholders.
+    secrets: list[SecretBinding]
+    #: Whether guest access to a paused or suspended sandbox wakes it (else 409).
+    auto_resume: bool
+    #: For a suspended sandbox, the snapshot a restore starts from.
+    restore_point: RestorePoint | None
 
     @classmethod
     def from_json(cls, value: Any) -> SandboxInfo:
@@ -125,6 +278,8 @@ class SandboxInfo:
         d = _obj(value, "sandbox")
         w = "sandbox"
         forked = d.get("forked_from")
+        point = d.get("restore_point")
+        auto_resume = _opt(d, "auto_resume", bool, w)
         return cls(
             id=_get(d, "id", str, w),
             tenant=_get(d, "tenant", str, w),
@@ -138,10 +293,40 @@ class SandboxInfo:
             metadata=_str_map(d, "metadata", w),
             timeouts=Timeouts.from_json(d.get("timeouts") or {}),
             forked_from=ForkedFrom.from_json(forked) if forked is not None else None,
-            failure=d.get("failure"),
+            failure=_opt(d, "failure", str, w),
             created_unix_ms=_get(d, "created_unix_ms", int, w),
             state_since_unix_ms=_opt(d, "state_since_unix_ms", int, w) or 0,
             last_activity_unix_ms=_opt(d, "last_activity_unix_ms", int, w) or 0,
+            egress=EgressPolicy.from_json(d.get("egress") or {}),
+            secrets=[SecretBinding.from_json(s) for s in _objects(d, "secrets", w)],
+            auto_resume=True if auto_resume is None else auto_resume,
+            restore_point=RestorePoint.from_json(point) if point is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class RemoteCopy:
+    """A snapshot's copy in the object store."""
+
+    SCHEMA: ClassVar[str] = "Snapshot.remote"
+
+    manifest_hash: str
+    uploaded_unix_ms: int
+    uploaded_bytes: int
+    new_chunks: int
+    stored_bytes: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> RemoteCopy:
+        """Reads the ``remote`` object of a snapshot."""
+        d = _obj(value, "snapshot copy")
+        w = "snapshot copy"
+        return cls(
+            manifest_hash=_get(d, "manifest_hash", str, w),
+            uploaded_unix_ms=_get(d, "uploaded_unix_ms", int, w),
+            uploaded_bytes=_get(d, "uploaded_bytes", int, w),
+            new_chunks=_opt(d, "new_chunks", int, w) or 0,
+            stored_bytes=_get(d, "stored_bytes", int, w),
         )
 
 
@@ -149,18 +334,26 @@ class SandboxInfo:
 class Snapshot:
     """A snapshot of a sandbox: ``kind`` is ``disk`` or ``full``."""
 
+    SCHEMA: ClassVar[str] = "Snapshot"
+
     id: str
     kind: str
     reason: str
     created_unix_ms: int
     size_bytes: int
     paused_for_us: int | None
+    #: Whether its files are on the node's disk.
+    local: bool
+    #: Its copy in the object store, once uploaded.
+    remote: RemoteCopy | None = None
 
     @classmethod
     def from_json(cls, value: Any) -> Snapshot:
         """Reads a ``Snapshot`` object."""
         d = _obj(value, "snapshot")
         w = "snapshot"
+        remote = d.get("remote")
+        local = _opt(d, "local", bool, w)
         return cls(
             id=_get(d, "id", str, w),
             kind=_get(d, "kind", str, w),
@@ -168,6 +361,8 @@ class Snapshot:
             created_unix_ms=_get(d, "created_unix_ms", int, w),
             size_bytes=_opt(d, "size_bytes", int, w) or 0,
             paused_for_us=_opt(d, "paused_for_us", int, w),
+            local=True if local is None else local,
+            remote=RemoteCopy.from_json(remote) if remote is not None else None,
         )
 
 
@@ -175,6 +370,8 @@ class Snapshot:
 class FileStat:
     """What ``lstat`` says about a path in the guest. ``file_type`` is ``file``, ``dir``,
     ``symlink`` or ``other``."""
+
+    SCHEMA: ClassVar[str] = "FileStat"
 
     path: str
     file_type: str
@@ -184,6 +381,8 @@ class FileStat:
     gid: int
     mtime_unix_ns: int
     symlink_target: str | None
+    #: Extended attributes of the ``user.`` namespace with UTF-8 values.
+    xattrs: dict[str, str] = field(default_factory=dict)
 
     @property
     def is_dir(self) -> bool:
@@ -209,12 +408,15 @@ class FileStat:
             gid=_opt(d, "gid", int, w) or 0,
             mtime_unix_ns=_opt(d, "mtime_unix_ns", int, w) or 0,
             symlink_target=_opt(d, "symlink_target", str, w),
+            xattrs=_str_map(d, "xattrs", w),
         )
 
 
 @dataclass(frozen=True)
 class DirEntry:
     """One entry of a directory listing."""
+
+    SCHEMA: ClassVar[str] = "DirEntry"
 
     name: str
     stat: FileStat
@@ -230,9 +432,34 @@ class DirEntry:
 
 
 @dataclass(frozen=True)
+class WatchEvent:
+    """A change under a watched path. ``kind`` is ``created``, ``modified``,
+    ``closed_write`` (a file opened for writing was closed), ``removed``, ``moved_from``,
+    ``moved_to``, ``attrib`` or ``overflow`` (events were dropped: rescan)."""
+
+    SCHEMA: ClassVar[str] = "WatchEvent"
+
+    path: str
+    kind: str
+    is_dir: bool
+
+    @classmethod
+    def from_json(cls, value: Any) -> WatchEvent:
+        """Reads one line of a watch stream."""
+        d = _obj(value, "watch event")
+        return cls(
+            path=_get(d, "path", str, "watch event"),
+            kind=_get(d, "kind", str, "watch event"),
+            is_dir=_get(d, "is_dir", bool, "watch event"),
+        )
+
+
+@dataclass(frozen=True)
 class AuditEvent:
     """One audit record: who did what to which sandbox, and how it ended (``result`` is
     ``ok`` or the error code)."""
+
+    SCHEMA: ClassVar[str] = "AuditEvent"
 
     id: int
     at_unix_ms: int
@@ -264,6 +491,8 @@ class AuditEvent:
 class Template:
     """A built template sandboxes are created from."""
 
+    SCHEMA: ClassVar[str] = "Template"
+
     name: str
     version: str
     vcpus: int
@@ -273,13 +502,19 @@ class Template:
     created_unix_ms: int
     #: Where its root image came from (a stock image, an image reference, a Dockerfile, a
     #: sandbox).
-    source: str = ""
+    source: str
     #: The tenant a private template belongs to; ``None`` for public ones.
-    owner: str | None = None
+    owner: str | None
     #: Environment, user and working directory its sandboxes' commands start with.
-    env: dict[str, str] = field(default_factory=dict)
-    user: str | None = None
-    workdir: str | None = None
+    env: dict[str, str]
+    user: str | None
+    workdir: str | None
+    #: The image's entrypoint and command (kept, not run).
+    command: list[str]
+    #: The ports the image exposes.
+    ports: list[int]
+    #: The process its snapshot holds and its ready check: ``{"command", "ready"}``.
+    start: dict[str, Any] | None
 
     @classmethod
     def from_json(cls, value: Any) -> Template:
@@ -299,6 +534,9 @@ class Template:
             env=_str_map(d, "env", w),
             user=_opt(d, "user", str, w),
             workdir=_opt(d, "workdir", str, w),
+            command=_list(d, "command", str, w),
+            ports=_list(d, "ports", int, w),
+            start=_opt(d, "start", dict, w),
         )
 
 
@@ -306,11 +544,14 @@ class Template:
 class Build:
     """A template build: ``state`` is ``running``, ``succeeded`` or ``failed``."""
 
+    SCHEMA: ClassVar[str] = "Build"
+
     id: str
+    tenant: str
     name: str
     version: str
-    state: str
     source: str
+    state: str
     error: str | None
     created_unix_ms: int
     finished_unix_ms: int | None
@@ -325,14 +566,327 @@ class Build:
         t = d.get("template")
         return cls(
             id=_get(d, "id", str, w),
+            tenant=_opt(d, "tenant", str, w) or "",
             name=_get(d, "name", str, w),
             version=str(_get(d, "version", (str, int), w)),
-            state=_get(d, "state", str, w),
             source=_opt(d, "source", str, w) or "",
+            state=_get(d, "state", str, w),
             error=_opt(d, "error", str, w),
             created_unix_ms=_opt(d, "created_unix_ms", int, w) or 0,
             finished_unix_ms=_opt(d, "finished_unix_ms", int, w),
             template=Template.from_json(t) if t is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Upload:
+    """A stored build input: its id (for ``context`` or ``from_archive``) and size."""
+
+    SCHEMA: ClassVar[str] = "Upload"
+
+    upload: str
+    bytes: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> Upload:
+        """Reads the answer of an upload."""
+        d = _obj(value, "upload")
+        return cls(upload=_get(d, "upload", str, "upload"), bytes=_get(d, "bytes", int, "upload"))
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A secret of the tenant's vault (never its value) and the hosts it may be sent to."""
+
+    SCHEMA: ClassVar[str] = "Secret"
+
+    name: str
+    hosts: list[str]
+    created_unix_ms: int
+    updated_unix_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> Secret:
+        """Reads a ``Secret`` object."""
+        d = _obj(value, "secret")
+        w = "secret"
+        return cls(
+            name=_get(d, "name", str, w),
+            hosts=_list(d, "hosts", str, w),
+            created_unix_ms=_get(d, "created_unix_ms", int, w),
+            updated_unix_ms=_get(d, "updated_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class PortExposed:
+    """A port just exposed, with its ingress URL (shown only this once)."""
+
+    SCHEMA: ClassVar[str] = "PortExposed"
+
+    port: int
+    url: str
+    created_unix_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> PortExposed:
+        """Reads the answer of an expose."""
+        d = _obj(value, "exposed port")
+        w = "exposed port"
+        return cls(
+            port=_get(d, "port", int, w),
+            url=_get(d, "url", str, w),
+            created_unix_ms=_get(d, "created_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class Port:
+    """An exposed port as listed (the URL is not: it is shown only when exposed)."""
+
+    SCHEMA: ClassVar[str] = "Port"
+
+    port: int
+    created_unix_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> Port:
+        """Reads one entry of a port listing."""
+        d = _obj(value, "port")
+        return cls(
+            port=_get(d, "port", int, "port"),
+            created_unix_ms=_get(d, "created_unix_ms", int, "port"),
+        )
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """A tenant's limits: sandboxes that are not terminated, vCPUs and memory of those with
+    a VM, and how long one may stay suspended (``None``: forever)."""
+
+    SCHEMA: ClassVar[str] = "Quotas"
+
+    max_sandboxes: int
+    max_vcpus: int
+    max_memory_mib: int
+    max_suspended_ms: int | None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Quotas:
+        """Reads a ``Quotas`` object."""
+        d = _obj(value, "quotas")
+        w = "quotas"
+        return cls(
+            max_sandboxes=_get(d, "max_sandboxes", int, w),
+            max_vcpus=_get(d, "max_vcpus", int, w),
+            max_memory_mib=_get(d, "max_memory_mib", int, w),
+            max_suspended_ms=_opt(d, "max_suspended_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """A tenant and its quotas."""
+
+    SCHEMA: ClassVar[str] = "Tenant"
+
+    name: str
+    created_unix_ms: int
+    quotas: Quotas
+
+    @classmethod
+    def from_json(cls, value: Any) -> Tenant:
+        """Reads a ``Tenant`` object."""
+        d = _obj(value, "tenant")
+        return cls(
+            name=_get(d, "name", str, "tenant"),
+            created_unix_ms=_get(d, "created_unix_ms", int, "tenant"),
+            quotas=Quotas.from_json(d.get("quotas")),
+        )
+
+
+def _key_fields(d: dict[str, Any], w: str) -> dict[str, Any]:
+    return {
+        "id": _get(d, "id", str, w),
+        "tenant": _get(d, "tenant", str, w),
+        "admin": _get(d, "admin", bool, w),
+        "label": _opt(d, "label", str, w),
+        "created_unix_ms": _get(d, "created_unix_ms", int, w),
+        "revoked_unix_ms": _opt(d, "revoked_unix_ms", int, w),
+    }
+
+
+@dataclass(frozen=True)
+class Key:
+    """An API key as listed (never its secret)."""
+
+    SCHEMA: ClassVar[str] = "Key"
+
+    id: str
+    tenant: str
+    admin: bool
+    label: str | None
+    created_unix_ms: int
+    revoked_unix_ms: int | None
+
+    @property
+    def revoked(self) -> bool:
+        """Whether the key has been revoked."""
+        return self.revoked_unix_ms is not None
+
+    @classmethod
+    def from_json(cls, value: Any) -> Key:
+        """Reads a ``Key`` object."""
+        return cls(**_key_fields(_obj(value, "key"), "key"))
+
+
+@dataclass(frozen=True)
+class KeyCreated(Key):
+    """A key just made: a :class:`Key` plus ``key``, the whole key (``space_...``), shown
+    only this once."""
+
+    SCHEMA: ClassVar[str] = "KeyCreated"
+
+    key: str
+
+    @classmethod
+    def from_json(cls, value: Any) -> KeyCreated:
+        """Reads a ``KeyCreated`` object."""
+        d = _obj(value, "new key")
+        return cls(**_key_fields(d, "new key"), key=_get(d, "key", str, "new key"))
+
+
+@dataclass(frozen=True)
+class TenantCreated:
+    """A new tenant and its first (non-admin) key."""
+
+    SCHEMA: ClassVar[str] = "TenantCreated"
+
+    tenant: Tenant
+    key: KeyCreated
+
+    @classmethod
+    def from_json(cls, value: Any) -> TenantCreated:
+        """Reads the answer of a tenant create."""
+        d = _obj(value, "new tenant")
+        return cls(tenant=Tenant.from_json(d.get("tenant")), key=KeyCreated.from_json(d.get("key")))
+
+
+@dataclass(frozen=True)
+class MasterKey:
+    """Which master key wraps a tenant's archive key: ``provider`` ``deployment`` (the
+    deployment's key file) or ``kms`` (with ``key_id``, ``region`` and maybe ``endpoint``).
+    ``id`` is the key's id as the archive records it (``None`` when it cannot be built)."""
+
+    SCHEMA: ClassVar[str] = "MasterKey"
+
+    provider: str
+    id: str | None
+    key_id: str | None = None
+    region: str | None = None
+    endpoint: str | None = None
+
+    @classmethod
+    def from_json(cls, value: Any) -> MasterKey:
+        """Reads a ``MasterKey`` object."""
+        d = _obj(value, "master key")
+        w = "master key"
+        return cls(
+            provider=_get(d, "provider", str, w),
+            id=_opt(d, "id", str, w),
+            key_id=_opt(d, "key_id", str, w),
+            region=_opt(d, "region", str, w),
+            endpoint=_opt(d, "endpoint", str, w),
+        )
+
+
+@dataclass(frozen=True)
+class JoinToken:
+    """A one-time token a node joins a cluster with (``token`` is shown only this once)."""
+
+    SCHEMA: ClassVar[str] = "JoinToken"
+
+    token: str
+    id: str
+    expires_unix_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> JoinToken:
+        """Reads a ``JoinToken`` object."""
+        d = _obj(value, "join token")
+        w = "join token"
+        return cls(
+            token=_get(d, "token", str, w),
+            id=_get(d, "id", str, w),
+            expires_unix_ms=_get(d, "expires_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class Node:
+    """A node of a cluster: ``state`` is ``active``, ``draining``, ``lost`` or
+    ``removed``; the rest is from its last report."""
+
+    SCHEMA: ClassVar[str] = "Node"
+
+    id: str
+    address: str
+    incarnation: int
+    state: str
+    live: bool
+    lease_expires_ms: int
+    joined_unix_ms: int
+    accelerator: str
+    qemu: str
+    memory_total_mib: int
+    memory_free_mib: int
+    cpus: int
+    sandboxes: int
+    templates: list[str]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Node:
+        """Reads a ``Node`` object."""
+        d = _obj(value, "node")
+        w = "node"
+        return cls(
+            id=_get(d, "id", str, w),
+            address=_get(d, "address", str, w),
+            incarnation=_get(d, "incarnation", int, w),
+            state=_get(d, "state", str, w),
+            live=_get(d, "live", bool, w),
+            lease_expires_ms=_get(d, "lease_expires_ms", int, w),
+            joined_unix_ms=_opt(d, "joined_unix_ms", int, w) or 0,
+            accelerator=_opt(d, "accelerator", str, w) or "",
+            qemu=_opt(d, "qemu", str, w) or "",
+            memory_total_mib=_opt(d, "memory_total_mib", int, w) or 0,
+            memory_free_mib=_opt(d, "memory_free_mib", int, w) or 0,
+            cpus=_opt(d, "cpus", int, w) or 0,
+            sandboxes=_opt(d, "sandboxes", int, w) or 0,
+            templates=_list(d, "templates", str, w),
+        )
+
+
+@dataclass(frozen=True)
+class NodeList:
+    """The nodes of a cluster, with the lease a node's heartbeat buys and the grace after
+    it before the node counts as lost."""
+
+    SCHEMA: ClassVar[str] = "NodeList"
+
+    nodes: list[Node]
+    lease_ms: int
+    grace_ms: int
+
+    @classmethod
+    def from_json(cls, value: Any) -> NodeList:
+        """Reads the answer of a node listing."""
+        d = _obj(value, "node list")
+        w = "node list"
+        return cls(
+            nodes=[Node.from_json(n) for n in _objects(d, "nodes", w)],
+            lease_ms=_get(d, "lease_ms", int, w),
+            grace_ms=_get(d, "grace_ms", int, w),
         )
 
 
@@ -341,8 +895,12 @@ class ExecResult:
     """How a process ended and everything it wrote.
 
     ``exit_code`` is the status (``128 + n`` for a death by signal ``n``, which ``signal``
-    then names); ``stdout`` and ``stderr`` are the raw bytes.
+    then names; ``-1`` when the guest could not learn it); ``stdout`` and ``stderr`` are the
+    raw bytes.
     """
+
+    #: Not an object of the API: what the records of an exec stream add up to.
+    SCHEMA: ClassVar[str | None] = None
 
     exit_code: int
     signal: int | None

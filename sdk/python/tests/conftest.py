@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import secrets
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -70,3 +72,66 @@ def kill_quietly(sb: Sandbox) -> None:
             sb.kill()
     except Exception:
         pass
+
+
+class Upstream:
+    """An HTTP server on 127.0.0.1 of this machine for sandboxes to reach through the egress
+    gateway: it answers ``upstream saw <path>`` and keeps the head of every request."""
+
+    def __init__(self) -> None:
+        heads: list[str] = []
+        self.heads = heads
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                heads.append(self.requestline + "\n" + str(self.headers))
+                body = f"upstream saw {self.path}\n".encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def seen(self, path: str) -> list[str]:
+        """The heads of the requests for ``path``."""
+        return [h for h in self.heads if h.split(" ", 2)[1:2] == [path]]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    """A plain HTTP upstream on 127.0.0.1 (see :class:`Upstream`)."""
+    server = Upstream()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def header(head: str, name: str) -> str | None:
+    """The value of header ``name`` in a request head."""
+    for line in head.splitlines()[1:]:
+        key, sep, value = line.partition(":")
+        if sep and key.strip().lower() == name.lower():
+            return value.strip()
+    return None
+
+
+# A page busybox httpd serves in a sandbox of the minimal template, on port HTTPD_PORT.
+HTTPD_PORT = 8080
+HTTPD_PAGE = "served from the sandbox\n"
+START_HTTPD = (
+    "mkdir -p /srv/www && printf 'served from the sandbox\\n' > /srv/www/index.html && "
+    f"httpd -p {HTTPD_PORT} -h /srv/www"
+)

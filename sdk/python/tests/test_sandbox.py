@@ -21,6 +21,7 @@ from space_sdk import (
     Sandbox,
     Space,
     SpaceError,
+    WatchEvent,
 )
 
 
@@ -230,6 +231,41 @@ def test_timeouts_and_logs(sb: Sandbox) -> None:
         time.sleep(0.2)
     assert marker in sb.logs()
     assert len(sb.logs(tail_bytes=8).encode()) <= 8
+
+
+def test_watch(sb: Sandbox) -> None:
+    sb.files.mkdir("/root/watched/deep")
+    seen: list[WatchEvent] = []
+    with sb.files.watch("/root/watched", recursive=True, timeout=60) as w:
+        sb.files.write("/root/watched/new.txt", b"x")
+        sb.files.write("/root/watched/deep/inner.txt", b"y")
+        sb.files.remove("/root/watched/new.txt")
+        for event in w:
+            seen.append(event)
+            if (event.path, event.kind) == ("/root/watched/new.txt", "removed"):
+                break
+    changes = {(e.path, e.kind) for e in seen}
+    # Uploads land by rename: the new names show up as moved_to, the deeper one too.
+    assert ("/root/watched/new.txt", "moved_to") in changes, seen
+    assert ("/root/watched/deep/inner.txt", "moved_to") in changes, seen
+    assert not any(e.is_dir for e in seen), seen
+    # Leaving the block ended the watch.
+    assert list(w) == []
+
+    # Not recursive: a subdirectory's changes are not seen.
+    before: list[WatchEvent] = []
+    with sb.files.watch("/root/watched", timeout=60) as flat:
+        sb.files.write("/root/watched/deep/quiet.txt", b"z")
+        sb.files.write("/root/watched/top.txt", b"z")
+        for event in flat:
+            if event.path == "/root/watched/top.txt":
+                break
+            before.append(event)
+    assert not [e for e in before if e.path.startswith("/root/watched/deep/")], before
+
+    with pytest.raises(NotFound) as missing, sb.files.watch("/root/no-such-dir"):
+        pass
+    assert missing.value.code == "file_not_found"
 
 
 def test_audit(sb: Sandbox, space: Space) -> None:

@@ -10,14 +10,14 @@ import httpx
 import pytest
 from conftest import kill_quietly, new_tenant
 
-from space_sdk import NotFound, Sandbox, Space, SpaceError
+from space_sdk import EgressPolicy, NotFound, Sandbox, Space, SpaceError
 
 
 def test_dockerfile_build_private_template_and_save(
     space: Space, admin_http: httpx.Client, server: tuple[str, str], tmp_path: Path
 ) -> None:
     url, _ = server
-    _, key = new_tenant(admin_http)
+    tenant_name, key = new_tenant(admin_http)
     (tmp_path / "hello.txt").write_text("hello from the sdk\n")
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(
@@ -27,11 +27,21 @@ def test_dockerfile_build_private_template_and_save(
     name = f"sdk-{secrets.token_hex(4)}"
     with Space(url, key) as tenant:
         logs: list[str] = []
-        build = tenant.build_template(name, dockerfile=dockerfile, on_log=logs.append)
+        # The steps need no network: refusing all of it changes nothing.
+        build = tenant.build_template(
+            name, dockerfile=dockerfile, on_log=logs.append, egress=EgressPolicy(default="deny")
+        )
         assert build.state == "succeeded"
         assert build.name == name and build.version == "1"
+        assert build.tenant == tenant_name
         assert "sdk-build-output" in "".join(logs)
-        assert "sdk-build-output" in tenant.build_log(build.id)
+        log = tenant.build_log(build.id)
+        assert "sdk-build-output" in log
+        # Following the log of a build that ended gives all of it, then returns.
+        followed: list[str] = []
+        assert tenant.build_log(build.id, follow=True, on_log=followed.append) == log
+        assert "".join(followed) == log
+        assert tenant.build_log(build.id, start=len(log.encode())) == ""
         assert [b.id for b in tenant.builds()] == [build.id]
         mine = [t for t in tenant.templates() if t.name == name]
         assert len(mine) == 1 and mine[0].owner is not None and mine[0].workdir == "/srv"
