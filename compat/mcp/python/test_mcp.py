@@ -171,25 +171,21 @@ async def test_a_background_process_is_read_later_and_stopped() -> None:
             out = await call(other, "read_process_output", sandbox_id=sid, process_id=pid)
             assert out["stdout"] == "begin\nmiddle\n" and out["stderr"] == "oops\n"
         stopped = await call(client, "stop_process", sandbox_id=sid, process_id=pid)
-        assert stopped["signalled"] is True
-        out = await call(
-            client, "read_process_output", sandbox_id=sid, process_id=pid, wait_seconds=10
-        )
-        assert out["running"] is False
-        assert out["exit_code"] == 143  # the shell reports SIGTERM as 128 + 15
+        # The shell reports SIGTERM as 128 + 15.
+        assert stopped == {"signalled": True, "ended": True, "exit_code": 143}, stopped
+        out = await call(client, "read_process_output", sandbox_id=sid, process_id=pid)
+        assert (out["running"], out["exit_code"]) == (False, 143), out
+        again = await call(client, "stop_process", sandbox_id=sid, process_id=pid)
+        assert again == {"signalled": False, "ended": True, "exit_code": 143}, again
 
         # SIGKILL ends it too, and the status says so.
         hard = await call(client, "start_process", sandbox_id=sid, command="trap '' TERM; sleep 600")
         stopped = await call(
             client, "stop_process", sandbox_id=sid, process_id=hard["process_id"], signal="KILL"
         )
-        assert stopped["signalled"] is True
+        assert stopped == {"signalled": True, "ended": True, "exit_code": 137}, stopped
         out = await call(
-            client,
-            "read_process_output",
-            sandbox_id=sid,
-            process_id=hard["process_id"],
-            wait_seconds=10,
+            client, "read_process_output", sandbox_id=sid, process_id=hard["process_id"]
         )
         assert (out["running"], out["exit_code"]) == (False, 137), out
 
@@ -350,3 +346,35 @@ async def test_one_tenant_cannot_touch_anothers_sandbox() -> None:
         # Still there, and still running, for its owner.
         info = await call(mine, "get_sandbox", sandbox_id=sid)
         assert info["state"] == "running"
+
+
+async def test_create_takes_size_env_egress_and_secrets() -> None:
+    with httpx.Client(base_url=URL, headers={"Authorization": f"Bearer {KEY}"}) as http:
+        resp = http.put(
+            "/v1/secrets/MCP_TOKEN", json={"value": "s3cret-value", "hosts": ["example.com"]}
+        )
+        assert resp.status_code in (200, 201), resp.text
+    async with (
+        connect("stdio") as client,
+        sandbox(
+            client,
+            vcpus=1,
+            memory_mib=512,
+            env={"GREETING": "hello"},
+            egress_allow=["example.com"],
+            secrets=["MCP_TOKEN"],
+            idle_timeout_seconds=600,
+        ) as sid,
+    ):
+        info = await call(client, "get_sandbox", sandbox_id=sid)
+        assert info["memory_mib"] == 512 and info["vcpus"] == 1
+        assert info["egress"]["default"] == "deny" and info["egress"]["allow"] == ["example.com"]
+        assert info["timeouts"]["idle_ms"] == 600_000
+        [binding] = info["secrets"]
+        assert binding["name"] == "MCP_TOKEN"
+        ran = await call(client, "run_command", sandbox_id=sid, command='echo "$GREETING $MCP_TOKEN"')
+        # The VM sees the placeholder, never the value.
+        assert ran["stdout"] == f"hello {binding['placeholder']}\n"
+        assert "s3cret-value" not in ran["stdout"]
+        bad = await call_error(client, "create_sandbox", template="no-such-template")
+        assert "template_not_found" in bad and "list_templates" in bad

@@ -273,8 +273,19 @@ pub async fn read(
     }
 }
 
-/// Signals a background process's whole process group.
-pub async fn stop(conn: &Conn, id: &str, process: &str, signal: &str) -> Result<bool, Failure> {
+/// How a `stop_process` went.
+#[derive(Debug, Serialize)]
+pub struct Stopped {
+    /// Whether the signal was sent (not when the process had ended already).
+    pub signalled: bool,
+    /// Whether the process has ended (it is given 5 seconds after the signal).
+    pub ended: bool,
+    /// Its exit status once ended (128 + the signal's number for one that ended it).
+    pub exit_code: Option<i32>,
+}
+
+/// Signals a background process's whole process group and gives it 5 seconds to end.
+pub async fn stop(conn: &Conn, id: &str, process: &str, signal: &str) -> Result<Stopped, Failure> {
     check_id(process)?;
     if !matches!(signal, "TERM" | "KILL" | "INT" | "HUP") {
         return Err(Failure::local(
@@ -284,10 +295,14 @@ pub async fn stop(conn: &Conn, id: &str, process: &str, signal: &str) -> Result<
     }
     let d = dir(process);
     // SIGKILL takes the wrapper too: the status it would have written is written here.
+    // Exit 4: it had ended already; then the status (if any) is printed either way.
     let script = format!(
-        "[ -f {d}/pid ] || exit 3; [ -f {d}/exit ] && exit 4; p=$(cat {d}/pid); \
-         kill -s {signal} -- -$p 2>/dev/null || kill -s {signal} $p || exit 5; \
-         if [ {signal} = KILL ]; then sleep 0.2; [ -f {d}/exit ] || echo 137 >{d}/exit; fi"
+        "[ -f {d}/pid ] || exit 3; r=0; \
+         if [ -f {d}/exit ]; then r=4; else p=$(cat {d}/pid); \
+         kill -s {signal} -- -$p 2>/dev/null || kill -s {signal} $p 2>/dev/null || r=4; \
+         if [ {signal} = KILL ]; then sleep 0.2; [ -f {d}/exit ] || echo 137 >{d}/exit; fi; fi; \
+         i=0; while [ ! -f {d}/exit ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; \
+         cat {d}/exit 2>/dev/null; exit $r"
     );
     let run = crate::exec::Run {
         command: script,
@@ -298,9 +313,13 @@ pub async fn stop(conn: &Conn, id: &str, process: &str, signal: &str) -> Result<
         max_output: 4096,
     };
     let ran = crate::exec::run(conn, id, run, &Default::default()).await?;
+    let exit_code = ran.stdout.trim().parse::<i32>().ok();
     match ran.exit_code {
-        Some(0) => Ok(true),
-        Some(4) | Some(5) => Ok(false),
+        Some(0) | Some(4) => Ok(Stopped {
+            signalled: ran.exit_code == Some(0),
+            ended: exit_code.is_some(),
+            exit_code,
+        }),
         Some(3) => Err(Failure::local(
             "process_not_found",
             format!("no process {process} in sandbox {id}"),

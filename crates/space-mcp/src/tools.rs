@@ -682,12 +682,21 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
             let a: StopArgs = args(name, raw)?;
             let signal = a.signal.as_deref().unwrap_or("TERM").to_ascii_uppercase();
             let signal = signal.trim_start_matches("SIG").to_owned();
-            let sent = crate::procs::stop(conn, &a.sandbox_id, &a.process_id, &signal).await?;
-            Ok(Done::json(json!({
-                "process_id": a.process_id,
-                "signalled": sent,
-                "note": if sent { "signal sent" } else { "the process had already ended" },
-            })))
+            let stopped = crate::procs::stop(conn, &a.sandbox_id, &a.process_id, &signal).await?;
+            let text = match (stopped.signalled, stopped.exit_code) {
+                (false, _) => format!("process {} had already ended", a.process_id),
+                (true, Some(c)) => {
+                    format!("SIG{signal} sent; process {} ended with {c}", a.process_id)
+                }
+                (true, None) => format!(
+                    "SIG{signal} sent; process {} is still running 5 s later (signal=KILL ends it)",
+                    a.process_id
+                ),
+            };
+            Ok(Done {
+                text,
+                data: serde_json::to_value(stopped).unwrap_or_default(),
+            })
         }
         "read_file" => read_file(conn, args(name, raw)?).await,
         "write_file" => write_file(conn, args(name, raw)?).await,
