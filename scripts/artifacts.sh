@@ -3,7 +3,9 @@
 #   - space-guestd, linked statically (it is /sbin/init in every image)
 #   - the guest kernel (cached by guest/build-kernel.sh)
 #   - the root filesystem images of the stock templates (cached by guest/build-image.sh)
-# The paths land in target/space/env.sh, which the Makefile sources for tests and `space up`.
+# The paths land in target/space/env.sh, which the Makefile sources for tests, and in
+# $SPACE_CACHE/artifacts.json (default ~/.cache/space), where an installed `space up` finds
+# them without any environment (the guestd binary is copied into the cache for that).
 # Usage: scripts/artifacts.sh [minimal|base|all]   (default: all)
 set -euo pipefail
 
@@ -43,6 +45,24 @@ env_file=target/space/env.sh
     [[ -n $base ]] && echo "export SPACE_ROOTFS_BASE='$base'"
 } >"$env_file.tmp"
 mv "$env_file.tmp" "$env_file"
+
+cache=${SPACE_CACHE:-$HOME/.cache/space}
+sum=$(sha256sum "$guestd" | cut -c1-16)
+mkdir -p "$cache/guestd/$sum"
+[[ -x $cache/guestd/$sum/space-guestd ]] || install -m 0755 "$guestd" "$cache/guestd/$sum/space-guestd"
+python3 - "$cache/artifacts.json" "$kernel" "$cache/guestd/$sum/space-guestd" "$minimal" "$base" <<'PY'
+import json, os, sys
+path, kernel, guestd, minimal, base = sys.argv[1:]
+images = {"minimal": minimal}
+if base:
+    images["base"] = base
+doc = {"kernel": kernel, "guestd": guestd, "images": images}
+with open(path + ".tmp", "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+os.replace(path + ".tmp", path)
+PY
+log "recorded in $cache/artifacts.json"
 log "ready: kernel $kernel"
 log "ready: minimal $minimal"
 [[ -n $base ]] && log "ready: base $base"

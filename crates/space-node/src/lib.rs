@@ -33,6 +33,7 @@ pub mod sandbox;
 pub mod scheduler;
 pub mod settings;
 pub mod storage;
+pub mod teardown;
 pub mod template;
 
 pub use admission::AdmissionConfig;

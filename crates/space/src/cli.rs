@@ -18,6 +18,10 @@ pub struct Cli {
     /// Print exactly one JSON value instead of a table (client commands).
     #[arg(long, global = true)]
     pub json: bool,
+    /// The deployment to talk to: a profile of the config file (`space profile ls`; also
+    /// SPACE_PROFILE). `space up` saves its deployment under this name.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub profile: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -28,6 +32,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the API server and a node in one process (the single-host setup).
     Up(UpArgs),
+    /// Stop a deployment and delete its data for good: its VMs, control groups, snapshots,
+    /// templates, state and the loop-mounted image (asks first unless --yes).
+    Purge(PurgeArgs),
     /// Run a control replica: the API over a database and the nodes that joined it.
     Control(ControlArgs),
     /// Run a node (alone, or joined to a control plane with --control), or manage the
@@ -84,6 +91,10 @@ pub enum Command {
     /// Serve the sandbox tools to an agent over MCP on stdin/stdout (with this CLI's URL and
     /// key); `docs/mcp.md` has the agent's configuration.
     Mcp(McpArgs),
+    /// List the deployments the CLI knows (profiles of the config file) or pick the one used
+    /// by default.
+    #[command(subcommand)]
+    Profile(ProfileCmd),
     /// Manage tenants (admin).
     #[command(subcommand)]
     Tenant(TenantCmd),
@@ -101,17 +112,19 @@ pub struct UpArgs {
     /// The address the API listens on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
-    /// The guest kernel (uncompressed vmlinux).
+    /// The guest kernel (uncompressed vmlinux) [default: the one `make artifacts` recorded
+    /// in $SPACE_CACHE/artifacts.json, ~/.cache/space by default].
     #[arg(long, env = "SPACE_KERNEL")]
-    pub kernel: PathBuf,
-    /// A root image templates can be built from, as NAME=PATH (repeatable). Defaults:
-    /// SPACE_ROOTFS_MINIMAL as `minimal`, SPACE_ROOTFS_BASE as `base`.
+    pub kernel: Option<PathBuf>,
+    /// A root image templates can be built from, as NAME=PATH (repeatable) [default:
+    /// SPACE_ROOTFS_MINIMAL as `minimal` and SPACE_ROOTFS_BASE as `base`, else the images
+    /// recorded in the artifacts file].
     #[arg(long = "image", value_name = "NAME=PATH")]
     pub images: Vec<String>,
-    /// Stock templates to build when missing, comma-separated (default: one per image).
+    /// Stock templates to build when missing, comma-separated [default: one per image].
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub templates: Option<Vec<String>>,
-    /// Warm VMs kept ready per stock template (default: the node's).
+    /// Warm VMs kept ready per stock template [default: 2].
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
     /// The largest file upload in bytes (default 1 GiB).
@@ -347,6 +360,17 @@ pub struct TemplateBuildArgs {
     pub no_follow: bool,
 }
 
+/// `space purge`.
+#[derive(Debug, Args)]
+pub struct PurgeArgs {
+    /// The deployment's data directory.
+    #[arg(long, default_value = "/var/lib/space")]
+    pub data_dir: PathBuf,
+    /// Do not ask: delete at once.
+    #[arg(long)]
+    pub yes: bool,
+}
+
 /// `space mcp`.
 #[derive(Debug, Args)]
 pub struct McpArgs {
@@ -405,6 +429,23 @@ pub struct CreateArgs {
     /// Refuse egress to hosts no allow rule names (the default is to allow them).
     #[arg(long)]
     pub default_deny: bool,
+}
+
+/// `space profile ...`.
+#[derive(Debug, Subcommand)]
+pub enum ProfileCmd {
+    /// List the profiles (the current one marked with `*`).
+    Ls,
+    /// Make a profile the one used when no --profile is given.
+    Use {
+        /// The profile's name.
+        name: String,
+    },
+    /// Forget a profile (its key is deleted from the config file).
+    Rm {
+        /// The profile's name.
+        name: String,
+    },
 }
 
 /// `space secret ...`.

@@ -2,9 +2,14 @@
 //!
 //! The URL and the key come from `SPACE_URL` / `SPACE_API_KEY`, else from the config file:
 //! `$SPACE_CONFIG`, else `$XDG_CONFIG_HOME/space/config.json`, else
-//! `~/.config/space/config.json`, holding `{"url": ..., "api_key": ...}`. `space up` writes
-//! the same file on its first start.
+//! `~/.config/space/config.json`, holding `{"url": ..., "api_key": ...}` (the `default`
+//! profile) and, for other deployments, `"profiles": {"NAME": {"url", "api_key"}}` with
+//! `"current": NAME` naming the one used when no `--profile` (or `SPACE_PROFILE`) is given.
+//! `space up` writes its deployment's profile there; it makes it the current one only when
+//! there is no other yet, so starting a second deployment never takes the CLI away from the
+//! first.
 
+use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
@@ -18,15 +23,102 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7070";
 /// The largest config file read (it holds two short strings).
 const MAX_CONFIG_BYTES: u64 = 64 * 1024;
 
+/// The name of the profile the top-level `url` and `api_key` are.
+pub const DEFAULT_PROFILE: &str = "default";
+
 /// The contents of the config file.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ConfigFile {
+    /// The API base URL of the `default` profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// The API key of the `default` profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<String>,
+    /// The profile used when none is named (`default` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current: Option<String>,
+    /// The other profiles, by name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// One deployment the CLI talks to.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Profile {
     /// The API base URL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
     /// The API key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<String>,
+}
+
+/// Whether `name` can be a profile name: 1 to 64 of `[A-Za-z0-9._-]`.
+pub fn is_profile_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl ConfigFile {
+    /// The profile `name` (`default`: the top-level fields).
+    pub fn profile(&self, name: &str) -> Option<Profile> {
+        if name == DEFAULT_PROFILE {
+            return Some(Profile {
+                url: self.url.clone(),
+                api_key: self.api_key.clone(),
+            });
+        }
+        self.profiles.get(name).cloned()
+    }
+
+    /// Sets profile `name`, keeping a key it already has when `profile` has none.
+    pub fn set_profile(&mut self, name: &str, profile: Profile) {
+        if name == DEFAULT_PROFILE {
+            self.url = profile.url.or(self.url.take());
+            self.api_key = profile.api_key.or(self.api_key.take());
+        } else {
+            let slot = self.profiles.entry(name.to_owned()).or_default();
+            slot.url = profile.url.or(slot.url.take());
+            slot.api_key = profile.api_key.or(slot.api_key.take());
+        }
+    }
+
+    /// Whether any profile is configured.
+    pub fn is_empty(&self) -> bool {
+        self.url.is_none() && self.api_key.is_none() && self.profiles.is_empty()
+    }
+
+    /// The names of every profile.
+    pub fn names(&self) -> Vec<String> {
+        let mut names = Vec::new();
+        if self.url.is_some() || self.api_key.is_some() {
+            names.push(DEFAULT_PROFILE.to_owned());
+        }
+        names.extend(self.profiles.keys().cloned());
+        names
+    }
+}
+
+/// The profile named by `--profile` or `SPACE_PROFILE`, if any (set by `main`).
+static CHOSEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Records the `--profile` flag (before any settings are loaded).
+pub fn choose_profile(flag: Option<String>) {
+    let chosen = flag.or_else(|| {
+        std::env::var("SPACE_PROFILE")
+            .ok()
+            .filter(|v| !v.is_empty())
+    });
+    let _ = CHOSEN.set(chosen);
+}
+
+/// The profile explicitly chosen, if any.
+pub fn chosen_profile() -> Option<String> {
+    CHOSEN.get().cloned().flatten()
 }
 
 /// What a client command connects with.
@@ -115,8 +207,23 @@ pub fn load() -> Result<Settings> {
     } else {
         read(&config_path()?)?
     };
+    let name = chosen_profile()
+        .or_else(|| file.current.clone())
+        .unwrap_or_else(|| DEFAULT_PROFILE.to_owned());
+    let profile = match file.profile(&name) {
+        Some(p) => p,
+        None if env_url.is_some() && env_key.is_some() => Profile::default(),
+        None => bail!(
+            "no profile {name:?} in {} (profiles: {})",
+            config_path()?.display(),
+            match file.names() {
+                n if n.is_empty() => "none".to_owned(),
+                n => n.join(", "),
+            }
+        ),
+    };
     let url = env_url
-        .or(file.url)
+        .or(profile.url)
         .unwrap_or_else(|| DEFAULT_URL.to_owned());
     let url = url.trim_end_matches('/').to_owned();
     if !(url.starts_with("http://") || url.starts_with("https://")) {
@@ -124,7 +231,7 @@ pub fn load() -> Result<Settings> {
     }
     Ok(Settings {
         url,
-        api_key: env_key.or(file.api_key),
+        api_key: env_key.or(profile.api_key),
     })
 }
 
@@ -137,10 +244,18 @@ mod tests {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = std::env::temp_dir().join(format!("space-config-test-{}", std::process::id()));
         let path = dir.join("nested").join("config.json");
-        let config = ConfigFile {
+        let mut config = ConfigFile {
             url: Some("http://127.0.0.1:1".into()),
             api_key: Some("space_k_secret".into()),
+            ..Default::default()
         };
+        config.set_profile(
+            "staging",
+            Profile {
+                url: Some("http://127.0.0.1:2".into()),
+                api_key: Some("space_k_other".into()),
+            },
+        );
         write(&path, &config).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         let back = read(&path).unwrap();
@@ -152,5 +267,42 @@ mod tests {
         assert_eq!(back, config);
         assert_eq!(missing, ConfigFile::default());
         assert!(broken.is_err());
+    }
+
+    #[test]
+    fn profiles_keep_their_keys_and_the_default_is_the_top_level() {
+        let mut c = ConfigFile::default();
+        assert!(c.is_empty() && c.names().is_empty());
+        c.set_profile(
+            "default",
+            Profile {
+                url: Some("http://a".into()),
+                api_key: Some("ka".into()),
+            },
+        );
+        c.set_profile(
+            "b",
+            Profile {
+                url: Some("http://b".into()),
+                api_key: Some("kb".into()),
+            },
+        );
+        // A later start gives the URL only: the key stays.
+        c.set_profile(
+            "b",
+            Profile {
+                url: Some("http://b2".into()),
+                api_key: None,
+            },
+        );
+        assert_eq!(c.url.as_deref(), Some("http://a"));
+        let b = c.profile("b").unwrap();
+        assert_eq!(
+            (b.url.as_deref(), b.api_key.as_deref()),
+            (Some("http://b2"), Some("kb"))
+        );
+        assert_eq!(c.names(), ["default", "b"]);
+        assert!(c.profile("c").is_none());
+        assert!(is_profile_name("var-tmp-d1") && !is_profile_name("a/b") && !is_profile_name(""));
     }
 }

@@ -1,6 +1,7 @@
 //! The `space` command line: `space up` runs the platform on one host; every other command
 //! is a client of its HTTP API (`docs/api.md`, `docs/cli.md`).
 
+mod artifacts;
 mod cli;
 mod client;
 mod commands;
@@ -18,6 +19,14 @@ use crate::client::ApiError;
 
 fn main() {
     let cli = Cli::parse();
+    if let Some(p) = &cli.profile {
+        if !config::is_profile_name(p) {
+            fail(&anyhow::anyhow!(
+                "--profile {p:?} is not a profile name (1 to 64 of A-Z a-z 0-9 . _ -)"
+            ));
+        }
+    }
+    config::choose_profile(cli.profile.clone());
     let server_role = match &cli.command {
         Command::Up(_) | Command::Control(_) => true,
         Command::Node(a) => a.cmd.is_none(),
@@ -46,6 +55,7 @@ fn main() {
             Command::Up(a) => up::up(a).await.map(|()| 0),
             Command::Node(a) if a.cmd.is_none() => up::node(a).await.map(|()| 0),
             Command::Control(a) => up::control(a).await.map(|()| 0),
+            Command::Purge(a) => up::purge(a).await.map(|()| 0),
             other => commands::run(other, json).await,
         }
     });

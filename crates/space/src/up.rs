@@ -12,11 +12,16 @@ use space_control::server::{
 };
 use space_node::{Node, NodeConfig, PoolConfig, TemplateName};
 
-use crate::cli::{ControlArgs, NodeArgs, UpArgs};
-use crate::config::{self, ConfigFile};
+use crate::artifacts::Artifacts;
+use crate::cli::{ControlArgs, NodeArgs, PurgeArgs, UpArgs};
+use crate::config;
 
-/// Parses the `--image NAME=PATH` arguments and adds the defaults from the environment.
-fn images(args: &[String]) -> Result<BTreeMap<String, PathBuf>> {
+/// `space up`'s data directory when none is given.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/space";
+
+/// Parses the `--image NAME=PATH` arguments; without any, the images of the environment
+/// (`SPACE_ROOTFS_MINIMAL`, `SPACE_ROOTFS_BASE`), else those of the artifacts record.
+fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, PathBuf>> {
     let mut images = BTreeMap::new();
     for a in args {
         let Some((name, path)) = a.split_once('=') else {
@@ -37,11 +42,11 @@ fn images(args: &[String]) -> Result<BTreeMap<String, PathBuf>> {
             }
         }
     }
+    if images.is_empty() && args.is_empty() {
+        images = recorded.images();
+    }
     if images.is_empty() {
-        bail!(
-            "no root images: pass --image NAME=PATH or set SPACE_ROOTFS_MINIMAL (`make up` \
-             builds the images and sets it)"
-        );
+        bail!("no root images: {}", crate::artifacts::how_to_build());
     }
     for (name, path) in &images {
         if !path.is_file() {
@@ -102,13 +107,9 @@ async fn stop_signal() -> Result<&'static str> {
 
 /// `space up`.
 pub async fn up(a: UpArgs) -> Result<()> {
-    if !a.kernel.is_file() {
-        bail!(
-            "the kernel {} does not exist (`make up` builds it and sets SPACE_KERNEL)",
-            a.kernel.display()
-        );
-    }
-    let images = images(&a.images)?;
+    let recorded = crate::artifacts::load()?;
+    let kernel = recorded.kernel(a.kernel.clone())?;
+    let images = images(&a.images, &recorded)?;
     let archive = archive_settings(
         &a.archive,
         Some(StoreConfig::Local(a.data_dir.join("objects"))),
@@ -140,10 +141,10 @@ pub async fn up(a: UpArgs) -> Result<()> {
     let cfg = ServerConfig {
         node,
         listen: a.listen,
-        kernel: a.kernel.clone(),
+        kernel,
         images,
         stock_templates: templates.clone(),
-        guestd: std::env::var_os("SPACE_GUESTD").map(PathBuf::from),
+        guestd: recorded.guestd(),
         max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         archive,
@@ -163,9 +164,10 @@ pub async fn up(a: UpArgs) -> Result<()> {
     let server = Server::start(cfg).await.context("starting the server")?;
     let url = server.url();
     let config_path = config::config_path()?;
+    let profile = deployment_profile(&a.data_dir);
     match server.bootstrap_key() {
         Some(key) => {
-            let saved = save_config(&config_path, &url, Some(key));
+            let saved = save_config(&config_path, &profile, &url, Some(key));
             println!("space is up at {url}");
             println!();
             println!("Admin API key (shown only this once; keep it safe):");
@@ -173,9 +175,10 @@ pub async fn up(a: UpArgs) -> Result<()> {
             println!("    {key}");
             println!();
             match saved {
-                Ok(()) => println!(
-                    "Saved with the URL in {} (mode 0600): the `space` CLI works right away.",
-                    config_path.display()
+                Ok(current) => println!(
+                    "Saved with the URL in {} (mode 0600): {}.",
+                    config_path.display(),
+                    profile_hint(&profile, current)
                 ),
                 Err(e) => eprintln!(
                     "space: could not save the CLI config in {}: {e:#}; set SPACE_URL and \
@@ -185,8 +188,13 @@ pub async fn up(a: UpArgs) -> Result<()> {
             }
         }
         None => {
-            if let Err(e) = save_config(&config_path, &url, None) {
-                eprintln!("space: could not update {}: {e:#}", config_path.display());
+            match save_config(&config_path, &profile, &url, None) {
+                Ok(current) => {
+                    if !current {
+                        println!("The CLI reaches it {}.", profile_hint(&profile, false));
+                    }
+                }
+                Err(e) => eprintln!("space: could not update {}: {e:#}", config_path.display()),
             }
             println!("space is up at {url}");
             println!(
@@ -203,19 +211,161 @@ pub async fn up(a: UpArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes the URL (and the key, when given) into the CLI config file, keeping what else it
-/// holds: a later start does not erase the key the first one saved.
-fn save_config(path: &Path, url: &str, key: Option<&str>) -> Result<()> {
+/// The CLI profile a deployment on `data_dir` is saved as: `--profile` when given, else
+/// `default` for the default data directory, else the directory's path as a name
+/// (`/srv/space/b` is `srv-space-b`).
+fn deployment_profile(data_dir: &Path) -> String {
+    if let Some(p) = config::chosen_profile() {
+        return p;
+    }
+    if data_dir == Path::new(DEFAULT_DATA_DIR) {
+        return config::DEFAULT_PROFILE.to_owned();
+    }
+    let flat: String = data_dir
+        .to_string_lossy()
+        .trim_matches('/')
+        .chars()
+        .map(|c| match c {
+            '/' => '-',
+            c if c.is_ascii_alphanumeric() || "._-".contains(c) => c,
+            _ => '_',
+        })
+        .collect();
+    // The end of a long path tells deployments apart better than its start.
+    let start = flat.len().saturating_sub(64);
+    let name = flat[start..].trim_start_matches(['-', '.']).to_owned();
+    if config::is_profile_name(&name) {
+        name
+    } else {
+        config::DEFAULT_PROFILE.to_owned()
+    }
+}
+
+/// Saves the URL (and the key, when given) as profile `name` of the CLI config file, keeping
+/// everything else it holds: a later start does not erase the key the first one saved, and
+/// another deployment's profile is left alone. The profile becomes the current one when the
+/// file held no other. Answers whether it is the current profile.
+fn save_config(path: &Path, name: &str, url: &str, key: Option<&str>) -> Result<bool> {
     let mut file = config::read(path).unwrap_or_default();
-    if key.is_none() && file == ConfigFile::default() && !path.exists() {
-        // Nothing to keep and no key to give: a file with only a URL helps nobody.
-        return Ok(());
+    if key.is_none()
+        && file
+            .profile(name)
+            .is_none_or(|p| p.url.is_none() && p.api_key.is_none())
+    {
+        // Nothing to keep and no key to give: a profile with only a URL helps nobody.
+        return Ok(false);
     }
-    file.url = Some(url.to_owned());
-    if let Some(k) = key {
-        file.api_key = Some(k.to_owned());
+    let first = file.is_empty();
+    file.set_profile(
+        name,
+        config::Profile {
+            url: Some(url.to_owned()),
+            api_key: key.map(str::to_owned),
+        },
+    );
+    if first && name != config::DEFAULT_PROFILE {
+        file.current = Some(name.to_owned());
     }
-    config::write(path, &file)
+    let current = file.current.as_deref().unwrap_or(config::DEFAULT_PROFILE) == name;
+    config::write(path, &file)?;
+    Ok(current)
+}
+
+/// Tells how the CLI reaches profile `name`.
+fn profile_hint(name: &str, current: bool) -> String {
+    if current {
+        format!("the `space` CLI works right away (profile {name})")
+    } else {
+        format!(
+            "as profile {name}: `space --profile {name} ...` or SPACE_PROFILE={name} \
+             (`space profile use {name}` makes it the default)"
+        )
+    }
+}
+
+/// `space purge`: stops the deployment on a data directory and deletes everything of it.
+pub async fn purge(a: PurgeArgs) -> Result<()> {
+    use space_node::teardown;
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    let data = std::path::absolute(&a.data_dir)
+        .with_context(|| format!("resolving {}", a.data_dir.display()))?;
+    if data.parent().is_none() || !data.exists() {
+        bail!("{} is not a data directory of space", data.display());
+    }
+    // Only a directory space made: it has the node's layout (or is its loop mount).
+    let ours = ["sandboxes", "templates", "state", "node.json"]
+        .iter()
+        .any(|p| data.join(p).exists())
+        || teardown::is_mount_point(&data);
+    if !ours {
+        bail!(
+            "{} holds no sandboxes, templates or state of space: not deleting it",
+            data.display()
+        );
+    }
+    let vms = teardown::vms_of(&data).len();
+    if !a.yes {
+        if !std::io::stdin().is_terminal() {
+            bail!(
+                "purging deletes {} for good: pass --yes to confirm",
+                data.display()
+            );
+        }
+        eprint!(
+            "This stops the deployment on {} and deletes its sandboxes ({vms} VMs running), \
+             snapshots, templates and state for good.\nType the directory's path to confirm: ",
+            data.display()
+        );
+        std::io::stderr().flush().ok();
+        let mut line = String::new();
+        std::io::stdin().lock().read_line(&mut line)?;
+        if line.trim() != data.to_string_lossy() {
+            bail!("not confirmed: nothing was deleted");
+        }
+    }
+    if let Some((pid, cmdline)) = teardown::server_of(&data) {
+        eprintln!("space purge: stopping the server using it (pid {pid}: {cmdline})");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while teardown::server_of(&data).is_some() {
+            if std::time::Instant::now() > deadline {
+                bail!("the server (pid {pid}) did not stop within 60 s: nothing was deleted");
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+    let done = tokio::task::spawn_blocking(move || teardown::purge(&data))
+        .await
+        .context("the purge task")??;
+    eprintln!(
+        "space purge: {} VMs killed, {} control groups removed, {} subvolumes deleted{}",
+        done.vms_killed,
+        done.cgroups_removed,
+        done.subvolumes_deleted,
+        match &done.image_removed {
+            Some(i) => format!(", image {} unmounted and deleted", i.display()),
+            None => String::new(),
+        }
+    );
+    // The deployment's CLI profile goes with it.
+    let name = deployment_profile(&a.data_dir);
+    if let Ok(path) = config::config_path() {
+        if let Ok(mut file) = config::read(&path) {
+            if name != config::DEFAULT_PROFILE && file.profiles.remove(&name).is_some() {
+                if file.current.as_deref() == Some(name.as_str()) {
+                    file.current = None;
+                }
+                if config::write(&path, &file).is_ok() {
+                    eprintln!("space purge: CLI profile {name} removed");
+                }
+            }
+        }
+    }
+    println!("purged {}", a.data_dir.display());
+    Ok(())
 }
 
 /// `space node`: the node services, joined to a control plane with `--control` (serving the
@@ -256,14 +406,22 @@ async fn member(
     control: String,
     secrets: std::sync::Arc<space_node::settings::SecretValues>,
 ) -> Result<()> {
-    let images = if a.images.is_empty() && std::env::var_os("SPACE_ROOTFS_MINIMAL").is_none() {
+    let recorded = crate::artifacts::load()?;
+    let images = if a.images.is_empty()
+        && std::env::var_os("SPACE_ROOTFS_MINIMAL").is_none()
+        && recorded.images().is_empty()
+    {
         BTreeMap::new()
     } else {
-        images(&a.images)?
+        images(&a.images, &recorded)?
     };
-    let kernel = a.kernel.clone().unwrap_or_default();
+    let kernel = a
+        .kernel
+        .clone()
+        .or_else(|| recorded.kernel.clone())
+        .unwrap_or_default();
     let local = space_node::LocalNode::new(node.clone(), kernel.clone(), images.clone())
-        .with_guestd(std::env::var_os("SPACE_GUESTD").map(PathBuf::from))
+        .with_guestd(recorded.guestd())
         .with_secrets(secrets);
     // Stock templates: built once in the cluster, from this node's images.
     let mut builds = Vec::new();
@@ -380,13 +538,47 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let img = dir.join("x.ext4");
         std::fs::write(&img, b"x").unwrap();
-        let good = images(&[format!("x={}", img.display())]);
-        let missing = images(&[format!("y={}", dir.join("nope").display())]);
-        let malformed = images(&["novalue".into()]);
+        let good = images(&[format!("x={}", img.display())], &Artifacts::default());
+        let missing = images(
+            &[format!("y={}", dir.join("nope").display())],
+            &Artifacts::default(),
+        );
+        let malformed = images(&["novalue".into()], &Artifacts::default());
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(good.unwrap().get("x"), Some(&img));
         assert!(missing.unwrap_err().to_string().contains("does not exist"));
         assert!(malformed.is_err());
+    }
+
+    #[test]
+    fn deployments_get_profiles_of_their_own_and_the_first_stays_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        assert_eq!(deployment_profile(Path::new(DEFAULT_DATA_DIR)), "default");
+        let b = deployment_profile(Path::new("/srv/space b/data"));
+        assert_eq!(b, "srv-space_b-data");
+        assert!(save_config(&path, "default", "http://a", Some("ka")).unwrap());
+        assert!(!save_config(&path, &b, "http://b", Some("kb")).unwrap());
+        // A restart of b (no new key) keeps b's key, and a's profile stays as it was.
+        assert!(!save_config(&path, &b, "http://b:2", None).unwrap());
+        let file = config::read(&path).unwrap();
+        assert_eq!(
+            (file.url.as_deref(), file.api_key.as_deref()),
+            (Some("http://a"), Some("ka"))
+        );
+        let pb = file.profile(&b).unwrap();
+        assert_eq!(
+            (pb.url.as_deref(), pb.api_key.as_deref()),
+            (Some("http://b:2"), Some("kb"))
+        );
+        assert_eq!(file.current, None);
+        // On an empty file the first deployment is the current one, whatever its name.
+        let other = dir.path().join("other.json");
+        assert!(save_config(&other, &b, "http://b", Some("kb")).unwrap());
+        assert_eq!(
+            config::read(&other).unwrap().current.as_deref(),
+            Some(b.as_str())
+        );
     }
 
     #[test]

@@ -93,15 +93,31 @@ def _read_config(path: Path) -> dict[str, Any]:
     return parsed
 
 
+def _profile(path: Path, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The profile of the CLI's configuration to use: ``$SPACE_PROFILE``, else the file's
+    ``current``, else ``default`` (the file's top-level ``url`` and ``api_key``)."""
+    name = os.environ.get("SPACE_PROFILE") or cfg.get("current") or "default"
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: 'current' should be a string")
+    if name == "default":
+        return cfg
+    profiles = cfg.get("profiles")
+    profile = profiles.get(name) if isinstance(profiles, dict) else None
+    if not isinstance(profile, dict):
+        known = sorted(profiles) if isinstance(profiles, dict) else []
+        raise ConfigError(f"{path} has no profile {name!r} (profiles: {', '.join(known) or 'none'})")
+    return profile
+
+
 def resolve_config(url: str | None, api_key: str | None) -> tuple[str, str | None]:
     """Finds the server URL and API key: arguments first, then ``SPACE_URL`` /
-    ``SPACE_API_KEY``, then the CLI's configuration file; the URL defaults to
-    :data:`DEFAULT_URL`."""
+    ``SPACE_API_KEY``, then the CLI's configuration file (its profile ``$SPACE_PROFILE``, else
+    its current one); the URL defaults to :data:`DEFAULT_URL`."""
     url = url or os.environ.get("SPACE_URL") or None
     api_key = api_key or os.environ.get("SPACE_API_KEY") or None
     if url is None or api_key is None:
         path = config_path()
-        cfg = _read_config(path)
+        cfg = _profile(path, _read_config(path))
         if url is None:
             value = cfg.get("url")
             if value is not None and not isinstance(value, str):

@@ -79,6 +79,32 @@ def test_unreachable_server_is_a_connection_error() -> None:
     assert "127.0.0.1:9" in str(info.value)
 
 
+def test_configuration_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(
+        json.dumps(
+            {
+                "url": "http://default.example:1",
+                "api_key": "k-default",
+                "current": "b",
+                "profiles": {"b": {"url": "http://b.example:2", "api_key": "k-b"}},
+            }
+        )
+    )
+    monkeypatch.setenv("SPACE_CONFIG", str(cfg))
+    for var in ("SPACE_URL", "SPACE_API_KEY", "SPACE_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    with Space() as c:
+        assert (c.url, c.api_key) == ("http://b.example:2", "k-b")
+    monkeypatch.setenv("SPACE_PROFILE", "default")
+    with Space() as c:
+        assert (c.url, c.api_key) == ("http://default.example:1", "k-default")
+    monkeypatch.setenv("SPACE_PROFILE", "nope")
+    with pytest.raises(SpaceError) as info:
+        Space()
+    assert "no profile 'nope'" in str(info.value) and "b" in str(info.value)
+
+
 def test_configuration_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps({"url": "http://file.example:1/", "api_key": "from-file"}))

@@ -5,6 +5,7 @@ mod exec;
 mod files;
 mod mcp;
 mod net;
+mod profile;
 mod sandbox;
 mod shell;
 mod templates;
@@ -20,13 +21,18 @@ use crate::config;
 
 /// Runs a client command; returns the process exit code.
 pub async fn run(command: Command, json: bool) -> Result<i32> {
+    if let Command::Profile(cmd) = command {
+        profile::profile(cmd, json)?;
+        return Ok(0);
+    }
     let client = Client::new(&config::load()?)?;
     let c = &client;
     match command {
         Command::Node(crate::cli::NodeArgs { cmd: Some(cmd), .. }) => {
             admin::node(c, cmd, json).await?
         }
-        Command::Up(_) | Command::Control(_) | Command::Node(_) => {
+        Command::Profile(_) => unreachable!("handled above"),
+        Command::Up(_) | Command::Control(_) | Command::Node(_) | Command::Purge(_) => {
             unreachable!("server roles are dispatched in main")
         }
         Command::Template(cmd) => templates::template(c, cmd, json).await?,

@@ -41,6 +41,9 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// Arguments of `space up` besides the data directory and the address.
     up_args: Vec<String>,
+    /// Started without the artifact paths in its environment (it finds them as an installed
+    /// binary does, in the artifacts record of the cache).
+    bare: bool,
     child: Option<Child>,
     tmp: Option<tempfile::TempDir>,
 }
@@ -81,6 +84,16 @@ impl TestServer {
     pub fn start_with(up_args: Vec<String>) -> TestServer {
         env_path("SPACE_KERNEL");
         env_path("SPACE_ROOTFS_MINIMAL");
+        Self::launch(up_args, false)
+    }
+
+    /// `space up` with only `--data-dir`, `--listen` and `up_args`, and none of the artifact
+    /// variables (`SPACE_KERNEL`, `SPACE_ROOTFS_*`, `SPACE_GUESTD`) in its environment.
+    pub fn start_bare(up_args: Vec<String>) -> TestServer {
+        Self::launch(up_args, true)
+    }
+
+    fn launch(up_args: Vec<String>, bare: bool) -> TestServer {
         let tmp = tempfile::Builder::new()
             .prefix("space-e2e")
             .tempdir_in("/var/tmp")
@@ -95,6 +108,7 @@ impl TestServer {
             data_dir,
             addr,
             up_args,
+            bare,
             child: None,
             tmp: Some(tmp),
         };
@@ -182,7 +196,18 @@ impl TestServer {
             .append(true)
             .open(&self.log_path)
             .expect("opening the server log");
-        let child = Command::new(space_bin())
+        let mut cmd = Command::new(space_bin());
+        if self.bare {
+            for var in [
+                "SPACE_KERNEL",
+                "SPACE_ROOTFS_MINIMAL",
+                "SPACE_ROOTFS_BASE",
+                "SPACE_GUESTD",
+            ] {
+                cmd.env_remove(var);
+            }
+        }
+        let child = cmd
             .arg("up")
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -231,7 +256,12 @@ impl TestServer {
         loop {
             if let Ok(text) = std::fs::read_to_string(&self.config_path) {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-                    if let Some(key) = v.get("api_key").and_then(|k| k.as_str()) {
+                    // The current profile's key (`space up` saves a deployment as a profile).
+                    let profile = match v.get("current").and_then(|c| c.as_str()) {
+                        Some(name) => &v["profiles"][name],
+                        None => &v,
+                    };
+                    if let Some(key) = profile.get("api_key").and_then(|k| k.as_str()) {
                         return key.to_owned();
                     }
                 }
@@ -248,7 +278,7 @@ impl TestServer {
 
     /// SIGINT, then SIGKILL when the server does not exit in time. Returns the exit status
     /// of a server that stopped on SIGINT, `None` when it had to be killed or was not running.
-    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
         let mut child = self.child.take()?;
         let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
         let deadline = Instant::now() + STOP_TIMEOUT;
@@ -413,7 +443,7 @@ pub fn assert_pytest_passed(output: &str) {
 /// them to go.
 pub fn kill_qemus_under(data: &Path) {
     for _ in 0..100 {
-        let pids = qemus_under(data);
+        let pids = space_node::teardown::vms_of(data);
         if pids.is_empty() {
             return;
         }
@@ -422,44 +452,6 @@ pub fn kill_qemus_under(data: &Path) {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn qemus_under(data: &Path) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let needle = data.as_os_str().as_encoded_bytes().to_vec();
-    let dirs: Vec<(u64, u64)> = std::fs::read_dir(data.join("sandboxes"))
-        .map(|e| {
-            e.filter_map(|e| {
-                let m = std::fs::metadata(e.ok()?.path()).ok()?;
-                Some((m.dev(), m.ino()))
-            })
-            .collect()
-        })
-        .unwrap_or_default();
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    procs
-        .filter_map(|e| {
-            let e = e.ok()?;
-            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
-            let comm = std::fs::read_to_string(e.path().join("comm")).ok()?;
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            if !comm.starts_with("qemu") || stat.contains(") Z ") {
-                return None;
-            }
-            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-            let in_cmdline = cmdline
-                .windows(needle.len())
-                .any(|w| w == needle.as_slice());
-            let under = |l: &str| {
-                std::fs::read_link(e.path().join(l)).is_ok_and(|p| p.starts_with(data))
-                    || std::fs::metadata(e.path().join(l))
-                        .is_ok_and(|m| dirs.contains(&(m.dev(), m.ino())))
-            };
-            (in_cmdline || under("root") || under("cwd")).then_some(pid)
-        })
-        .collect()
 }
 
 /// Unmounts the loop-mounted btrfs image over `data` (`<data>.btrfs.img`, which the temporary
