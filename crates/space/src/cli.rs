@@ -134,6 +134,12 @@ pub struct UpArgs {
     /// (repeatable; for tests and private upstreams).
     #[arg(long = "extra-root", value_name = "PEM")]
     pub extra_roots: Vec<PathBuf>,
+    /// A PEM file of CA certificates sandboxes trust (their system store and the usual
+    /// variables) and the gateway trusts for upstreams, for a TLS-inspecting proxy or a
+    /// private PKI (repeatable; `none`: only the deployment's own CA) [default: the host's
+    /// locally added CAs, the *.crt files under /usr/local/share/ca-certificates].
+    #[arg(long = "guest-ca", value_name = "PEM")]
+    pub guest_cas: Vec<PathBuf>,
     /// The object store.
     #[command(flatten)]
     pub archive: ArchiveArgs,
@@ -235,6 +241,11 @@ pub struct NodeArgs {
     /// Warm VMs kept ready per stock template (default: the node's).
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+    /// A PEM file of CA certificates sandboxes (and the gateway, for upstreams) trust
+    /// (repeatable; `none`: only the deployment's own CA) [default: the host's locally added
+    /// CAs, the *.crt files under /usr/local/share/ca-certificates].
+    #[arg(long = "guest-ca", value_name = "PEM")]
+    pub guest_cas: Vec<PathBuf>,
 }
 
 /// `space node ls|token|drain|remove`.

@@ -94,6 +94,77 @@ fn archive_settings(
     Ok(Some(s))
 }
 
+/// Where the host's locally added CA certificates are: `$SPACE_HOST_CA_DIR`, else Debian's
+/// (and Ubuntu's) `/usr/local/share/ca-certificates`.
+fn host_ca_dir() -> PathBuf {
+    std::env::var_os("SPACE_HOST_CA_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/local/share/ca-certificates"))
+}
+
+/// The `*.crt` files under `dir` (and its subdirectories, as `update-ca-certificates` reads
+/// them), sorted.
+fn crt_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "crt") && p.is_file() {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The operator's network: the CAs sandboxes trust (`--guest-ca`, by default the host's
+/// locally added ones) and the host's HTTP proxy for upstreams (`HTTPS_PROXY`, `NO_PROXY`).
+fn corporate_network(
+    gateway: &mut space_node::gateway::GatewayConfig,
+    given: &[PathBuf],
+) -> Result<()> {
+    let cas = if given.iter().any(|p| p.as_os_str() == "none") {
+        if given.len() > 1 {
+            bail!("--guest-ca none cannot be combined with other --guest-ca files");
+        }
+        Vec::new()
+    } else if given.is_empty() {
+        crt_files(&host_ca_dir())
+    } else {
+        for p in given {
+            if !p.is_file() {
+                bail!("--guest-ca {} does not exist", p.display());
+            }
+        }
+        given.to_vec()
+    };
+    if !cas.is_empty() {
+        eprintln!(
+            "space: sandboxes trust these CAs besides the deployment's: {}",
+            cas.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    gateway.guest_cas = cas;
+    gateway.upstream_proxy = space_node::gateway::upstream::Proxy::from_env()
+        .map_err(|e| anyhow::anyhow!("HTTPS_PROXY: {e}"))?;
+    if let Some(p) = &gateway.upstream_proxy {
+        eprintln!(
+            "space: the gateway reaches upstreams through the proxy {} ({} NO_PROXY entries)",
+            p.authority,
+            p.bypass.len()
+        );
+    }
+    Ok(())
+}
+
 /// Waits for Ctrl-C or SIGTERM.
 async fn stop_signal() -> Result<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
@@ -138,6 +209,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
     // The secret source and the audit sink of the gateway come from the server (the vault
     // lives there); the extra roots are for upstreams with a private CA.
     node.gateway.extra_roots = a.extra_roots.clone();
+    corporate_network(&mut node.gateway, &a.guest_cas)?;
     let cfg = ServerConfig {
         node,
         listen: a.listen,
@@ -375,6 +447,7 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     if let Some(n) = a.pool_size {
         pool_size(&mut cfg.pools, n, &[])?;
     }
+    corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.
     let secrets = std::sync::Arc::new(space_node::settings::SecretValues::default());
     if a.control.is_some() {

@@ -208,6 +208,39 @@ impl Authority {
     }
 }
 
+/// The certificates of a PEM file, as PEM again (whatever else the file holds, comments or
+/// keys, is left out); an unreadable file or one without a certificate is an error naming it.
+pub fn read_certificates(path: &Path) -> Result<String, GatewayError> {
+    use base64::Engine as _;
+    let pem = std::fs::read(path).map_err(|source| GatewayError::Io {
+        op: "reading",
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = String::new();
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()) {
+        let cert = cert.map_err(|source| GatewayError::Io {
+            op: "parsing",
+            path: path.to_owned(),
+            source,
+        })?;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        out.push_str("-----BEGIN CERTIFICATE-----\n");
+        for chunk in b64.as_bytes().chunks(64) {
+            out.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+            out.push('\n');
+        }
+        out.push_str("-----END CERTIFICATE-----\n");
+    }
+    if out.is_empty() {
+        return Err(GatewayError::Tls(format!(
+            "{} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(out)
+}
+
 /// The TLS client configuration for upstreams: the system's roots (webpki-roots when the
 /// system has none) plus the PEM files in `extra_roots`; ALPN `http/1.1`.
 pub fn client_config(extra_roots: &[PathBuf]) -> Result<Arc<rustls::ClientConfig>, GatewayError> {

@@ -16,6 +16,7 @@ pub mod hello;
 pub mod http1;
 pub mod policy;
 pub mod serve;
+pub mod upstream;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -214,6 +215,11 @@ pub struct GatewayConfig {
     pub connect_timeout: Duration,
     /// PEM files trusted for upstream TLS besides the system's roots.
     pub extra_roots: Vec<PathBuf>,
+    /// PEM files of the operator's CAs that sandboxes trust besides the deployment's own
+    /// (a TLS-inspecting proxy's, a private PKI's); the gateway trusts them for upstreams too.
+    pub guest_cas: Vec<PathBuf>,
+    /// The HTTP proxy upstreams are reached through (`HTTPS_PROXY`, `NO_PROXY`).
+    pub upstream_proxy: Option<upstream::Proxy>,
     /// Secret values; `None`: placeholders are never replaced.
     pub secrets: Option<Arc<dyn SecretSource>>,
     /// Audit sink; `None`: events are only traced.
@@ -228,6 +234,8 @@ impl Default for GatewayConfig {
             idle_timeout: Duration::from_secs(300),
             connect_timeout: Duration::from_secs(10),
             extra_roots: Vec::new(),
+            guest_cas: Vec::new(),
+            upstream_proxy: None,
             secrets: None,
             audit: None,
         }
@@ -242,6 +250,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .field("extra_roots", &self.extra_roots)
+            .field("guest_cas", &self.guest_cas)
+            .field("upstream_proxy", &self.upstream_proxy)
             .field("secrets", &self.secrets.as_ref().map(|_| "<source>"))
             .field("audit", &self.audit.as_ref().map(|_| "<sink>"))
             .finish()
@@ -274,6 +284,7 @@ pub struct Gateway {
     pub(crate) config: GatewayConfig,
     pub(crate) authority: ca::Authority,
     pub(crate) client_tls: Arc<rustls::ClientConfig>,
+    guest_pem: String,
 }
 
 impl std::fmt::Debug for Gateway {
@@ -288,17 +299,36 @@ impl Gateway {
     /// Opens the CA in `ca_dir` (made when absent) and loads the upstream roots.
     pub fn open(ca_dir: &Path, config: GatewayConfig) -> Result<Arc<Gateway>, GatewayError> {
         let authority = ca::Authority::open(ca_dir)?;
-        let client_tls = ca::client_config(&config.extra_roots)?;
+        let roots: Vec<PathBuf> = config
+            .extra_roots
+            .iter()
+            .chain(&config.guest_cas)
+            .cloned()
+            .collect();
+        let client_tls = ca::client_config(&roots)?;
+        let mut guest_pem = authority.ca_pem().trim_end().to_owned();
+        guest_pem.push('\n');
+        for path in &config.guest_cas {
+            guest_pem.push_str(&ca::read_certificates(path)?);
+        }
+        if guest_pem.len() > space_proto::limits::MAX_CA_PEM {
+            return Err(GatewayError::Tls(format!(
+                "the CA certificates for sandboxes are {} bytes of PEM; at most {} fit",
+                guest_pem.len(),
+                space_proto::limits::MAX_CA_PEM
+            )));
+        }
         Ok(Arc::new(Gateway {
             config,
             authority,
             client_tls,
+            guest_pem,
         }))
     }
 
-    /// The deployment CA's certificate, PEM.
+    /// The CA certificates sandboxes trust, PEM: the deployment CA's, then the operator's.
     pub fn ca_pem(&self) -> String {
-        self.authority.ca_pem().to_owned()
+        self.guest_pem.clone()
     }
 
     /// The per-sandbox state for sandbox `id`.

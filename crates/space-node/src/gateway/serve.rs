@@ -547,6 +547,40 @@ async fn open_upstream(
 ) -> Result<TcpStream, Refusal> {
     let limit = sb.gateway.config.connect_timeout;
     let rule = decision.rule.as_str();
+    if let Some(proxy) = sb
+        .gateway
+        .config
+        .upstream_proxy
+        .as_ref()
+        .filter(|p| !p.bypasses(host))
+    {
+        // The private-address rule holds through the proxy too, for names that resolve here.
+        let resolved = tokio::time::timeout(limit, super::upstream::resolve(host, port))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        if !decision.exact_allow {
+            if let Some((kind, ip)) = resolved
+                .iter()
+                .find_map(|a| private_reason(a.ip()).map(|k| (k, a.ip())))
+            {
+                return Err(Refusal::new(
+                    403,
+                    format!(
+                        "egress to {host}:{port} is refused: it resolves to a {kind} address \
+                         ({ip}); only an allow rule naming the host exactly reaches such addresses"
+                    ),
+                    rule,
+                    "private_address",
+                ));
+            }
+        }
+        return proxy
+            .connect(host, port, limit)
+            .await
+            .map_err(|e| Refusal::new(502, e, rule, "proxy"));
+    }
     let work = async {
         let addrs: Vec<SocketAddr> = match host {
             Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],

@@ -44,6 +44,8 @@ pub struct TestServer {
     /// Started without the artifact paths in its environment (it finds them as an installed
     /// binary does, in the artifacts record of the cache).
     bare: bool,
+    /// Variables set for `space up` besides the inherited ones.
+    env: Vec<(String, String)>,
     child: Option<Child>,
     tmp: Option<tempfile::TempDir>,
 }
@@ -84,16 +86,21 @@ impl TestServer {
     pub fn start_with(up_args: Vec<String>) -> TestServer {
         env_path("SPACE_KERNEL");
         env_path("SPACE_ROOTFS_MINIMAL");
-        Self::launch(up_args, false)
+        Self::launch(up_args, false, Vec::new())
     }
 
     /// `space up` with only `--data-dir`, `--listen` and `up_args`, and none of the artifact
     /// variables (`SPACE_KERNEL`, `SPACE_ROOTFS_*`, `SPACE_GUESTD`) in its environment.
     pub fn start_bare(up_args: Vec<String>) -> TestServer {
-        Self::launch(up_args, true)
+        Self::launch(up_args, true, Vec::new())
     }
 
-    fn launch(up_args: Vec<String>, bare: bool) -> TestServer {
+    /// Like [`TestServer::start_bare`], with `env` set for `space up`.
+    pub fn start_bare_with_env(up_args: Vec<String>, env: Vec<(String, String)>) -> TestServer {
+        Self::launch(up_args, true, env)
+    }
+
+    fn launch(up_args: Vec<String>, bare: bool, env: Vec<(String, String)>) -> TestServer {
         let tmp = tempfile::Builder::new()
             .prefix("space-e2e")
             .tempdir_in("/var/tmp")
@@ -109,6 +116,7 @@ impl TestServer {
             addr,
             up_args,
             bare,
+            env,
             child: None,
             tmp: Some(tmp),
         };
@@ -207,6 +215,7 @@ impl TestServer {
                 cmd.env_remove(var);
             }
         }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         let child = cmd
             .arg("up")
             .arg("--data-dir")
