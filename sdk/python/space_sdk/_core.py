@@ -43,6 +43,19 @@ def invalid(message: str) -> InvalidRequest:
     return InvalidRequest("invalid_request", message, None)
 
 
+def _take_lines(buf: bytearray, what: str) -> list[bytes]:
+    """Removes the complete lines of an NDJSON stream from ``buf`` and returns them (without
+    their newlines); what is left is the start of the next line, which must stay under
+    :data:`MAX_STREAM_LINE`."""
+    lines = []
+    while (nl := buf.find(b"\n")) >= 0:
+        lines.append(bytes(buf[:nl]))
+        del buf[: nl + 1]
+    if len(buf) > MAX_STREAM_LINE:
+        raise InvalidResponse(f"{what} stream line longer than {MAX_STREAM_LINE} bytes")
+    return lines
+
+
 class _Never:
     """The type of :data:`NEVER`."""
 
@@ -543,17 +556,10 @@ class ExecDecoder:
         """Takes the next bytes of the stream; returns the output they complete."""
         out: list[tuple[str, bytes]] = []
         self._buf += chunk
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                break
-            line = bytes(self._buf[:nl])
-            del self._buf[: nl + 1]
+        for line in _take_lines(self._buf, "exec"):
             item = self._line(line)
             if item is not None:
                 out.append(item)
-        if len(self._buf) > MAX_STREAM_LINE:
-            raise InvalidResponse(f"exec stream line longer than {MAX_STREAM_LINE} bytes")
         return out
 
     def _line(self, line: bytes) -> tuple[str, bytes] | None:
@@ -631,17 +637,10 @@ class WatchDecoder:
         """Takes the next bytes of the stream; returns the events they complete."""
         self._buf += chunk
         out: list[WatchEvent] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                break
-            line = bytes(self._buf[:nl])
-            del self._buf[: nl + 1]
+        for line in _take_lines(self._buf, "watch"):
             event = self._line(line)
             if event is not None:
                 out.append(event)
-        if len(self._buf) > MAX_STREAM_LINE:
-            raise InvalidResponse(f"watch stream line longer than {MAX_STREAM_LINE} bytes")
         return out
 
     def finish(self) -> list[WatchEvent]:
