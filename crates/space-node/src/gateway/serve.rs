@@ -537,6 +537,25 @@ fn admit(
     Ok((decision, permit))
 }
 
+/// The refusal of a destination that resolves to a private address no exact allow rule names.
+fn private_refusal(
+    host: &Host,
+    port: u16,
+    kind: &str,
+    ip: std::net::IpAddr,
+    rule: &str,
+) -> Refusal {
+    Refusal::new(
+        403,
+        format!(
+            "egress to {host}:{port} is refused: it resolves to a {kind} address ({ip}); only an \
+             allow rule naming the host exactly reaches such addresses"
+        ),
+        rule,
+        "private_address",
+    )
+}
+
 /// Resolves the destination, drops private addresses the policy does not allow, and connects
 /// to a checked address (no second resolution).
 async fn open_upstream(
@@ -565,15 +584,7 @@ async fn open_upstream(
                 .iter()
                 .find_map(|a| private_reason(a.ip()).map(|k| (k, a.ip())))
             {
-                return Err(Refusal::new(
-                    403,
-                    format!(
-                        "egress to {host}:{port} is refused: it resolves to a {kind} address \
-                         ({ip}); only an allow rule naming the host exactly reaches such addresses"
-                    ),
-                    rule,
-                    "private_address",
-                ));
+                return Err(private_refusal(host, port, kind, ip, rule));
             }
         }
         return proxy
@@ -623,15 +634,7 @@ async fn open_upstream(
             ));
         }
         match refused {
-            Some((kind, ip)) => Err(Refusal::new(
-                403,
-                format!(
-                    "egress to {host}:{port} is refused: it resolves to a {kind} address ({ip}); \
-                     only an allow rule naming the host exactly reaches such addresses"
-                ),
-                rule,
-                "private_address",
-            )),
+            Some((kind, ip)) => Err(private_refusal(host, port, kind, ip, rule)),
             None => Err(Refusal::new(
                 502,
                 format!("{host} has no address"),
