@@ -116,6 +116,7 @@ fn server_config(plan: &ApiPlan, dir: &DataDir, node_over_network: bool) -> Serv
         kernel: &plan.kernel,
         qemu: &plan.qemu,
         pool_size: plan.pool_size,
+        follow_demand: false,
     };
     served.config(dir, node_over_network)
 }
@@ -127,6 +128,9 @@ pub(crate) struct Served<'a> {
     pub kernel: &'a std::path::Path,
     pub qemu: &'a std::path::Path,
     pub pool_size: usize,
+    /// The pool follows demand as a node's does by default; otherwise it keeps exactly
+    /// `pool_size` members, refilled one at a time, so every take meets the same pool.
+    pub follow_demand: bool,
 }
 
 impl Served<'_> {
@@ -148,6 +152,10 @@ impl Served<'_> {
         pools.sizes.clear();
         pools.default_size = 0;
         pools.sizes.insert(template, self.pool_size);
+        if !self.follow_demand {
+            pools.ceiling = 0;
+            pools.refills = 1;
+        }
         node.pools = pools;
         ServerConfig {
             archive: None,
@@ -298,11 +306,12 @@ async fn compare(local: &ApiBench, remote: &ApiBench, runs: usize) -> Result<(Sa
     Ok((l, r))
 }
 
-struct ApiBench {
-    url: String,
-    key: String,
-    node: Node,
-    http: reqwest::Client,
+#[derive(Clone)]
+pub(crate) struct ApiBench {
+    pub url: String,
+    pub key: String,
+    pub node: Node,
+    pub http: reqwest::Client,
 }
 
 impl ApiBench {
@@ -314,7 +323,7 @@ impl ApiBench {
             .map(|s| (s.ready, s.target))
     }
 
-    async fn wait_pool_full(&self) -> Result<()> {
+    pub(crate) async fn wait_pool_full(&self) -> Result<()> {
         let start = Instant::now();
         loop {
             if let Some((ready, target)) = self.pool_ready() {
@@ -358,7 +367,7 @@ impl ApiBench {
         Ok((id, created, t.elapsed()))
     }
 
-    async fn api_create(&self) -> Result<String> {
+    pub(crate) async fn api_create(&self) -> Result<String> {
         let resp = self
             .http
             .post(format!("{}/v1/sandboxes", self.url))
@@ -377,7 +386,7 @@ impl ApiBench {
             .ok_or_else(|| anyhow!("create answered no id: {body}"))
     }
 
-    async fn api_exec_true(&self, id: &str) -> Result<()> {
+    pub(crate) async fn api_exec_true(&self, id: &str) -> Result<()> {
         let resp = self
             .http
             .post(format!("{}/v1/sandboxes/{id}/exec", self.url))
@@ -399,7 +408,7 @@ impl ApiBench {
         Ok(())
     }
 
-    async fn api_kill(&self, id: &str) -> Result<()> {
+    pub(crate) async fn api_kill(&self, id: &str) -> Result<()> {
         let resp = self
             .http
             .delete(format!("{}/v1/sandboxes/{id}", self.url))

@@ -409,6 +409,7 @@ impl<'a> Bench<'a> {
             paused: false,
             kernel: None,
             files_in_place: false,
+            priority: Default::default(),
         };
         let t = Instant::now();
         let vm = self.rt.restore(spec).await.context("runtime restore")?;

@@ -139,6 +139,7 @@ async fn measure(
         pools.sizes.clear();
         pools.default_size = 0;
         pools.sizes.insert(template(), plan.pool_size);
+        pools.ceiling = 0;
         cfg.pools = pools;
         let node = Node::open(cfg).await?;
         let local = LocalNode::new(

@@ -30,6 +30,7 @@ pub mod mcp;
 pub mod node;
 pub mod procmem;
 pub mod qmp;
+pub mod rate;
 pub mod scratch;
 pub mod script;
 pub mod stats;

@@ -12,6 +12,8 @@
 //!     [--dirty 0,16,64] [--chunk-kib 256,64,1024] [--store URL]
 //! source target/space/env.sh && cargo run --release -p space-bench -- api [--runs N]
 //!     [--concurrent N] [--pool-size N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- rate [--rates 1,2,4]
+//!     [--seconds N] [--burst N] [--pool-size N] [--pool-max N]
 //! cargo run --release -p space-bench -- egress [--runs N] [--big-runs N] [--big-mib N]
 //!     [--guest [--guest-runs N]]
 //! source target/space/env.sh && cargo run --release -p space-bench -- e2b [--runs N]
@@ -102,6 +104,10 @@ enum Command {
     /// from the warm pool to the first exec through HTTP and through the node's library calls,
     /// and a burst of concurrent creates.
     Api(ApiArgs),
+    /// Measures creates through the HTTP API at sustained rates and in bursts, on a server
+    /// whose pool follows demand against one whose pool keeps a fixed size: latency to the 201
+    /// and to the first exec, and the pools' hits, waits and misses.
+    Rate(RateArgs),
     /// Measures what the egress gateway adds to HTTPS (no VM): a small request and a large
     /// download straight to a local HTTPS server, through a spliced tunnel, and through an
     /// intercepted tunnel with a credential put in. `--runs` defaults to 200 here.
@@ -185,6 +191,25 @@ struct ApiArgs {
     /// Members of the `minimal` pool.
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
     pool_size: u64,
+}
+
+#[derive(clap::Args, Debug)]
+struct RateArgs {
+    /// Creates per second of each sustained phase (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1.0, 2.0, 4.0])]
+    rates: Vec<f64>,
+    /// Length of each sustained phase, in seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    seconds: u64,
+    /// Creates sent at once in each of the two bursts (0: no bursts).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(0..=200))]
+    burst: u64,
+    /// The pools' floor.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pool_size: u64,
+    /// The demand pool's ceiling.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pool_max: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -363,6 +388,29 @@ async fn run(cli: Cli) -> Result<()> {
             qemu: cli.qemu.clone(),
         };
         return space_bench::api::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Rate(args)) = &cli.command {
+        if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {
+            bail!("--only, --dir and --no-btrfs belong to the runtime groups, not to `rate`");
+        }
+        if let Some(r) = args
+            .rates
+            .iter()
+            .find(|r| !(r.is_finite() && **r > 0.0 && **r <= 50.0))
+        {
+            bail!("--rates {r}: each rate is a number of creates per second in (0, 50]");
+        }
+        let plan = space_bench::rate::RatePlan {
+            rates: args.rates.clone(),
+            seconds: args.seconds,
+            burst: args.burst as usize,
+            pool_size: args.pool_size as usize,
+            pool_max: args.pool_max as usize,
+            kernel,
+            rootfs,
+            qemu: cli.qemu.clone(),
+        };
+        return space_bench::rate::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::E2b(args)) = &cli.command {
         let rootfs = args

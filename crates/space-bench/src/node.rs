@@ -178,6 +178,8 @@ async fn open_node(
         Some((n, refill)) => {
             let mut p = PoolConfig::default();
             p.sizes.insert(template_name(), n);
+            // A fixed size: each take finds the pool full, whatever the demand before it.
+            p.ceiling = 0;
             if refill == Refill::AfterExec {
                 p.tick = None;
             }

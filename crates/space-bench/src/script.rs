@@ -79,6 +79,7 @@ async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Server>) ->
         kernel: &plan.kernel,
         qemu: &plan.qemu,
         pool_size: plan.pool_size,
+        follow_demand: false,
     };
     let server = Server::start(served.config(dir, false))
         .await

@@ -4,7 +4,11 @@
 //! - `space_api_request_duration_seconds{operation}`: histogram of the time to the response
 //!   head (for streams: until the stream started);
 //! - `space_sandboxes{state}`: gauge of the node's sandboxes per state;
-//! - `space_pool_ready{template}`, `space_pool_size{template}`: warm pool gauges;
+//! - `space_pool_ready{template}`, `space_pool_size{template}` (the size it follows demand
+//!   to), `space_pool_floor{template}`, `space_pool_making{template}`: warm pool gauges;
+//! - `space_pool_hits_total{template}`, `space_pool_waits_total{template}`,
+//!   `space_pool_misses_total{template}`: creates served by a ready member, by one being made
+//!   (counted in the hits too), and not served;
 //! - `space_egress_audit_dropped_total`: gateway audit events dropped on a full queue.
 //!
 //! `operation` is a route's operation name (bounded), never a raw path.
@@ -160,19 +164,59 @@ impl Metrics {
             "space_egress_audit_dropped_total {}",
             self.egress_audit_dropped.load(Ordering::Relaxed)
         );
-        out.push_str("# HELP space_pool_size Warm pool target size.\n");
-        out.push_str("# TYPE space_pool_size gauge\n");
-        for p in pools {
-            let _ = writeln!(
-                out,
-                "space_pool_size{{template=\"{}\"}} {}",
-                escape(p.template.name.as_str()),
-                p.target
-            );
+        let gauges: [PoolSeries; 6] = [
+            (
+                "space_pool_size",
+                "gauge",
+                "Warm pool size now (it follows demand between the floor and the ceiling).",
+                |p| p.target as u64,
+            ),
+            ("space_pool_floor", "gauge", "Warm pool floor.", |p| {
+                p.floor as u64
+            }),
+            (
+                "space_pool_making",
+                "gauge",
+                "Warm pool members being made.",
+                |p| p.making as u64,
+            ),
+            (
+                "space_pool_hits_total",
+                "counter",
+                "Creates served from a warm pool.",
+                |p| p.hits,
+            ),
+            (
+                "space_pool_waits_total",
+                "counter",
+                "Creates served by a warm pool member that was still being made.",
+                |p| p.waits,
+            ),
+            (
+                "space_pool_misses_total",
+                "counter",
+                "Creates that found the warm pool empty.",
+                |p| p.misses,
+            ),
+        ];
+        for (name, kind, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for p in pools {
+                let _ = writeln!(
+                    out,
+                    "{name}{{template=\"{}\"}} {}",
+                    escape(p.template.name.as_str()),
+                    value(p)
+                );
+            }
         }
         out
     }
 }
+
+/// One per-pool series: name, type, help text, and its value for a pool.
+type PoolSeries = (&'static str, &'static str, &'static str, fn(&Pool) -> u64);
 
 /// Escapes a label value (backslash, double quote, newline).
 fn escape(v: &str) -> String {

@@ -134,11 +134,10 @@ fn a_pool_take_grows_after_the_take_and_the_pool_stays_template_sized() {
     with_node(
         Disk::Btrfs,
         |c| {
-            c.pools = PoolConfig {
-                sizes: BTreeMap::from([("minimal".parse().unwrap(), 1)]),
-                default_size: 0,
-                tick: Some(Duration::from_millis(200)),
-            }
+            c.pools = PoolConfig::fixed(
+                BTreeMap::from([("minimal".parse().unwrap(), 1)]),
+                Some(Duration::from_millis(200)),
+            )
         },
         |node| async move {
             build_minimal(&node, "1").await;

@@ -13,13 +13,7 @@ use common::*;
 use space_node::{Node, NodeConfig, Origin, PoolConfig, SandboxOptions, State};
 
 fn pool_of(size: usize, tick: Option<Duration>) -> impl FnOnce(&mut NodeConfig) {
-    move |c| {
-        c.pools = PoolConfig {
-            sizes: BTreeMap::from([("minimal".parse().unwrap(), size)]),
-            default_size: 0,
-            tick,
-        }
-    }
+    move |c| c.pools = PoolConfig::fixed(BTreeMap::from([("minimal".parse().unwrap(), size)]), tick)
 }
 
 /// (ready, hits, misses) of the pool of `minimal:version`.
@@ -274,4 +268,155 @@ async fn wait_for(node: &Node, version: &str, n: usize) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The file that weighs process `pid`'s CPU cgroup against its siblings: `cpu.shares` of the
+/// v1 `cpu` hierarchy, else `cpu.weight` of the v2 one.
+fn cpu_weight_file(pid: u32) -> Option<PathBuf> {
+    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let mut v2 = None;
+    for line in cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "cpu") {
+            return Some(
+                Path::new("/sys/fs/cgroup")
+                    .join(controllers)
+                    .join(path)
+                    .join("cpu.shares"),
+            );
+        }
+        if controllers.is_empty() {
+            v2 = Some(Path::new("/sys/fs/cgroup").join(path).join("cpu.weight"));
+        }
+    }
+    v2
+}
+
+/// How process `pid` is scheduled against other VMs: its CPU cgroup's weight when it has a
+/// cgroup of its own (a jailed VMM), else the nice values of its threads.
+fn cpu_priority(pid: i32) -> String {
+    let its = cpu_weight_file(pid as u32);
+    if let Some(file) = its.filter(|f| Some(f) != cpu_weight_file(std::process::id()).as_ref()) {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        return format!("{name} {}", std::fs::read_to_string(&file).unwrap().trim());
+    }
+    let mut nices: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| {
+            let tid: u32 = t.unwrap().file_name().to_str()?.parse().ok()?;
+            space_runtime::priority::thread_nice(pid as u32, tid)
+        })
+        .collect();
+    nices.dedup();
+    format!("nice {nices:?}")
+}
+
+/// Full numbers of the pool of `minimal:1`.
+fn full_stats(node: &Node) -> space_node::PoolStats {
+    node.pool_stats()
+        .into_iter()
+        .find(|s| s.template.name.as_str() == "minimal")
+        .unwrap()
+}
+
+#[test]
+fn the_pool_follows_demand_and_members_are_made_in_the_background() {
+    let window = Duration::from_secs(8);
+    with_node(
+        Disk::Btrfs,
+        move |c| {
+            c.pools = PoolConfig {
+                ceiling: 5,
+                window,
+                refills: 2,
+                ..PoolConfig::fixed(
+                    BTreeMap::from([("minimal".parse().unwrap(), 1)]),
+                    Some(Duration::from_millis(200)),
+                )
+            }
+        },
+        |node| async move {
+            build_minimal(&node, "1").await;
+            wait_for(&node, "1", 1).await;
+            let s = full_stats(&node);
+            assert_eq!((s.floor, s.target), (1, 1), "{s:?}");
+
+            // A member runs at background priority until a create takes it.
+            let member = member_dirs(&node).await.into_iter().next().unwrap();
+            let pid = qemu_pid(&member);
+            let p = cpu_priority(pid);
+            assert!(
+                ["cpu.weight 10", "cpu.shares 102", "nice [10]"].contains(&p.as_str()),
+                "a member: {p}"
+            );
+            let a = node.create(minimal()).await.unwrap();
+            assert_eq!(node.layout().sandbox_dir(a.id.as_str()).unwrap(), member);
+            let p = cpu_priority(pid);
+            assert!(
+                ["cpu.weight 100", "cpu.shares 1024", "nice [0]"].contains(&p.as_str()),
+                "a taken member: {p}"
+            );
+
+            // A burst: the pool grows to what it would have needed, up to its ceiling.
+            let burst_start = Instant::now();
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..6 {
+                let node = node.clone();
+                tasks.spawn(async move { node.create(minimal()).await.unwrap() });
+            }
+            let mut burst = Vec::new();
+            while let Some(r) = tasks.join_next().await {
+                burst.push(r.unwrap());
+            }
+            let s = full_stats(&node);
+            assert_eq!(s.hits + s.misses, 7, "{s:?}");
+            wait_until(
+                "the pool did not grow to 5",
+                Duration::from_secs(60),
+                || full_stats(&node).target == 5,
+            )
+            .await;
+            wait_for(&node, "1", 5).await;
+            let s = full_stats(&node);
+            println!("after the burst: {s:?}");
+            for r in &burst {
+                let g = node.guest(&r.id).await.unwrap();
+                assert_eq!(sh(&g, "hostname").await.trim(), r.id.as_str());
+            }
+
+            // Nobody creates for a window: back to the floor, the extra members gone.
+            wait_for(&node, "1", 1).await;
+            assert!(
+                burst_start.elapsed() >= window,
+                "shrank before the window passed"
+            );
+            assert_eq!(full_stats(&node).target, 1);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while member_dirs(&node).await.len() != 1 {
+                assert!(Instant::now() < deadline, "extra members left behind");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+
+            // A create that finds the pool empty while a member is being made waits for it
+            // rather than restoring another from scratch.
+            let b = node.create(minimal()).await.unwrap();
+            wait_until(
+                "the pool started no new member",
+                Duration::from_secs(60),
+                || full_stats(&node).making > 0,
+            )
+            .await;
+            let before = full_stats(&node);
+            let c = node.create(minimal()).await.unwrap();
+            let after = full_stats(&node);
+            assert_eq!(after.waits, before.waits + 1, "{before:?} -> {after:?}");
+            assert_eq!(after.misses, before.misses, "{before:?} -> {after:?}");
+            for r in [&b, &c] {
+                let g = node.guest(&r.id).await.unwrap();
+                assert_eq!(sh(&g, "hostname").await.trim(), r.id.as_str());
+            }
+        },
+    );
 }

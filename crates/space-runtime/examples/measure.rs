@@ -139,6 +139,7 @@ async fn main() {
             paused: false,
             kernel: None,
             files_in_place: false,
+            priority: Default::default(),
         };
         let t = Instant::now();
         let restored = rt.restore(spec).await.unwrap();

@@ -34,6 +34,7 @@ pub mod console;
 pub mod cow;
 pub mod jail;
 pub mod manifest;
+pub mod priority;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
@@ -43,6 +44,7 @@ pub use accel::Accel;
 pub use cow::CloneMethod;
 pub use jail::{JailConfig, JailUser};
 pub use manifest::Manifest;
+pub use priority::Priority;
 pub use process::ExitInfo;
 pub use qemu::{QemuRuntime, QemuRuntimeConfig, QemuVm};
 pub use space_proto::client::{ClientError, GuestClient};
@@ -82,6 +84,8 @@ pub struct RestoreSpec {
     /// the object store, say) and are used as they are; `snapshot` then needs only the device
     /// state and the manifest. Otherwise they are cloned from `snapshot` into `dir`.
     pub files_in_place: bool,
+    /// CPU priority of the VMM from its start on ([`Vm::set_priority`] changes it later).
+    pub priority: Priority,
 }
 
 /// What a snapshot produced.
@@ -211,6 +215,9 @@ pub trait Vm: Send + Sync {
 
     /// `Err(Error::Exited)` once the VM process is gone.
     fn check_alive(&self) -> Result<()>;
+
+    /// Changes how the VMM is scheduled against other VMs and the host ([`priority`]).
+    fn set_priority(&self, priority: Priority) -> Result<()>;
 
     /// A new connection to the `space.ctl` port. Only one can be open at a time: the port
     /// carries one byte stream.

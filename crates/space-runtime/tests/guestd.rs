@@ -33,6 +33,7 @@ async fn restore(
         paused: false,
         kernel: None,
         files_in_place: false,
+        priority: Default::default(),
     };
     let vm = rt.restore(spec).await.unwrap();
     let client = vm.wait_ready(BOOT_TIMEOUT).await.unwrap();

@@ -183,6 +183,7 @@ async fn vm_outlives_its_node_and_is_adopted() {
             paused: false,
             kernel: None,
             files_in_place: false,
+            priority: Default::default(),
         })
         .await
         .unwrap();
@@ -404,6 +405,7 @@ async fn jailed_vm_is_confined_and_snapshots_restore() {
             paused: false,
             kernel: None,
             files_in_place: false,
+            priority: Default::default(),
         })
         .await
         .unwrap();

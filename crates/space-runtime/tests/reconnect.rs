@@ -116,6 +116,7 @@ async fn every_restore_of_a_busy_snapshot_answers() {
             paused: delayed,
             kernel: None,
             files_in_place: false,
+            priority: Default::default(),
         };
         let restored = rt.restore(spec).await.unwrap();
         if delayed {

@@ -45,6 +45,7 @@ fn restore_spec(snapshot: &Path, dir: &Path, paused: bool) -> RestoreSpec {
         paused,
         kernel: None,
         files_in_place: false,
+        priority: Default::default(),
     }
 }
 

@@ -124,9 +124,16 @@ pub struct UpArgs {
     /// Stock templates to build when missing, comma-separated [default: one per image].
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub templates: Option<Vec<String>>,
-    /// Warm VMs kept ready per stock template [default: 2].
+    /// Warm VMs kept ready per stock template even when nobody creates (the pools' floor) [default: 2].
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+    /// The most warm VMs a template's pool grows to when creates come fast (0: pools keep
+    /// exactly their floor) [default: 16, less when memory is short].
+    #[arg(long, value_name = "N")]
+    pub pool_max: Option<usize>,
+    /// How far back, in seconds, the creates that size the pools count [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub pool_window: Option<u64>,
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
@@ -238,9 +245,16 @@ pub struct NodeArgs {
     /// SPACE_ROOTFS_MINIMAL as `minimal`, SPACE_ROOTFS_BASE as `base`.
     #[arg(long = "image", value_name = "NAME=PATH")]
     pub images: Vec<String>,
-    /// Warm VMs kept ready per stock template (default: the node's).
+    /// Warm VMs kept ready per stock template even when nobody creates (the pools' floor) (default: the node's).
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,
+    /// The most warm VMs a template's pool grows to when creates come fast (0: pools keep
+    /// exactly their floor) [default: 16, less when memory is short].
+    #[arg(long, value_name = "N")]
+    pub pool_max: Option<usize>,
+    /// How far back, in seconds, the creates that size the pools count [default: 60].
+    #[arg(long, value_name = "SECS")]
+    pub pool_window: Option<u64>,
     /// A PEM file of CA certificates sandboxes (and the gateway, for upstreams) trust
     /// (repeatable; `none`: only the deployment's own CA) [default: the host's locally added
     /// CAs, the *.crt files under /usr/local/share/ca-certificates].

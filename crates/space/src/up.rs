@@ -72,6 +72,21 @@ fn pool_size(pools: &mut PoolConfig, n: usize, templates: &[String]) -> Result<(
     Ok(())
 }
 
+/// How far the pools follow demand: their ceiling and the window of creates that sizes them.
+fn pool_demand(pools: &mut PoolConfig, max: Option<usize>, window: Option<u64>) -> Result<()> {
+    if let Some(n) = max {
+        pools.ceiling = n;
+    }
+    if let Some(secs) = window {
+        anyhow::ensure!(
+            (1..=86_400).contains(&secs),
+            "--pool-window {secs}: between 1 and 86400 seconds"
+        );
+        pools.window = std::time::Duration::from_secs(secs);
+    }
+    Ok(())
+}
+
 /// The object store settings: `default` unless told otherwise (`None`: no store).
 fn archive_settings(
     a: &crate::cli::ArchiveArgs,
@@ -201,6 +216,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
     if let Some(n) = a.pool_size {
         pool_size(&mut node.pools, n, &templates)?;
     }
+    pool_demand(&mut node.pools, a.pool_max, a.pool_window)?;
     for root in &a.extra_roots {
         if !root.is_file() {
             bail!("--extra-root {} does not exist", root.display());
@@ -447,6 +463,7 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     if let Some(n) = a.pool_size {
         pool_size(&mut cfg.pools, n, &[])?;
     }
+    pool_demand(&mut cfg.pools, a.pool_max, a.pool_window)?;
     corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.
     let secrets = std::sync::Arc::new(space_node::settings::SecretValues::default());

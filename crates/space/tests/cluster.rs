@@ -402,7 +402,7 @@ impl Cluster {
                 "minimal={}",
                 env_path("SPACE_ROOTFS_MINIMAL").display()
             ))
-            .args(["--pool-size", "0"])
+            .args(["--pool-size", "0", "--pool-max", "0"])
             .env("RUST_LOG", "info")
             .env_remove("AWS_ACCESS_KEY_ID")
             .env_remove("AWS_SECRET_ACCESS_KEY")

@@ -49,6 +49,8 @@ fn the_e2b_sdks_drive_space() {
         "base".into(),
         "--pool-size".into(),
         "1".into(),
+        "--pool-max".into(),
+        "0".into(),
     ]);
     let other_key = ok(&server.cli(["tenant", "create", "e2b-other"]))
         .trim()

@@ -214,6 +214,8 @@ fn egress_credentials_and_ingress_end_to_end() {
         "base".into(),
         "--pool-size".into(),
         "0".into(),
+        "--pool-max".into(),
+        "0".into(),
         "--extra-root".into(),
         ca_file.display().to_string(),
     ]);
@@ -649,6 +651,8 @@ fn egress_many_connections_in_a_row() {
         "--templates".into(),
         "base".into(),
         "--pool-size".into(),
+        "0".into(),
+        "--pool-max".into(),
         "0".into(),
         "--extra-root".into(),
         ca_file.display().to_string(),

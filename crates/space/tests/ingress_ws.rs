@@ -316,7 +316,7 @@ async fn refused(url: &str, key: Option<&str>) -> (u16, String) {
 fn websocket_through_ingress_and_port_proxy() {
     env_path("SPACE_ROOTFS_BASE");
     let s = TestServer::start_with(
-        ["--templates", "base", "--pool-size", "0"]
+        ["--templates", "base", "--pool-size", "0", "--pool-max", "0"]
             .map(String::from)
             .to_vec(),
     );

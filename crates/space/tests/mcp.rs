@@ -27,6 +27,8 @@ fn the_mcp_sdk_drives_space_over_stdio_and_http() {
         "base".into(),
         "--pool-size".into(),
         "1".into(),
+        "--pool-max".into(),
+        "0".into(),
     ]);
     let other_key = ok(&server.cli(["tenant", "create", "mcp-other"]))
         .trim()

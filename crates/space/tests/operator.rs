@@ -5,6 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::{json, ok, stderr, TestServer};
 
@@ -42,18 +43,82 @@ fn cgroup_dirs(pid: u32) -> Vec<PathBuf> {
 
 #[test]
 fn space_up_stands_alone_and_purge_leaves_nothing_behind() {
-    // Only --data-dir and --listen (and a small pool): the kernel, the images and guestd come
-    // from the artifacts record `scripts/artifacts.sh` wrote into the cache.
+    // Only --data-dir and --listen (and a small pool that follows demand over a short
+    // window): the kernel, the images and guestd come from the artifacts record
+    // `scripts/artifacts.sh` wrote into the cache.
+    let window = Duration::from_secs(30);
     let mut server = TestServer::start_bare(
-        ["--templates", "minimal", "--pool-size", "1"]
-            .map(String::from)
-            .to_vec(),
+        [
+            "--templates",
+            "minimal",
+            "--pool-size",
+            "1",
+            "--pool-max",
+            "4",
+            "--pool-window",
+            "30",
+        ]
+        .map(String::from)
+        .to_vec(),
     );
     let made = json(&server.cli(["create", "--template", "minimal", "--json"]));
     let id = made["id"].as_str().expect("an id").to_owned();
     assert_eq!(
         ok(&server.cli(["exec", &id, "--", "echo", "alone"])).trim(),
         "alone"
+    );
+
+    // The pool grows under a burst and shrinks back to its floor once the window passed, as
+    // /metrics shows.
+    let pool = |name: &str| -> u64 {
+        let text = server.get("/metrics");
+        let line = format!("{name}{{template=\"minimal\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("no {line} in:\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(pool("space_pool_floor"), 1);
+    let burst_start = Instant::now();
+    let burst: Vec<String> = std::thread::scope(|s| {
+        let tasks: Vec<_> = (0..5)
+            .map(|_| s.spawn(|| json(&server.cli(["create", "--template", "minimal", "--json"]))))
+            .collect();
+        tasks
+            .into_iter()
+            .map(|t| t.join().unwrap()["id"].as_str().unwrap().to_owned())
+            .collect()
+    });
+    assert_eq!(burst.len(), 5);
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !done() {
+            assert!(
+                Instant::now() < deadline,
+                "{what}\n{}",
+                server.get("/metrics")
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    // How far it grows depends on how close together the creates came (each is a process
+    // of its own here); past its floor, and filled, in any case.
+    until("the pool did not grow past its floor", &|| {
+        pool("space_pool_size") >= 2 && pool("space_pool_ready") >= 2
+    });
+    assert!(pool("space_pool_size") <= 4, "past its ceiling");
+    assert_eq!(
+        pool("space_pool_hits_total") + pool("space_pool_misses_total"),
+        6
+    );
+    until("the pool did not shrink back to its floor", &|| {
+        pool("space_pool_size") == 1 && pool("space_pool_ready") == 1
+    });
+    assert!(
+        burst_start.elapsed() >= window,
+        "shrank before the window passed"
     );
     let templates = ok(&server.cli(["template", "ls"]));
     assert!(templates.contains("minimal"), "{templates}");
@@ -295,7 +360,7 @@ fn operator_cas_are_trusted_in_sandboxes_and_the_host_proxy_is_used() {
     let proxy = start_proxy(port, seen.clone());
 
     let args = || {
-        ["--templates", "base", "--pool-size", "1"]
+        ["--templates", "base", "--pool-size", "1", "--pool-max", "0"]
             .map(String::from)
             .to_vec()
     };

@@ -210,12 +210,21 @@ impl From<SandboxUsage> for Usage {
 pub struct Pool {
     /// The template build.
     pub template: TemplateRef,
-    /// Members it keeps.
+    /// Members it keeps now (it follows demand).
     pub target: usize,
+    /// The least it keeps.
+    #[serde(default)]
+    pub floor: usize,
     /// Members ready now.
     pub ready: usize,
+    /// Members being made.
+    #[serde(default)]
+    pub making: usize,
     /// Creates served from it.
     pub hits: u64,
+    /// Of the hits, creates that waited for a member being made.
+    #[serde(default)]
+    pub waits: u64,
     /// Creates that found it empty.
     pub misses: u64,
 }
@@ -225,8 +234,11 @@ impl From<PoolStats> for Pool {
         Pool {
             template: p.template,
             target: p.target,
+            floor: p.floor,
             ready: p.ready,
+            making: p.making,
             hits: p.hits,
+            waits: p.waits,
             misses: p.misses,
         }
     }

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
 use tokio::sync::oneshot;
@@ -376,6 +376,10 @@ impl Node {
             if let Some(live) = self.inner.pools.take(t.template_ref(), &mut record).await {
                 return self.register(record, live);
             }
+            let t0 = Instant::now();
+            let info = self.start(record, how, ticket).await?;
+            self.inner.pools.restored(t.template_ref(), t0.elapsed());
+            return Ok(info);
         }
         self.start(record, how, ticket).await
     }

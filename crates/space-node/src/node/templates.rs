@@ -22,7 +22,7 @@ impl Node {
         let ctx = &self.inner.ctx;
         let built = template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
         // A new version replaces the pool of the previous one.
-        self.inner.pools.wake();
+        self.inner.pools.templates_changed();
         built
     }
 
@@ -66,7 +66,7 @@ impl Node {
             // Only succeeds once the name has no versions left.
             let _ = std::fs::remove_dir(parent);
         }
-        self.inner.pools.wake();
+        self.inner.pools.templates_changed();
         tracing::info!(template = %template, "template deleted");
         Ok(())
     }
@@ -84,7 +84,7 @@ impl Node {
             return Err(NodeError::TemplateExists(t.clone()));
         }
         let built = build::run(&self.inner.ctx, plan, log).await;
-        self.inner.pools.wake();
+        self.inner.pools.templates_changed();
         built
     }
 
@@ -164,7 +164,7 @@ impl Node {
             let _ = blocking(move || Ok(s.delete_volume(&d)?)).await;
             let _ = std::fs::remove_dir(&parent_dir);
         } else {
-            self.inner.pools.wake();
+            self.inner.pools.templates_changed();
             tracing::info!(template = %template, sandbox = %id, "template saved from a sandbox");
         }
         result

@@ -6,6 +6,9 @@ use super::*;
 pub(crate) enum Launch {
     /// Restore a full snapshot.
     Restore { snapshot: PathBuf },
+    /// Restore a full snapshot with the VMM at background CPU priority (a VM made ahead of
+    /// demand; whoever hands it out raises it with [`Vm::set_priority`]).
+    RestoreInBackground { snapshot: PathBuf },
     /// Restore a full snapshot whose RAM file and disk are already in the sandbox directory
     /// (`snapshot` holds its device state and manifest).
     RestoreInPlace { snapshot: PathBuf },
@@ -76,8 +79,14 @@ pub(crate) async fn launch(
 ) -> Result<Live> {
     let t0 = Instant::now();
     let in_place = matches!(how, Launch::RestoreInPlace { .. });
+    let priority = match how {
+        Launch::RestoreInBackground { .. } => Priority::Background,
+        _ => Priority::Normal,
+    };
     let vm = match how {
-        Launch::Restore { snapshot } | Launch::RestoreInPlace { snapshot } => {
+        Launch::Restore { snapshot }
+        | Launch::RestoreInPlace { snapshot }
+        | Launch::RestoreInBackground { snapshot } => {
             ctx.runtime
                 .restore(RestoreSpec {
                     snapshot,
@@ -85,6 +94,7 @@ pub(crate) async fn launch(
                     paused: false,
                     kernel: None,
                     files_in_place: in_place,
+                    priority,
                 })
                 .await
         }

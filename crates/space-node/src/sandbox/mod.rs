@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use space_proto::{ExecSpec, Identity};
 use space_runtime::{
-    BootSpec, ClientError, GuestClient, QemuRuntime, QemuVm, RestoreSpec, Runtime, Vm,
+    BootSpec, ClientError, GuestClient, Priority, QemuRuntime, QemuVm, RestoreSpec, Runtime, Vm,
 };
 use tokio::sync::{mpsc, oneshot};
 

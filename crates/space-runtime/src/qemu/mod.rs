@@ -49,7 +49,7 @@ use crate::jail::{self, JailConfig, JailRecord, JailUser};
 use crate::manifest::{self, KernelInfo, Manifest, FORMAT_VERSION};
 use crate::process::{ExitInfo, Process, SpawnOptions};
 use crate::qmp::{Event, QemuVersion, Qmp, QmpError, Status};
-use crate::{BootSpec, Error, RestoreSpec, Result, Runtime, SnapshotInfo, Vm};
+use crate::{BootSpec, Error, Priority, RestoreSpec, Result, Runtime, SnapshotInfo, Vm};
 
 mod record;
 #[cfg(test)]
@@ -235,6 +235,25 @@ impl QemuRuntime {
         self.cgroups.as_ref()
     }
 
+    /// Sets the CPU priority of the VMM this runtime started in `dir` while its handle does not
+    /// exist yet (a restore still under way), from the record written right after the spawn.
+    /// `Ok(false)` when no VMM of ours runs there (yet).
+    pub fn set_priority_in(&self, dir: &Path, priority: Priority) -> Result<bool> {
+        let Ok(record) = VmRecord::read(dir) else {
+            return Ok(false);
+        };
+        if proc_start_ticks(record.pid) != Some(record.start_ticks) {
+            return Ok(false);
+        }
+        let cgroup = record.jail.as_ref().and_then(|j| j.cgroup.as_ref());
+        crate::priority::apply(record.pid, cgroup, priority).map_err(|source| Error::Io {
+            op: "setting the CPU priority of QEMU in",
+            path: dir.to_owned(),
+            source,
+        })?;
+        Ok(true)
+    }
+
     /// Removes the cgroups of VMs that are gone (empty ones under the jail's cgroup parent)
     /// and returns them. A node calls it at start, after adopting its VMs and before it
     /// starts new ones.
@@ -307,12 +326,14 @@ impl QemuRuntime {
         })
     }
 
-    /// Starts QEMU for `config` in `dir` and connects QMP. The machine is left paused.
+    /// Starts QEMU for `config` in `dir` at `priority` and connects QMP. The machine is left
+    /// paused.
     async fn start(
         &self,
         dir: &Path,
         mut config: QemuConfig,
         kernel: KernelInfo,
+        priority: Priority,
     ) -> Result<QemuVm> {
         for name in [
             cmdline::QMP_SOCKET,
@@ -394,6 +415,10 @@ impl QemuRuntime {
         let mut vm = QemuVm::new(dir, config, kernel, process, record.jail.clone(), cleanup);
         let d = dir.to_owned();
         blocking(move || record.write(&d)).await?;
+        if priority != Priority::Normal {
+            // Right after the spawn: QEMU has not started loading anything yet.
+            vm.set_priority(priority)?;
+        }
         let qmp = vm.race_exit(connect_qmp(dir, QMP_CONNECT_TIMEOUT)).await?;
         if qmp.version() != &self.version {
             return Err(Error::Invalid(format!(
@@ -549,7 +574,9 @@ impl QemuRuntime {
             kernel_cmdline: self.boot_cmdline(spec.kernel_cmdline.as_deref()),
             incoming: false,
         };
-        let vm = self.start(&spec.dir, config, kernel).await?;
+        let vm = self
+            .start(&spec.dir, config, kernel, Priority::Normal)
+            .await?;
         vm.cont().await?;
         Ok(vm)
     }
@@ -638,7 +665,7 @@ impl QemuRuntime {
             kernel_cmdline: manifest.kernel_cmdline.clone(),
             incoming: true,
         };
-        let vm = self.start(&spec.dir, config, kernel).await?;
+        let vm = self.start(&spec.dir, config, kernel, spec.priority).await?;
         let started = t0.elapsed();
         let qmp = vm.qmp();
         vm.command(qmp.getfd(RESTORE_FD, state.as_fd())).await?;

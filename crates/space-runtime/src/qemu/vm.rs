@@ -527,6 +527,15 @@ impl Vm for QemuVm {
         }
     }
 
+    fn set_priority(&self, priority: Priority) -> Result<()> {
+        self.check_alive()?;
+        crate::priority::apply(self.pid(), self.cgroup(), priority).map_err(|source| Error::Io {
+            op: "setting the CPU priority of QEMU in",
+            path: self.dir.clone(),
+            source,
+        })
+    }
+
     async fn connect_ctl(&self) -> Result<UnixStream> {
         self.check_alive()?;
         connect_in_dir(&self.dir, cmdline::CTL_SOCKET).await

@@ -74,10 +74,18 @@ impl TestServer {
     /// Starts `space up` on a free port and a fresh data directory and waits until it answers
     /// and has written the admin key.
     pub fn start() -> TestServer {
+        // Pools of exactly one member: the suites here test other things than demand.
         Self::start_with(
-            ["--templates", "minimal", "--pool-size", "1"]
-                .map(String::from)
-                .to_vec(),
+            [
+                "--templates",
+                "minimal",
+                "--pool-size",
+                "1",
+                "--pool-max",
+                "0",
+            ]
+            .map(String::from)
+            .to_vec(),
         )
     }
 
@@ -124,6 +132,31 @@ impl TestServer {
         server.wait_ready();
         server.admin_key = server.read_key();
         server
+    }
+
+    /// The body of `GET path` on the API with the admin key (a bare HTTP/1.0 exchange, so
+    /// the body is never chunked). Panics unless the answer is 200.
+    pub fn get(&self, path: &str) -> String {
+        let mut s = TcpStream::connect_timeout(&self.addr, Duration::from_secs(5))
+            .expect("connecting to the API");
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let req = format!(
+            "GET {path} HTTP/1.0\r\nHost: {}\r\nAuthorization: Bearer {}\r\n\r\n",
+            self.addr, self.admin_key
+        );
+        s.write_all(req.as_bytes()).expect("sending a request");
+        let mut buf = Vec::new();
+        Read::by_ref(&mut s)
+            .take(16 << 20)
+            .read_to_end(&mut buf)
+            .expect("reading an answer");
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+        assert!(
+            head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+            "GET {path}: {head}"
+        );
+        body.to_owned()
     }
 
     /// Stops the server gracefully (SIGINT, wait for exit) and starts it again on the same
