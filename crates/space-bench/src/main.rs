@@ -281,6 +281,10 @@ struct NodeArgs {
     /// Idle sandboxes kept running for the memory group.
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=200))]
     idle: u64,
+    /// Guest memory admitted against the host's, in percent (as `space up
+    /// --memory-overcommit`), for many idle sandboxes in the memory group.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(50..=1000))]
+    overcommit: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -527,6 +531,7 @@ async fn run(cli: Cli) -> Result<()> {
             memory_mib: cli.memory_mib,
             pool_size: args.pool_size as usize,
             idle: args.idle as usize,
+            overcommit_percent: args.overcommit,
         };
         return space_bench::node::run(&plan, shutdown_signal()).await;
     }

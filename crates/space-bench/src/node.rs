@@ -109,6 +109,8 @@ pub struct NodePlan {
     pub pool_size: usize,
     /// Idle sandboxes for the memory group.
     pub idle: usize,
+    /// Admission's memory overcommit, in percent.
+    pub overcommit_percent: u64,
 }
 
 impl NodePlan {
@@ -173,6 +175,7 @@ async fn open_node(
     cfg.qemu.detached = false;
     cfg.ready_timeout = READY_TIMEOUT;
     cfg.rolling.enabled = false;
+    cfg.admission.overcommit_percent = plan.overcommit_percent;
     cfg.pools = match pool {
         None => PoolConfig::disabled(),
         Some((n, refill)) => {
@@ -754,12 +757,14 @@ impl NodeBench<'_> {
         tokio::time::sleep(SETTLE).await;
         let available_after = procmem::mem_available_kib();
         let mut mems: Vec<ProcMem> = Vec::new();
+        let mut pids = Vec::new();
         for id in &ids {
             let dir = self.node.layout().sandbox_dir(id.as_str())?;
             let pid_file = dir.join(space_runtime::cmdline::PID_FILE);
             let pid = std::fs::read_to_string(&pid_file)
                 .with_context(|| format!("reading {}", pid_file.display()))?;
             mems.push(procmem::read(pid.trim())?);
+            pids.push(pid.trim().to_owned());
         }
         let me = procmem::read("self")?;
         let mib = |kib: u64| kib as f64 / 1024.0;
@@ -820,6 +825,7 @@ impl NodeBench<'_> {
             Some(why) => println!("admission: {why}\n"),
             None => println!("admission: all {want} admitted\n"),
         }
+        crate::idle::idle_cpu(&pids).await?;
         progress("memory: killing the idle sandboxes");
         for id in ids {
             self.kill(&id).await?;

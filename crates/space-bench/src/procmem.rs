@@ -1,7 +1,8 @@
 //! Host memory of a process, as `/proc` reports it: RSS from `status`, and from `smaps_rollup`
 //! (when the kernel has it and we may read it) PSS and how PSS splits into anonymous memory and
 //! file pages. A QEMU guest's RAM is a shared file mapping, so its touched pages count as file
-//! pages; QEMU's own heap is anonymous.
+//! pages; QEMU's own heap is anonymous. And the CPU time of each thread of a process, for what
+//! idle sandboxes cost.
 
 use anyhow::{Context as _, Result};
 
@@ -53,6 +54,42 @@ fn field_kib(text: &str, name: &str) -> Option<u64> {
         }
         v.split_whitespace().next()?.parse().ok()
     })
+}
+
+/// CPU time (user + system, in clock ticks) each thread of process `pid` has used, with the
+/// thread's name. Threads that end while being read are left out.
+pub fn thread_ticks(pid: &str) -> Result<Vec<(String, u64)>> {
+    let dir = format!("/proc/{pid}/task");
+    let mut out = Vec::new();
+    for task in std::fs::read_dir(&dir).with_context(|| format!("reading {dir}"))? {
+        let path = task?.path().join("stat");
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        // `pid (comm) state ...`: the name may hold spaces and parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the line, 11 and 12 after the name.
+        let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok());
+        if let (Some(u), Some(s)) = (ticks(11), ticks(12)) {
+            out.push((name, u + s));
+        }
+    }
+    Ok(out)
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf takes a constant and returns a value or -1; no memory is involved.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as u64
+    } else {
+        100
+    }
 }
 
 #[cfg(test)]

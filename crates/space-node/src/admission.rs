@@ -13,7 +13,8 @@
 //!
 //! 1. **commitment**: `committed + charge <= capacity`, where `committed` is the sum of the
 //!    charges of the live VMs and of tickets not yet released, and `capacity` is
-//!    [`AdmissionConfig::memory_budget_mib`] if set, else `MemTotal − reserve`. Guest RAM is a
+//!    [`AdmissionConfig::memory_budget_mib`] if set, else `MemTotal − reserve` (times
+//!    [`AdmissionConfig::overcommit_percent`] / 100, by default 100). Guest RAM is a
 //!    file mapping touched lazily, so a VM that just started uses little of it; counting the
 //!    whole charge is what keeps the node safe when every guest uses all its RAM.
 //! 2. **what the host has now**: `charge <= MemAvailable − reserve − (charges of tickets not
@@ -48,6 +49,13 @@ pub struct AdmissionConfig {
     pub max_sandboxes: Option<usize>,
     /// Most vCPUs of all VMs together.
     pub max_vcpus: Option<u32>,
+    /// How much guest memory may be committed against `MemTotal − reserve`, in percent (100:
+    /// none beyond it). Guest RAM is a file mapping that a guest touches lazily and whose
+    /// pages the kernel can write back to the file, so committing more than the host has
+    /// risks slowness when every guest uses all its RAM, not an out-of-memory kill. Applies
+    /// only when no [`AdmissionConfig::memory_budget_mib`] is set (the budget is the
+    /// operator's own number).
+    pub overcommit_percent: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -58,6 +66,7 @@ impl Default for AdmissionConfig {
             memory_budget_mib: None,
             max_sandboxes: None,
             max_vcpus: None,
+            overcommit_percent: 100,
         }
     }
 }
@@ -151,9 +160,9 @@ impl Admission {
             .chain(p.charges.iter().map(|(_, s)| s))
             .map(charge)
             .sum();
-        let capacity = c
-            .memory_budget_mib
-            .unwrap_or_else(|| mem.total_mib.saturating_sub(c.reserve_mib));
+        let capacity = c.memory_budget_mib.unwrap_or_else(|| {
+            mem.total_mib.saturating_sub(c.reserve_mib) * c.overcommit_percent.max(1) / 100
+        });
         let available = mem.available_mib.saturating_sub(c.reserve_mib);
         let free = capacity.saturating_sub(committed).min(available);
         Ok((capacity, free.saturating_sub(c.overhead_mib)))
@@ -194,11 +203,17 @@ impl Admission {
         let (capacity, what) = match c.memory_budget_mib {
             Some(b) => (b, format!("the node's budget of {b} MiB")),
             None => {
-                let cap = mem.total_mib.saturating_sub(c.reserve_mib);
+                let cap =
+                    mem.total_mib.saturating_sub(c.reserve_mib) * c.overcommit_percent.max(1) / 100;
+                let over = if c.overcommit_percent == 100 {
+                    String::new()
+                } else {
+                    format!(", committed to {}%", c.overcommit_percent)
+                };
                 (
                     cap,
                     format!(
-                        "{cap} MiB (MemTotal {} MiB minus a {} MiB reserve)",
+                        "{cap} MiB (MemTotal {} MiB minus a {} MiB reserve{over})",
                         mem.total_mib, c.reserve_mib
                     ),
                 )
@@ -291,6 +306,48 @@ mod tests {
         let e = a.admit_with(SMALL, &[SMALL, SMALL], HOST).err().unwrap();
         assert!(e.to_string().contains("committed"), "{e}");
         let _t = a.admit_with(SMALL, &[SMALL], HOST).unwrap();
+    }
+
+    #[test]
+    fn overcommit_raises_the_commitment_but_not_what_the_host_has() {
+        // 4096 − 512 = 3584 MiB of commitment: 7 VMs of 256 + 256 MiB.
+        let host = MemInfo {
+            total_mib: 4096,
+            available_mib: 4000,
+        };
+        let plain = Admission::new(AdmissionConfig::default());
+        let live = vec![SMALL; 7];
+        let e = plain.admit_with(SMALL, &live, host).err().unwrap();
+        assert!(e.to_string().contains("3584 MiB (MemTotal"), "{e}");
+        let over = Admission::new(AdmissionConfig {
+            overcommit_percent: 200,
+            ..Default::default()
+        });
+        let t = over.admit_with(SMALL, &live, host).unwrap();
+        drop(t);
+        let e = over
+            .admit_with(SMALL, &vec![SMALL; 14], host)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains(
+                "7168 MiB (MemTotal 4096 MiB minus a 512 MiB reserve, committed to 200%)"
+            ),
+            "{e}"
+        );
+        // What the host has now still bounds each VM.
+        let short = MemInfo {
+            total_mib: 4096,
+            available_mib: 900,
+        };
+        assert!(over.admit_with(SMALL, &[], short).is_err());
+        // An explicit budget is the operator's number: no overcommit on it.
+        let budget = Admission::new(AdmissionConfig {
+            memory_budget_mib: Some(1100),
+            overcommit_percent: 300,
+            ..Default::default()
+        });
+        assert!(budget.admit_with(SMALL, &[SMALL, SMALL], HOST).is_err());
     }
 
     #[test]

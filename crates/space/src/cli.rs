@@ -134,6 +134,11 @@ pub struct UpArgs {
     /// How far back, in seconds, the creates that size the pools count [default: 60].
     #[arg(long, value_name = "SECS")]
     pub pool_window: Option<u64>,
+    /// Guest memory admitted against the host's, in percent: above 100 admits more guest RAM
+    /// than the host has (guest RAM is a file the kernel can write back, so the risk is
+    /// slowness when every guest uses all of it, not an out-of-memory kill) [default: 100].
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(50..=1000))]
+    pub memory_overcommit: Option<u64>,
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
@@ -255,6 +260,11 @@ pub struct NodeArgs {
     /// How far back, in seconds, the creates that size the pools count [default: 60].
     #[arg(long, value_name = "SECS")]
     pub pool_window: Option<u64>,
+    /// Guest memory admitted against the host's, in percent: above 100 admits more guest RAM
+    /// than the host has (guest RAM is a file the kernel can write back, so the risk is
+    /// slowness when every guest uses all of it, not an out-of-memory kill) [default: 100].
+    #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(50..=1000))]
+    pub memory_overcommit: Option<u64>,
     /// A PEM file of CA certificates sandboxes (and the gateway, for upstreams) trust
     /// (repeatable; `none`: only the deployment's own CA) [default: the host's locally added
     /// CAs, the *.crt files under /usr/local/share/ca-certificates].

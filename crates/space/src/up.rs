@@ -217,6 +217,9 @@ pub async fn up(a: UpArgs) -> Result<()> {
         pool_size(&mut node.pools, n, &templates)?;
     }
     pool_demand(&mut node.pools, a.pool_max, a.pool_window)?;
+    if let Some(p) = a.memory_overcommit {
+        node.admission.overcommit_percent = p;
+    }
     for root in &a.extra_roots {
         if !root.is_file() {
             bail!("--extra-root {} does not exist", root.display());
@@ -464,6 +467,9 @@ pub async fn node(a: NodeArgs) -> Result<()> {
         pool_size(&mut cfg.pools, n, &[])?;
     }
     pool_demand(&mut cfg.pools, a.pool_max, a.pool_window)?;
+    if let Some(p) = a.memory_overcommit {
+        cfg.admission.overcommit_percent = p;
+    }
     corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.
     let secrets = std::sync::Arc::new(space_node::settings::SecretValues::default());
