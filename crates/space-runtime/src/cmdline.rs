@@ -106,6 +106,8 @@ pub fn build(cfg: &QemuConfig) -> Vec<OsString> {
         "-no-reboot",
         "-S",
     ]);
+    // Threads named after what they run (`CPU 0/TCG`, `worker`, ...), for top and the bench.
+    push(&["-name", "space,debug-threads=on"]);
     push(&["-sandbox", SANDBOX]);
     push(&["-M", MACHINE]);
     match cfg.accel {
@@ -184,7 +186,8 @@ mod tests {
     #[test]
     fn full_command_line_for_tcg() {
         let args = strings(&build(&config(Accel::Tcg, false)));
-        let expected = "-nodefaults -no-user-config -nographic -no-reboot -S \
+        let expected =
+            "-nodefaults -no-user-config -nographic -no-reboot -S -name space,debug-threads=on \
             -sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny \
             -M microvm,acpi=off,memory-backend=mem -accel tcg,tb-size=64 -cpu max -smp 2 -m 256M \
             -object memory-backend-file,id=mem,size=256M,mem-path=mem,share=on \
