@@ -353,6 +353,10 @@ impl Pools {
     /// empty or the member failed (it is destroyed); the caller then restores the normal way.
     /// `record` is left as it was in that case.
     pub async fn take(&self, template: &TemplateRef, record: &mut SandboxRecord) -> Option<Live> {
+        if self.config.ceiling == 0 && self.config.size_for(&template.name) == 0 {
+            // This template never gets a pool: nothing to take, no demand to record.
+            return None;
+        }
         let found = {
             let mut st = self.lock();
             if st.closed {
