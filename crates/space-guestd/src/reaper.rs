@@ -24,6 +24,9 @@ use space_proto::ExitStatus;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::oneshot;
 
+/// Longest a child's exit status waits to be reaped when its SIGCHLD was lost.
+const SAFETY_TICK: Duration = Duration::from_secs(30);
+
 /// Errors of the reaper itself.
 #[derive(Debug, thiserror::Error)]
 pub enum ReaperError {
@@ -71,8 +74,10 @@ impl Reaper {
         tokio::spawn(async move {
             loop {
                 // SIGCHLD coalesces, and a status can in theory slip between a reap pass and
-                // the next signal; the slow tick bounds how long such a status can wait.
-                let _ = tokio::time::timeout(Duration::from_secs(1), sigchld.recv()).await;
+                // the next signal; the slow tick bounds how long such a status can wait. It is
+                // slow on purpose: an idle guest should not wake (every wake of an emulated
+                // CPU costs the host), and the signal, not the tick, is what reaps in practice.
+                let _ = tokio::time::timeout(SAFETY_TICK, sigchld.recv()).await;
                 r.reap_all();
             }
         });
