@@ -275,6 +275,9 @@ impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match &e {
             StoreError::Conflict(m) => ApiError::conflict(m.clone()),
+            StoreError::LastAdmin(_) => {
+                ApiError::new(StatusCode::CONFLICT, "last_admin_key", e.to_string())
+            }
             StoreError::Invalid(m) => ApiError::invalid(m.clone()),
             StoreError::NotFound { what, .. } => {
                 let code = match &**what {

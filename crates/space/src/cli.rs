@@ -35,6 +35,9 @@ pub enum Command {
     /// Stop a deployment and delete its data for good: its VMs, control groups, snapshots,
     /// templates, state and the loop-mounted image (asks first unless --yes).
     Purge(PurgeArgs),
+    /// Mint an admin key on the host, straight into the deployment's state database (with the
+    /// server running or not): the way back in when every admin key is lost.
+    AdminKey(AdminKeyArgs),
     /// Run a control replica: the API over a database and the nodes that joined it.
     Control(ControlArgs),
     /// Run a node (alone, or joined to a control plane with --control), or manage the
@@ -404,6 +407,24 @@ pub struct PurgeArgs {
     /// Do not ask: delete at once.
     #[arg(long)]
     pub yes: bool,
+}
+
+/// `space admin-key`.
+#[derive(Debug, Args)]
+pub struct AdminKeyArgs {
+    /// The deployment's data directory (its state database is `state/control.db` there).
+    #[arg(long, default_value = "/var/lib/space")]
+    pub data_dir: PathBuf,
+    /// The state database instead, as `space control --database` takes it (a PostgreSQL URL
+    /// or a SQLite file).
+    #[arg(long, env = "SPACE_DATABASE")]
+    pub database: Option<String>,
+    /// The tenant the key belongs to.
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+    /// A label to recognise the key by.
+    #[arg(long, default_value = "minted on the host")]
+    pub label: String,
 }
 
 /// `space mcp`.

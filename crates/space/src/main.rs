@@ -6,6 +6,7 @@ mod cli;
 mod client;
 mod commands;
 mod config;
+mod mint;
 mod output;
 mod term;
 mod up;
@@ -56,6 +57,7 @@ fn main() {
             Command::Node(a) if a.cmd.is_none() => up::node(a).await.map(|()| 0),
             Command::Control(a) => up::control(a).await.map(|()| 0),
             Command::Purge(a) => up::purge(a).await.map(|()| 0),
+            Command::AdminKey(a) => mint::admin_key(a, json).await.map(|()| 0),
             other => commands::run(other, json).await,
         }
     });

@@ -122,8 +122,43 @@ fn space_up_stands_alone_and_purge_leaves_nothing_behind() {
     );
     let templates = ok(&server.cli(["template", "ls"]));
     assert!(templates.contains("minimal"), "{templates}");
-
     let data = server.data_dir.clone();
+
+    // The API never revokes a deployment's last admin key, and an operator on the host can
+    // always mint another one, with the server running.
+    let mut mint = server.command(None);
+    mint.args(["admin-key", "--json", "--data-dir"]).arg(&data);
+    let minted = json(&common::run(mint, None));
+    let (minted_key, minted_id) = (
+        minted["key"].as_str().unwrap().to_owned(),
+        minted["id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(minted["admin"], true, "{minted}");
+    let first_id = minted_key_id(&server.admin_key);
+    ok(&server.cli_as(&minted_key, ["key", "revoke", &first_id]));
+    let refused = server.cli_as(&minted_key, ["key", "revoke", &minted_id]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("last_admin_key"),
+        "{}",
+        stderr(&refused)
+    );
+    let tenants = ok(&server.cli_as(&minted_key, ["tenant", "ls"]));
+    assert!(tenants.contains("default"), "{tenants}");
+    let audit = ok(&server.cli_as(&minted_key, ["audit", "--json"]));
+    assert!(audit.contains("minted on the host"), "{audit}");
+    let mut wrong = server.command(None);
+    wrong
+        .args(["admin-key", "--data-dir"])
+        .arg(server.tmp_dir());
+    let out = common::run(wrong, None);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no state database"),
+        "{}",
+        stderr(&out)
+    );
+
     let image = {
         let mut name = data.file_name().unwrap().to_owned();
         name.push(".btrfs.img");
@@ -186,6 +221,12 @@ fn space_up_stands_alone_and_purge_leaves_nothing_behind() {
         "still mounted: {}",
         data.display()
     );
+}
+
+/// The id part of a whole key, `space_<id>_<secret>`.
+fn minted_key_id(key: &str) -> String {
+    let rest = key.strip_prefix("space_").expect("a whole key");
+    rest[..16].to_owned()
 }
 
 /// The HTTPS upstream of the corporate-network test: a Python server on 127.0.0.1 with a

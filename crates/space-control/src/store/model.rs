@@ -29,6 +29,12 @@ pub enum StoreError {
         /// The id that was looked up.
         id: String,
     },
+    /// Revoking this key would leave the deployment without an admin key.
+    #[error(
+        "key {0} is the last admin key that is not revoked; create another admin key first \
+         (or mint one on the host with `space admin-key`)"
+    )]
+    LastAdmin(String),
     /// The input is malformed or out of range; the message says which part.
     #[error("invalid: {0}")]
     Invalid(String),

@@ -135,6 +135,20 @@ impl Store {
         validate_key_id(id)?;
         let id = id.to_owned();
         self.write(move |c| {
+            if c.kind() == sql::Kind::Postgres {
+                // Two revokes at once must not each see the other's key as the admin left.
+                c.execute("LOCK TABLE api_keys IN SHARE ROW EXCLUSIVE MODE", args![])?;
+            }
+            let key = get_key(c, &id)?.ok_or_else(|| StoreError::NotFound {
+                what: "key",
+                id: id.clone(),
+            })?;
+            if key.revoked_unix_ms.is_some() {
+                return Ok(key);
+            }
+            if key.admin && live_admin_keys(c)? <= 1 {
+                return Err(StoreError::LastAdmin(id.clone()));
+            }
             c.execute(
                 "UPDATE api_keys SET revoked_unix_ms = $2
                  WHERE id = $1 AND revoked_unix_ms IS NULL",
@@ -376,4 +390,15 @@ fn insert_audit(c: &mut dyn Sql, event: NewAuditEvent) -> Result<i64, StoreError
         |r| r.int(0),
     )?;
     id.ok_or_else(|| StoreError::Database("an audit insert returned no id".into()))
+}
+
+/// How many admin keys are not revoked, across all tenants.
+fn live_admin_keys(c: &mut dyn Sql) -> Result<i64, StoreError> {
+    let n = one(
+        c,
+        "SELECT COUNT(*) FROM api_keys WHERE admin = $1 AND revoked_unix_ms IS NULL",
+        args![true],
+        |r| r.int(0),
+    )?;
+    Ok(n.unwrap_or(0))
 }

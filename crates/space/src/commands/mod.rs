@@ -32,7 +32,11 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
             admin::node(c, cmd, json).await?
         }
         Command::Profile(_) => unreachable!("handled above"),
-        Command::Up(_) | Command::Control(_) | Command::Node(_) | Command::Purge(_) => {
+        Command::Up(_)
+        | Command::Control(_)
+        | Command::Node(_)
+        | Command::Purge(_)
+        | Command::AdminKey(_) => {
             unreachable!("server roles are dispatched in main")
         }
         Command::Template(cmd) => templates::template(c, cmd, json).await?,

@@ -77,6 +77,7 @@ on_both!(
     tenants_create_list_update,
     tenant_with_key_is_all_or_nothing,
     keys_authenticate_and_fail_with_the_right_variant,
+    the_last_admin_key_is_never_revoked,
     labels_are_bounded,
     bootstrap_happens_once,
     sandbox_ownership_is_per_tenant,
@@ -396,6 +397,58 @@ async fn tenant_with_key_is_all_or_nothing(db: Db) {
         Err(StoreError::Conflict(_))
     ));
     assert_eq!(store.keys(&t("acme")).await.unwrap().len(), 1);
+}
+
+async fn the_last_admin_key_is_never_revoked(db: Db) {
+    let store = db.open().await;
+    let boot = store.bootstrap(&t("default")).await.unwrap().unwrap();
+    assert!(boot.info.admin);
+    let acme = t("acme");
+    store.create_tenant(&acme, Quotas::default()).await.unwrap();
+    let user = store.create_key(&acme, false, None).await.unwrap();
+    // The only admin key stays; a key that is not an admin's is revoked as before.
+    let e = store.revoke_key(&boot.info.id).await.unwrap_err();
+    assert!(
+        matches!(&e, StoreError::LastAdmin(id) if *id == boot.info.id),
+        "{e}"
+    );
+    assert!(e.to_string().contains("space admin-key"), "{e}");
+    assert!(store.authenticate(Some(&bearer(&boot.key))).await.is_ok());
+    store.revoke_key(&user.info.id).await.unwrap();
+
+    // With a second admin key (of any tenant) the first can go; then the second is the last.
+    let other = store.create_key(&acme, true, None).await.unwrap();
+    store.revoke_key(&boot.info.id).await.unwrap();
+    assert!(matches!(
+        store.revoke_key(&other.info.id).await,
+        Err(StoreError::LastAdmin(_))
+    ));
+    // Revoking an already revoked admin key changes nothing and is no error.
+    let again = store.revoke_key(&boot.info.id).await.unwrap();
+    assert!(again.revoked_unix_ms.is_some());
+
+    // Two admin keys revoked at once: exactly one revocation wins, one admin key is left.
+    let store = std::sync::Arc::new(store);
+    let mut survivor = other.info.id.clone();
+    for _ in 0..5 {
+        let fresh = store.create_key(&acme, true, None).await.unwrap().info.id;
+        let revoke = |id: String| {
+            let s = store.clone();
+            tokio::spawn(async move { (id.clone(), s.revoke_key(&id).await) })
+        };
+        let (a, b) = tokio::join!(revoke(survivor.clone()), revoke(fresh));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let outcomes = [a.1.is_ok(), b.1.is_ok()];
+        assert_eq!(outcomes.iter().filter(|ok| **ok).count(), 1, "{a:?} {b:?}");
+        let refused = if a.1.is_ok() { &b } else { &a };
+        assert!(
+            matches!(refused.1, Err(StoreError::LastAdmin(_))),
+            "{refused:?}"
+        );
+        survivor = refused.0.clone();
+    }
+    let left = store.key(&survivor).await.unwrap().unwrap();
+    assert!(left.admin && left.revoked_unix_ms.is_none());
 }
 
 async fn keys_authenticate_and_fail_with_the_right_variant(db: Db) {
