@@ -5,13 +5,14 @@ CARGO ?= cargo
 ENV := target/space/env.sh
 TOOLS := target/space/tools.sh
 
-.PHONY: help deps artifacts tools up test soak lint unit bench clean-cache
+.PHONY: help deps artifacts tools up test soak fuzz lint unit bench clean-cache
 
 help:
 	@echo "make up      build everything and run space on its embedded defaults"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
 	@echo "make soak    the long runs (50 suspend/restore cycles through the object store)"
+	@echo "make fuzz    coverage-guided fuzzing of every parser of hostile input (SPACE_FUZZ_SECONDS each, default 60)"
 
 deps:
 	@scripts/deps.sh
@@ -46,6 +47,10 @@ test: artifacts tools lint
 soak: artifacts tools
 	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
+
+# `make test` replays the corpora (crates/space-fuzz/tests/corpus.rs); this runs the fuzzer.
+fuzz: deps
+	@scripts/fuzz.sh
 
 bench: artifacts tools
 	@$(CARGO) build --quiet --release -p space-bench -p space

@@ -4,7 +4,7 @@
 //! `etc/ssl/certs/ca-certificates.crt` (unless the bundle already holds it), which is what
 //! OpenSSL, curl, Python and Git read, without running `update-ca-certificates`.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use base64::engine::general_purpose::STANDARD;
@@ -81,29 +81,11 @@ pub fn validate(pem: &str) -> Result<String, ProtoError> {
     Ok(out)
 }
 
-/// Writes `data` to `path` atomically (a temporary file in the same directory, renamed over
-/// it), creating the directory when absent.
+/// Writes `data` to `path` durably ([`space_fs::write_atomic`]), creating the directory
+/// when absent.
 fn write_atomic(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
-    let tmp = dir.join(format!(".{name}.space-tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
+    std::fs::create_dir_all(path.parent().unwrap_or(Path::new("/")))?;
+    Ok(space_fs::write_atomic(path, data, mode)?)
 }
 
 /// Installs the (validated, normalised) certificate under `root`. Returns the paths written.

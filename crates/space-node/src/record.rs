@@ -9,8 +9,6 @@
 //! may be half made. Refused requests never write it.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -502,7 +500,11 @@ impl RecordStore {
     pub fn write(&self, record: &SandboxRecord) -> Result<(), RecordError> {
         let path = self.path(&record.id);
         let bytes = serde_json::to_vec_pretty(record).expect("records serialize");
-        write_atomic(&path, &bytes).map_err(|(op, source)| RecordError::Io { op, path, source })
+        space_fs::write_atomic(&path, &bytes, 0o600).map_err(|e| RecordError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        })
     }
 
     /// Reads the record of `id`; `None` if there is none.
@@ -581,36 +583,6 @@ fn read_record(path: &Path) -> Result<Option<SandboxRecord>, RecordError> {
         });
     }
     Ok(Some(record))
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory: fsync the file,
-/// rename it over `path`, fsync the directory. A reader sees the old or the new content, never
-/// a mix, and a crash after the return keeps the new one.
-pub(crate) fn write_atomic(
-    path: &Path,
-    bytes: &[u8],
-) -> Result<(), (&'static str, std::io::Error)> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| ("creating", e))?;
-    f.write_all(bytes).map_err(|e| ("writing", e))?;
-    f.sync_all().map_err(|e| ("syncing", e))?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(|e| ("renaming", e))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ("syncing directory", e))?;
-    Ok(())
 }
 
 /// Milliseconds since the Unix epoch.

@@ -787,7 +787,7 @@ async fn sweep_orphans(ctx: &Arc<Ctx>, known: &HashSet<SandboxId>, report: &mut 
     }
     let state = ctx.layout.root().join("state").join("sandboxes");
     for (name, path) in children(state) {
-        if name.starts_with('.') && name.ends_with(".tmp") && std::fs::remove_file(&path).is_ok() {
+        if space_fs::is_leftover(&name) && std::fs::remove_file(&path).is_ok() {
             report.removed.push(path);
         }
     }

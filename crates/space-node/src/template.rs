@@ -33,7 +33,7 @@ use space_runtime::{Accel, BootSpec, QemuRuntime, Runtime, Vm};
 
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
-use crate::record::{now_ms, write_atomic};
+use crate::record::now_ms;
 use crate::storage::{Layout, Storage};
 
 /// Bumped on incompatible changes of the template layout or manifest.
@@ -595,7 +595,8 @@ async fn build_inner(
     };
     let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
     let path = dir.join(TEMPLATE_MANIFEST);
-    write_atomic(&path, &bytes).map_err(|(op, e)| NodeError::io(op, &path)(e))?;
+    space_fs::write_atomic(&path, &bytes, 0o600)
+        .map_err(|e| NodeError::io(e.op, e.path)(e.source))?;
     let (s, d) = (storage.clone(), dir.to_owned());
     blocking(move || Ok(s.set_readonly(&d)?)).await?;
     tracing::info!(

@@ -162,24 +162,15 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Writes the manifest atomically (temporary file, fsync, rename), so a reader sees either
-    /// no manifest or a whole one.
+    /// Writes the manifest atomically and durably ([`space_fs::write_atomic`]), so a reader
+    /// sees either no manifest or a whole one.
     pub fn write(&self, path: &Path) -> Result<(), ManifestError> {
-        use std::io::Write;
-        let tmp = path.with_extension("json.tmp");
-        let io = |op, p: &Path| {
-            let p = p.to_owned();
-            move |source| ManifestError::Io {
-                op,
-                path: p,
-                source,
-            }
-        };
         let bytes = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
-        let mut f = std::fs::File::create(&tmp).map_err(io("creating", &tmp))?;
-        f.write_all(&bytes).map_err(io("writing", &tmp))?;
-        f.sync_all().map_err(io("syncing", &tmp))?;
-        std::fs::rename(&tmp, path).map_err(io("renaming", path))
+        space_fs::write_atomic(path, &bytes, 0o644).map_err(|e| ManifestError::Io {
+            op: e.op,
+            path: e.path,
+            source: e.source,
+        })
     }
 
     /// Refuses snapshots this host cannot load.

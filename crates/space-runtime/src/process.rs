@@ -49,6 +49,10 @@ pub enum ProcessError {
     /// `pidfd_open` failed (kernels before 5.3 lack it).
     #[error("pidfd_open")]
     Pidfd(#[source] std::io::Error),
+    /// The dedicated spawner thread could not be started (the host is out of threads or
+    /// memory); the next spawn tries again.
+    #[error("starting the VMM spawner thread")]
+    SpawnerStart(#[source] std::io::Error),
     /// The dedicated spawner thread is gone (it only ends if it panicked).
     #[error("the process spawner thread is gone")]
     SpawnerGone,
@@ -86,25 +90,34 @@ impl fmt::Display for ExitInfo {
 
 type Job = Box<dyn FnOnce() + Send>;
 
-/// Runs `job` on the one thread every VMM is forked from.
+/// Runs `job` on the one thread every VMM is forked from. The thread starts with the first
+/// job; when it cannot start (threads or memory exhausted) the job fails with
+/// [`ProcessError::SpawnerStart`] and the next job tries again, and a thread that is gone
+/// is replaced.
 fn on_spawner_thread(job: Job) -> Result<(), ProcessError> {
-    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
-    let tx = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("vmm-spawner".into())
-            .spawn(move || {
-                for job in rx {
-                    job();
-                }
-            })
-            .expect("starting the VMM spawner thread");
-        Mutex::new(tx)
-    });
-    tx.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send(job)
-        .map_err(|_| ProcessError::SpawnerGone)
+    static SPAWNER: Mutex<Option<mpsc::Sender<Job>>> = Mutex::new(None);
+    let mut slot = SPAWNER.lock().unwrap_or_else(|e| e.into_inner());
+    let job = match slot.as_ref() {
+        Some(tx) => match tx.send(job) {
+            Ok(()) => return Ok(()),
+            // The thread is gone: start another for this job.
+            Err(mpsc::SendError(job)) => job,
+        },
+        None => job,
+    };
+    *slot = None;
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("vmm-spawner".into())
+        .spawn(move || {
+            for job in rx {
+                job();
+            }
+        })
+        .map_err(ProcessError::SpawnerStart)?;
+    tx.send(job).map_err(|_| ProcessError::SpawnerGone)?;
+    *slot = Some(tx);
+    Ok(())
 }
 
 /// A pidfd of this process, opened once. A jailed child checks it after arming its death

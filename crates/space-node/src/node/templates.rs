@@ -9,7 +9,7 @@ use super::Node;
 use crate::build::{self, BuildLog, BuildPlan};
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, TemplateName, TemplateRef, VersionReq};
-use crate::record::{now_ms, write_atomic, State};
+use crate::record::{now_ms, State};
 use crate::sandbox::{ForkPoint, Request};
 use crate::template::{
     self, blocking, SourceFile, Template, TemplateManifest, TemplateSpec, KERNEL_FILE, ROOTFS_FILE,
@@ -152,7 +152,8 @@ impl Node {
             };
             let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
             let path = dir.join(TEMPLATE_MANIFEST);
-            write_atomic(&path, &bytes).map_err(|(op, e)| NodeError::io(op, &path)(e))?;
+            space_fs::write_atomic(&path, &bytes, 0o600)
+                .map_err(|e| NodeError::io(e.op, e.path)(e.source))?;
             ctx.storage.set_readonly(&dir)?;
             Ok(Template {
                 dir: dir.clone(),

@@ -23,7 +23,7 @@ pub(super) struct VmRecord {
 const MAX_RECORD_BYTES: u64 = 64 << 10;
 
 impl VmRecord {
-    /// Writes `qemu.json`, then `qemu.pid`, each atomically (unique temporary file, rename).
+    /// Writes `qemu.json`, then `qemu.pid`, each atomically and durably.
     /// Owned by root with mode 0600: a jailed VMM can neither read nor, thanks to the sticky
     /// directory, replace them.
     pub(super) fn write(&self, dir: &Path) -> Result<()> {
@@ -50,43 +50,13 @@ impl VmRecord {
     }
 }
 
+/// Writes a root-only (0600) file durably ([`space_fs::write_atomic`]).
 pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        name.unwrap_or_default(),
-        rand_suffix()
-    ));
-    let io = |op, p: &Path| {
-        let p = p.to_owned();
-        move |source| Error::Io {
-            op,
-            path: p,
-            source,
-        }
-    };
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io("creating", &tmp))?;
-    let written = f.write_all(bytes).map_err(io("writing", &tmp));
-    drop(f);
-    let renamed = written.and_then(|()| std::fs::rename(&tmp, path).map_err(io("renaming", &tmp)));
-    if renamed.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    renamed
-}
-
-pub(super) fn rand_suffix() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{}-{nanos}", std::process::id())
+    space_fs::write_atomic(path, bytes, 0o600).map_err(|e| Error::Io {
+        op: e.op,
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// Field 22 of `/proc/<pid>/stat`, and the state (field 3).

@@ -1,0 +1,141 @@
+//! Replays every checked-in corpus file of every target, then a deterministic batch of
+//! mutations of them (bit flips, byte changes, insertions, deletions, duplicated runs and
+//! splices of two files), so `make test` exercises each parser with more than its seeds.
+//! `make fuzz` runs the coverage-guided fuzzer on the same targets and corpora.
+
+use std::path::PathBuf;
+
+use space_fuzz::TARGETS;
+
+/// Mutations per target (spread over its corpus files).
+const MUTATIONS: usize = 4000;
+
+fn corpus_dir(target: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}
+
+fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// xorshift64*: the same mutations on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn mutate(rng: &mut Rng, a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut out = a.to_vec();
+    for _ in 0..1 + rng.below(4) {
+        let at = rng.below(out.len() + 1);
+        match rng.below(7) {
+            0 if !out.is_empty() => {
+                let i = at.min(out.len() - 1);
+                out[i] ^= 1 << rng.below(8);
+            }
+            1 if !out.is_empty() => {
+                let i = at.min(out.len() - 1);
+                out[i] = [0, 0xff, 0x7f, 0x80, b'\n', b'\r', b'"', b'{'][rng.below(8)];
+            }
+            2 => out.insert(at, rng.next() as u8),
+            3 if at < out.len() => {
+                let end = (at + 1 + rng.below(16)).min(out.len());
+                out.drain(at..end);
+            }
+            4 if at < out.len() => {
+                let end = (at + 1 + rng.below(32)).min(out.len());
+                let run = out[at..end].to_vec();
+                let times = 1 + rng.below(8);
+                for _ in 0..times {
+                    out.splice(at..at, run.iter().copied());
+                }
+            }
+            5 => {
+                let from = rng.below(b.len() + 1);
+                let end = (from + rng.below(64)).min(b.len());
+                out.splice(at..at, b[from..end].iter().copied());
+            }
+            _ => out.truncate(at),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_target_has_a_corpus() {
+    let on_disk: Vec<String> = std::fs::read_dir(corpus_dir(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for (name, _) in TARGETS {
+        assert!(on_disk.contains(&name.to_string()), "no corpus for {name}");
+        assert!(!corpus(name).is_empty(), "the corpus of {name} is empty");
+    }
+    for dir in &on_disk {
+        assert!(
+            TARGETS.iter().any(|(n, _)| n == dir),
+            "fuzz/corpus/{dir} belongs to no target"
+        );
+    }
+    let wrappers = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/fuzz_targets");
+    for (name, _) in TARGETS {
+        let file = wrappers.join(format!("{name}.rs"));
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        assert!(
+            text.contains(&format!("targets::{name}(")),
+            "{} does not call its target",
+            file.display()
+        );
+    }
+}
+
+#[test]
+fn corpora_and_their_mutations_replay_cleanly() {
+    for (name, target) in TARGETS {
+        let files = corpus(name);
+        for (file, data) in &files {
+            let r = std::panic::catch_unwind(|| target(data));
+            assert!(r.is_ok(), "{name}: corpus file {file} fails");
+        }
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ name.len() as u64);
+        for i in 0..MUTATIONS {
+            let (_, a) = &files[i % files.len()];
+            let (_, b) = &files[rng.below(files.len())];
+            let input = mutate(&mut rng, a, b);
+            let r = std::panic::catch_unwind(|| target(&input));
+            if r.is_err() {
+                let path = std::env::temp_dir().join(format!("space-fuzz-{name}-{i}"));
+                std::fs::write(&path, &input).unwrap();
+                panic!(
+                    "{name}: mutation {i} fails; its input is in {} (add it to fuzz/corpus/{name} \
+                     once fixed)",
+                    path.display()
+                );
+            }
+        }
+    }
+}
