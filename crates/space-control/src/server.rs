@@ -185,7 +185,7 @@ impl Server {
             .with_context(|| format!("creating {}", state_dir.display()))?;
         let database = match &config.database {
             Some(d) => d.clone(),
-            None => state_dir.join("control.db").display().to_string(),
+            None => sqlite_file(&config.node.data_dir).display().to_string(),
         };
         let store = Arc::new(
             Store::open_database(&database)
@@ -539,6 +539,12 @@ async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The SQLite state database of a single-host deployment on `data_dir` (the one used when no
+/// database is configured).
+pub fn sqlite_file(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("state").join("control.db")
 }
 
 /// A database URL without its password, for messages.

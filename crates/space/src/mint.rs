@@ -4,7 +4,7 @@
 //! (or reach the database) owns the deployment anyway, so this needs no other credential.
 
 use anyhow::{Context as _, Result};
-use space_control::server::redact;
+use space_control::server::{redact, sqlite_file};
 use space_control::store::{NewAuditEvent, Store, TenantName};
 
 use crate::cli::AdminKeyArgs;
@@ -18,7 +18,7 @@ pub async fn admin_key(a: AdminKeyArgs, json: bool) -> Result<()> {
     let database = match a.database {
         Some(d) => d,
         None => {
-            let file = a.data_dir.join("state").join("control.db");
+            let file = sqlite_file(&a.data_dir);
             if !file.is_file() {
                 anyhow::bail!(
                     "{} holds no state database ({} is missing): is --data-dir the deployment's?",

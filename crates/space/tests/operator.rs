@@ -134,7 +134,9 @@ fn space_up_stands_alone_and_purge_leaves_nothing_behind() {
         minted["id"].as_str().unwrap().to_owned(),
     );
     assert_eq!(minted["admin"], true, "{minted}");
-    let first_id = minted_key_id(&server.admin_key);
+    let first_id = space_control::keys::parse(&server.admin_key)
+        .expect("a whole key")
+        .to_owned();
     ok(&server.cli_as(&minted_key, ["key", "revoke", &first_id]));
     let refused = server.cli_as(&minted_key, ["key", "revoke", &minted_id]);
     assert!(!refused.status.success());
@@ -221,12 +223,6 @@ fn space_up_stands_alone_and_purge_leaves_nothing_behind() {
         "still mounted: {}",
         data.display()
     );
-}
-
-/// The id part of a whole key, `space_<id>_<secret>`.
-fn minted_key_id(key: &str) -> String {
-    let rest = key.strip_prefix("space_").expect("a whole key");
-    rest[..16].to_owned()
 }
 
 /// The HTTPS upstream of the corporate-network test: a Python server on 127.0.0.1 with a
