@@ -24,6 +24,10 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("oci_documents", targets::oci_documents),
     ("archive_manifest", targets::archive_manifest),
     ("archive_chunk", targets::archive_chunk),
+    ("qmp_stream", targets::qmp_stream),
+    ("snapshot_manifest", targets::snapshot_manifest),
+    ("guest_json", targets::guest_json),
+    ("connect_envelopes", targets::connect_envelopes),
 ];
 
 /// Cut points for a stream of `len` bytes, chosen by `seed`: strictly increasing, inside

@@ -195,3 +195,144 @@ pub fn archive_chunk(data: &[u8]) {
         assert_eq!(plain.len(), len);
     }
 }
+
+/// QEMU's QMP stream (QEMU runs guest-controlled emulation): the greeting, then replies and
+/// events, split into bounded lines; the lines, and where the stream is refused, must not
+/// depend on the reads, and a reply parses into what the host asks for.
+pub fn qmp_stream(data: &[u8]) {
+    use space_runtime::qmp::{self, LineSplitter, Message, MAX_LINE};
+    let (seed, stream) = seed_and_stream(data);
+    let split = |parts: &[&[u8]]| {
+        let mut s = LineSplitter::new();
+        let mut lines = Vec::new();
+        for part in parts {
+            s.push(part);
+            loop {
+                match s.next_line() {
+                    Ok(Some(line)) => {
+                        assert!(line.len() <= MAX_LINE, "a line past the bound");
+                        lines.push(line);
+                    }
+                    Ok(None) => break,
+                    Err(e) => return (lines, Some(e.to_string())),
+                }
+            }
+            assert!(s.pending() <= MAX_LINE + part.len());
+        }
+        (lines, None)
+    };
+    let whole = split(&[stream]);
+    let cut = split(&pieces(stream, &cuts(seed, stream.len())));
+    assert_eq!(whole, cut, "QMP lines depend on the reads");
+    let mut lines = whole.0.iter();
+    if let Some(greeting) = lines.next() {
+        if let Ok(v) = qmp::parse_greeting(greeting) {
+            let _ = v.to_string();
+        }
+    }
+    for line in lines {
+        if let Ok(Message::Reply {
+            result: Ok(value), ..
+        }) = qmp::parse_message(line)
+        {
+            let _ = serde_json::from_value::<qmp::Status>(value.clone());
+            let _ = serde_json::from_value::<qmp::MigrationInfo>(value);
+        }
+    }
+}
+
+/// A full snapshot's manifest (`manifest.json`, also carried through the object store): a
+/// parsed manifest writes back to the same manifest.
+pub fn snapshot_manifest(data: &[u8]) {
+    use space_runtime::manifest::Manifest;
+    let Ok(m) = Manifest::parse(data) else {
+        return;
+    };
+    let _ = m.memory_bytes();
+    let json = serde_json::to_vec(&m).expect("a manifest serializes");
+    let back = Manifest::parse(&json).expect("a written manifest parses");
+    assert_eq!(back, m);
+}
+
+/// Every JSON answer the host reads from space-guestd (the first byte picks the type): what
+/// parses writes back to the same value, and an error answer maps to an error kind.
+pub fn guest_json(data: &[u8]) {
+    use space_proto::types as t;
+    use space_proto::ProtoError;
+    fn round<T>(bytes: &[u8])
+    where
+        T: serde::de::DeserializeOwned + serde::Serialize + PartialEq + std::fmt::Debug,
+    {
+        let Ok(v) = serde_json::from_slice::<T>(bytes) else {
+            return;
+        };
+        let json = serde_json::to_vec(&v).expect("a parsed answer serializes");
+        let back: T = serde_json::from_slice(&json).expect("a written answer parses");
+        assert_eq!(back, v);
+    }
+    let (pick, body) = seed_and_stream(data);
+    match pick % 13 {
+        0 => round::<t::Health>(body),
+        1 => round::<t::Started>(body),
+        2 => round::<t::ExitStatus>(body),
+        3 => round::<t::ProcessInfo>(body),
+        4 => round::<t::ProcessList>(body),
+        5 => round::<t::WatcherCreated>(body),
+        6 => round::<t::WatcherEvents>(body),
+        7 => round::<t::FileStat>(body),
+        8 => round::<t::DirListing>(body),
+        9 => round::<t::WatchEvent>(body),
+        10 => round::<t::GrowFsResult>(body),
+        11 => round::<t::IdentityApplied>(body),
+        _ => {
+            round::<ProtoError>(body);
+            if let Ok(e) = serde_json::from_slice::<ProtoError>(body) {
+                let _ = e.to_string();
+            }
+        }
+    }
+    let status = u16::from_be_bytes([pick, body.first().copied().unwrap_or(0)]);
+    let _ = space_proto::ErrorKind::from_http_status(status);
+}
+
+/// The Connect framing of the E2B facade's client streams (`[flags][len BE][message]`): the
+/// envelopes, and where the stream is refused, must not depend on how the body was cut into
+/// frames, and the buffer never holds more than one message and one frame.
+pub fn connect_envelopes(data: &[u8]) {
+    use space_control::e2b::connect::{self, Envelope, Envelopes, MAX_MESSAGE};
+    let (seed, stream) = seed_and_stream(data);
+    let split = |parts: &[&[u8]]| {
+        let mut e = Envelopes::new();
+        let mut out = Vec::new();
+        for part in parts {
+            e.push(part);
+            loop {
+                match e.next_envelope() {
+                    Ok(Some(env)) => {
+                        if let Envelope::Message(m) = &env {
+                            assert!(m.len() <= MAX_MESSAGE);
+                        }
+                        let end = env == Envelope::End;
+                        out.push(env);
+                        if end {
+                            return (out, None);
+                        }
+                    }
+                    Ok(None) => break,
+                    Err(err) => return (out, Some(err.code)),
+                }
+            }
+            assert!(e.buffered() <= MAX_MESSAGE + 5 + part.len());
+        }
+        let end = e.finish().err().map(|err| err.code);
+        (out, end)
+    };
+    let whole = split(&[stream]);
+    let cut = split(&pieces(stream, &cuts(seed, stream.len())));
+    assert_eq!(whole, cut, "envelopes depend on the reads");
+    for env in &whole.0 {
+        if let Envelope::Message(m) = env {
+            let _ = connect::parse_message::<serde_json::Value>(m);
+        }
+    }
+}

@@ -139,3 +139,72 @@ fn corpora_and_their_mutations_replay_cleanly() {
         }
     }
 }
+
+/// The seeds reach past the first check of their parsers (a corpus of garbage alone would
+/// leave the fuzzer to find the format by itself).
+#[test]
+fn the_seeds_are_what_their_parsers_accept() {
+    use space_runtime::qmp::{self, LineSplitter, Message};
+    let seed = |target: &str, name: &str| -> Vec<u8> {
+        std::fs::read(corpus_dir(target).join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+    };
+
+    let session = seed("qmp_stream", "session");
+    let mut lines = LineSplitter::new();
+    lines.push(&session[1..]);
+    let greeting = lines.next_line().unwrap().unwrap();
+    assert_eq!(qmp::parse_greeting(&greeting).unwrap().major, 10);
+    let mut replies = 0;
+    while let Some(line) = lines.next_line().unwrap() {
+        match qmp::parse_message(&line).unwrap() {
+            Message::Reply { .. } => replies += 1,
+            Message::Event(e) => assert_eq!(e.name, "STOP"),
+        }
+    }
+    assert_eq!(replies, 4);
+
+    let m = space_runtime::manifest::Manifest::parse(&seed("snapshot_manifest", "tcg")).unwrap();
+    assert_eq!(m.memory_bytes(), 512 << 20);
+    assert!(
+        space_runtime::manifest::Manifest::parse(&seed("snapshot_manifest", "wrong_format"))
+            .is_err()
+    );
+
+    for (name, pick) in [
+        ("health", 0u8),
+        ("started", 1),
+        ("exit", 2),
+        ("stat", 7),
+        ("listing", 8),
+        ("error", 12),
+        ("error_unknown", 12),
+    ] {
+        let bytes = seed("guest_json", name);
+        assert_eq!(bytes[0] % 13, pick, "{name}");
+        let parsed = match pick {
+            0 => serde_json::from_slice::<space_proto::Health>(&bytes[1..]).map(drop),
+            1 => serde_json::from_slice::<space_proto::Started>(&bytes[1..]).map(drop),
+            2 => serde_json::from_slice::<space_proto::ExitStatus>(&bytes[1..]).map(drop),
+            7 => serde_json::from_slice::<space_proto::FileStat>(&bytes[1..]).map(drop),
+            8 => serde_json::from_slice::<space_proto::DirListing>(&bytes[1..]).map(drop),
+            _ => serde_json::from_slice::<space_proto::ProtoError>(&bytes[1..]).map(drop),
+        };
+        parsed.unwrap_or_else(|e| panic!("guest_json/{name}: {e}"));
+    }
+
+    let stream = seed("connect_envelopes", "stream");
+    let mut e = space_control::e2b::connect::Envelopes::new();
+    e.push(&stream[1..]);
+    let mut messages = 0;
+    while let Some(env) = e.next_envelope().unwrap() {
+        match env {
+            space_control::e2b::connect::Envelope::Message(m) => {
+                serde_json::from_slice::<serde_json::Value>(&m).unwrap();
+                messages += 1;
+            }
+            space_control::e2b::connect::Envelope::End => break,
+        }
+    }
+    assert_eq!(messages, 3);
+    e.finish().unwrap();
+}

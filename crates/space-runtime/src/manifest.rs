@@ -126,6 +126,17 @@ pub enum ManifestError {
     Invalid(String),
 }
 
+/// Why [`Manifest::parse`] refused some bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// Not a manifest's JSON.
+    #[error("not a snapshot manifest: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A manifest this host cannot use.
+    #[error(transparent)]
+    Manifest(ManifestError),
+}
+
 impl Manifest {
     /// Reads and parses `dir/manifest.json`, bounded in size.
     pub fn read(path: &Path) -> Result<Self, ManifestError> {
@@ -144,20 +155,33 @@ impl Manifest {
         if bytes.len() as u64 > MAX_MANIFEST {
             return Err(ManifestError::TooLarge(path.to_owned()));
         }
-        let manifest: Manifest =
-            serde_json::from_slice(&bytes).map_err(|source| ManifestError::Parse {
+        Self::parse(&bytes).map_err(|e| match e {
+            ParseError::Json(source) => ManifestError::Parse {
                 path: path.to_owned(),
                 source,
-            })?;
+            },
+            ParseError::Manifest(e) => e,
+        })
+    }
+
+    /// Parses and checks a manifest's bytes (what [`Manifest::read`] does after reading).
+    pub fn parse(bytes: &[u8]) -> Result<Self, ParseError> {
+        if bytes.len() as u64 > MAX_MANIFEST {
+            return Err(ParseError::Manifest(ManifestError::Invalid(format!(
+                "{} bytes is larger than a manifest can be",
+                bytes.len()
+            ))));
+        }
+        let manifest: Manifest = serde_json::from_slice(bytes).map_err(ParseError::Json)?;
         if manifest.format != FORMAT_VERSION {
-            return Err(ManifestError::Format {
+            return Err(ParseError::Manifest(ManifestError::Format {
                 found: manifest.format,
-            });
+            }));
         }
         if manifest.vcpus == 0 || manifest.memory_mib == 0 || manifest.memory_mib > 1 << 30 {
-            return Err(ManifestError::Invalid(
+            return Err(ParseError::Manifest(ManifestError::Invalid(
                 "vcpus and memory must be positive".into(),
-            ));
+            )));
         }
         Ok(manifest)
     }

@@ -157,43 +157,93 @@ impl Drop for Qmp {
     }
 }
 
-/// Reads `\n`-terminated lines with a size bound.
+/// Splits a byte stream from QEMU into `\n`-terminated lines, bounded by [`MAX_LINE`]; a
+/// trailing `\r` is dropped. The lines do not depend on how the stream was cut into reads.
+#[derive(Debug, Default)]
+pub struct LineSplitter {
+    buf: Vec<u8>,
+    /// Where the next line starts in `buf`.
+    start: usize,
+    /// How far past `start` is known to hold no `\n`.
+    scanned: usize,
+}
+
+impl LineSplitter {
+    /// An empty splitter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends bytes read from the stream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole line without its terminator, `Ok(None)` when none is complete yet, or
+    /// [`QmpError::LineTooLong`] once a line, whole or not yet, passes [`MAX_LINE`]; after
+    /// that error the stream is not worth reading further.
+    pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, QmpError> {
+        let from = self.start + self.scanned;
+        if let Some(pos) = self.buf[from..].iter().position(|&b| b == b'\n') {
+            let end = from + pos;
+            if end - self.start > MAX_LINE {
+                return Err(QmpError::LineTooLong);
+            }
+            let mut line = self.buf[self.start..end].to_vec();
+            if line.last() == Some(&b'\r') {
+                line.pop();
+            }
+            self.start = end + 1;
+            self.scanned = 0;
+            if self.start > self.buf.len() / 2 {
+                self.buf.drain(..self.start);
+                self.start = 0;
+            }
+            return Ok(Some(line));
+        }
+        self.scanned = self.buf.len() - self.start;
+        if self.scanned > MAX_LINE {
+            return Err(QmpError::LineTooLong);
+        }
+        Ok(None)
+    }
+
+    /// Bytes held that are not yet a whole line.
+    pub fn pending(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// Reads lines off an async stream with a [`LineSplitter`].
 struct LineReader<R> {
     inner: R,
-    buf: Vec<u8>,
+    lines: LineSplitter,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
     fn new(inner: R) -> Self {
         Self {
             inner,
-            buf: Vec::with_capacity(8192),
+            lines: LineSplitter::new(),
         }
     }
 
     /// The next line without its terminator; `None` at a clean end of stream.
     async fn next_line(&mut self) -> Result<Option<Vec<u8>>, QmpError> {
-        let mut scanned = 0;
         loop {
-            if let Some(pos) = self.buf[scanned..].iter().position(|&b| b == b'\n') {
-                let end = scanned + pos;
-                let mut line: Vec<u8> = self.buf.drain(..=end).collect();
-                line.pop();
-                if line.last() == Some(&b'\r') {
-                    line.pop();
-                }
+            if let Some(line) = self.lines.next_line()? {
                 return Ok(Some(line));
-            }
-            scanned = self.buf.len();
-            if self.buf.len() > MAX_LINE {
-                return Err(QmpError::LineTooLong);
             }
             let mut chunk = [0u8; 8192];
             let n = self.inner.read(&mut chunk).await?;
             if n == 0 {
                 return Ok(None);
             }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.lines.push(&chunk[..n]);
         }
     }
 }
@@ -375,7 +425,8 @@ fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
     pending.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn parse_greeting(line: &[u8]) -> Result<QemuVersion, QmpError> {
+/// Parses QEMU's greeting line (`{"QMP": {"version": ...}}`).
+pub fn parse_greeting(line: &[u8]) -> Result<QemuVersion, QmpError> {
     #[derive(Deserialize)]
     struct Greeting {
         #[serde(rename = "QMP")]
@@ -410,15 +461,21 @@ fn parse_greeting(line: &[u8]) -> Result<QemuVersion, QmpError> {
 
 /// What one line from QEMU turned out to be.
 #[derive(Debug)]
-enum Message {
+pub enum Message {
+    /// The answer to the command with this id: its `return`, or its error's class and
+    /// description.
     Reply {
+        /// The command's id.
         id: u64,
+        /// `return`, or `(class, desc)` of `error`.
         result: Result<Value, (String, String)>,
     },
+    /// An asynchronous event.
     Event(Event),
 }
 
-fn parse_message(line: &[u8]) -> Result<Message, String> {
+/// Parses one line after the greeting; `Err` says why it is neither a reply nor an event.
+pub fn parse_message(line: &[u8]) -> Result<Message, String> {
     let mut value: Value = serde_json::from_slice(line).map_err(|e| format!("not JSON: {e}"))?;
     let obj = value.as_object_mut().ok_or("not an object")?;
     if let Some(name) = obj.get("event").and_then(Value::as_str) {

@@ -260,10 +260,91 @@ pub async fn unary_request<T: DeserializeOwned>(headers: &HeaderMap, body: Body)
     parse(&read_all(body, MAX_MESSAGE).await?)
 }
 
+/// One envelope of a client stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Envelope {
+    /// A data envelope's message bytes (JSON, not yet parsed).
+    Message(Bytes),
+    /// The end-of-stream envelope: nothing after it is read.
+    End,
+}
+
+/// Splits the bytes of a client stream into envelopes, bounded by [`MAX_MESSAGE`]; the
+/// envelopes do not depend on how the bytes were cut into frames.
+#[derive(Debug, Default)]
+pub struct Envelopes {
+    buf: BytesMut,
+    ended: bool,
+}
+
+impl Envelopes {
+    /// An empty splitter.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends bytes of the body.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Bytes held that are not yet a whole envelope.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next whole envelope, `Ok(None)` when none is complete yet; a header announcing
+    /// more than [`MAX_MESSAGE`] or a compressed message is refused as soon as it is seen.
+    /// After [`Envelope::End`], always `Ok(None)`.
+    pub fn next_envelope(&mut self) -> RpcResult<Option<Envelope>> {
+        if self.ended || self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let flags = self.buf[0];
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_MESSAGE {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("a message of {len} bytes is larger than {MAX_MESSAGE}"),
+            ));
+        }
+        if flags & COMPRESSED != 0 {
+            return Err(RpcError::new(
+                Code::Unimplemented,
+                "compressed messages are not supported",
+            ));
+        }
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        self.buf.advance(5);
+        let data = self.buf.split_to(len).freeze();
+        if flags & END_STREAM != 0 {
+            self.ended = true;
+            return Ok(Some(Envelope::End));
+        }
+        Ok(Some(Envelope::Message(data)))
+    }
+
+    /// Checks the body's end: bytes left inside an unfinished envelope are an error.
+    pub fn finish(&self) -> RpcResult<()> {
+        if self.ended || self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(RpcError::invalid("the stream ended inside a message"))
+        }
+    }
+}
+
+/// Parses one message of a stream as the request type.
+pub fn parse_message<T: DeserializeOwned>(bytes: &[u8]) -> RpcResult<T> {
+    parse(bytes)
+}
+
 /// Reads envelopes off a request body one at a time.
 pub struct EnvelopeReader {
     body: Body,
-    buf: BytesMut,
+    envelopes: Envelopes,
     done: bool,
 }
 
@@ -279,7 +360,7 @@ impl EnvelopeReader {
         check_encoding(headers)?;
         Ok(EnvelopeReader {
             body,
-            buf: BytesMut::new(),
+            envelopes: Envelopes::new(),
             done: false,
         })
     }
@@ -287,37 +368,17 @@ impl EnvelopeReader {
     /// The next message; `None` at the end of the body (or at an end-of-stream envelope).
     pub async fn next<T: DeserializeOwned>(&mut self) -> RpcResult<Option<T>> {
         loop {
-            if self.buf.len() >= 5 {
-                let flags = self.buf[0];
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
-                    as usize;
-                if len > MAX_MESSAGE {
-                    return Err(RpcError::new(
-                        Code::ResourceExhausted,
-                        format!("a message of {len} bytes is larger than {MAX_MESSAGE}"),
-                    ));
-                }
-                if flags & COMPRESSED != 0 {
-                    return Err(RpcError::new(
-                        Code::Unimplemented,
-                        "compressed messages are not supported",
-                    ));
-                }
-                if self.buf.len() >= 5 + len {
-                    self.buf.advance(5);
-                    let data = self.buf.split_to(len);
-                    if flags & END_STREAM != 0 {
-                        self.done = true;
-                        return Ok(None);
-                    }
-                    return parse(&data).map(Some);
-                }
-            }
-            if self.done {
-                if self.buf.is_empty() {
+            match self.envelopes.next_envelope()? {
+                Some(Envelope::Message(data)) => return parse(&data).map(Some),
+                Some(Envelope::End) => {
+                    self.done = true;
                     return Ok(None);
                 }
-                return Err(RpcError::invalid("the stream ended inside a message"));
+                None => {}
+            }
+            if self.done {
+                self.envelopes.finish()?;
+                return Ok(None);
             }
             match self.body.frame().await {
                 None => self.done = true,
@@ -329,7 +390,7 @@ impl EnvelopeReader {
                 }
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
-                        self.buf.extend_from_slice(&d);
+                        self.envelopes.push(&d);
                     }
                 }
             }
