@@ -736,3 +736,190 @@ fn node_sends_placeholders_and_keeps_the_policy() {
         },
     );
 }
+
+/// A DNS server played in the test: fixed answers per name, and one name whose answer
+/// changes on every question (public first, then loopback).
+struct Dns {
+    fixed: HashMap<&'static str, Vec<std::net::IpAddr>>,
+    rebinding: &'static str,
+    questions: Mutex<Vec<String>>,
+    loopback_port: u16,
+}
+
+impl space_node::gateway::resolve::Resolve for Dns {
+    fn resolve<'a>(
+        &'a self,
+        name: &'a str,
+        port: u16,
+    ) -> space_node::gateway::resolve::Resolution<'a> {
+        Box::pin(async move {
+            let asked = {
+                let mut q = self.questions.lock().unwrap();
+                q.push(name.to_owned());
+                q.iter().filter(|n| *n == name).count()
+            };
+            if name == self.rebinding {
+                let ip: std::net::IpAddr = if asked % 2 == 1 {
+                    "192.88.99.1".parse().unwrap()
+                } else {
+                    "127.0.0.1".parse().unwrap()
+                };
+                let port = if asked % 2 == 1 {
+                    port
+                } else {
+                    self.loopback_port
+                };
+                return Ok(vec![std::net::SocketAddr::new(ip, port)]);
+            }
+            match self.fixed.get(name) {
+                Some(ips) => Ok(ips
+                    .iter()
+                    .map(|ip| std::net::SocketAddr::new(*ip, self.loopback_port))
+                    .collect()),
+                None => Err(io::Error::new(io::ErrorKind::NotFound, "no such name")),
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn every_way_to_the_host_and_private_networks_is_refused() {
+    // A listener on loopback that counts who reaches it: nothing below may.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let loopback_port = listener.local_addr().unwrap().port();
+    let reached = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = reached.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            drop(s);
+        }
+    });
+    let ip = |s: &str| -> std::net::IpAddr { s.parse().unwrap() };
+    let dns = Arc::new(Dns {
+        fixed: HashMap::from([
+            ("localhost", vec![ip("127.0.0.1"), ip("::1")]),
+            ("loopback.test", vec![ip("127.0.0.1")]),
+            ("metadata.test", vec![ip("169.254.169.254")]),
+            ("v6-loopback.test", vec![ip("::1")]),
+            ("mapped.test", vec![ip("::ffff:127.0.0.1")]),
+            ("private.test", vec![ip("10.0.0.7"), ip("fd00::7")]),
+        ]),
+        rebinding: "rebind.test",
+        questions: Mutex::new(Vec::new()),
+        loopback_port,
+    });
+    let resolver = dns.clone();
+    let s = setup(move |c| {
+        c.resolver = resolver;
+        c.connect_timeout = Duration::from_secs(2);
+    })
+    .await;
+    // Everything allowed by the default and by a wildcard: only the private-address rule
+    // stands between the guest and the host.
+    let sb = s
+        .gateway
+        .sandbox(sandbox_id(), policy(r#"{"allow": ["*"]}"#), vec![]);
+    let mut g = Guest::connect(sb).await;
+
+    let literals = [
+        "127.0.0.1",
+        "127.1",
+        "127.0.1",
+        "2130706433",
+        "0x7f000001",
+        "0x7f.0.0.1",
+        "0177.0.0.1",
+        "017700000001",
+        "127.0.0.1.",
+        "127.254.0.9",
+        "0.0.0.0",
+        "0",
+        "::1",
+        "::",
+        "::ffff:127.0.0.1",
+        "::ffff:7f00:1",
+        "::ffff:0:7f00:1",
+        "::127.0.0.1",
+        "64:ff9b::7f00:1",
+        "2002:7f00:1::1",
+        "169.254.169.254",
+        "0251.0376.0251.0376",
+        "2852039166",
+        "::ffff:169.254.169.254",
+        "fd00:ec2::254",
+        "100.100.100.200",
+        "169.254.1.1",
+        "fe80::1",
+        "10.0.0.1",
+        "172.16.0.1",
+        "192.168.0.1",
+        "100.64.0.1",
+        "fc00::1",
+    ];
+    let names = [
+        "localhost",
+        "loopback.test",
+        "metadata.test",
+        "v6-loopback.test",
+        "mapped.test",
+        "private.test",
+    ];
+    for host in literals.iter().chain(names.iter()) {
+        let err = g.connect_tunnel(host, loopback_port).await.unwrap_err();
+        assert_eq!(err.0, 403, "CONNECT {host}: {err:?}");
+        assert!(err.1.contains("address"), "CONNECT {host}: {err:?}");
+        let raw = format!("GET http://{host}:{loopback_port}/ HTTP/1.1\r\nHost: {host}\r\n\r\n");
+        let (status, body) = g.forward(host, loopback_port, raw.as_bytes()).await;
+        assert!(
+            status == 403 || status == 400,
+            "forward {host}: {status} {body}"
+        );
+    }
+    s.audit
+        .wait_for("egress.deny", "reason=private_address")
+        .await;
+    // Numbers no resolver reads as one address are refused as hosts, not looked up.
+    for bad in [
+        "1.2.3.4.5",
+        "256.0.0.1",
+        "4294967296",
+        "127.0.0.1%lo",
+        "[::1]",
+    ] {
+        let (resp, _tx) = g.request("/v1/egress/connect", bad, "80").await;
+        assert_eq!(resp.status(), 400, "{bad}");
+    }
+
+    // A name whose answer changes between questions: the gateway asks once per connection
+    // and connects to the address it checked. The first answer is public (and unroutable
+    // here, so the connection fails); the loopback answer that follows is never used for it.
+    let err = g
+        .connect_tunnel("rebind.test", loopback_port)
+        .await
+        .unwrap_err();
+    assert!(matches!(err.0, 502 | 504), "{err:?}");
+    let asked = |name: &str| {
+        dns.questions
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|n| *n == name)
+            .count()
+    };
+    assert_eq!(asked("rebind.test"), 1, "one connection, one question");
+    // The next connection gets the loopback answer, and is refused for it.
+    let err = g
+        .connect_tunnel("rebind.test", loopback_port)
+        .await
+        .unwrap_err();
+    assert_eq!(err.0, 403, "{err:?}");
+    assert!(err.1.contains("loopback"), "{err:?}");
+    assert_eq!(asked("rebind.test"), 2);
+
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "something reached the host's loopback"
+    );
+}

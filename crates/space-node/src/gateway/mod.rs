@@ -3,6 +3,7 @@
 //! - [`policy`]: rules (`host[:port]`), the per-sandbox [`EgressPolicy`], private addresses.
 //! - [`hello`]: the bounded TLS ClientHello parser of the SNI check.
 //! - [`http1`]: request heads, credential placeholders, rewriting.
+//! - [`resolve`]: name resolution, once per connection (the checked address is the one used).
 //! - [`ca`]: the deployment CA, leaf certificates and both TLS configurations.
 //! - [`serve`]: the HTTP/2 server on the `space.egress` port and its two handlers.
 //!
@@ -15,6 +16,7 @@ pub mod ca;
 pub mod hello;
 pub mod http1;
 pub mod policy;
+pub mod resolve;
 pub mod serve;
 pub mod upstream;
 
@@ -224,6 +226,8 @@ pub struct GatewayConfig {
     pub secrets: Option<Arc<dyn SecretSource>>,
     /// Audit sink; `None`: events are only traced.
     pub audit: Option<Arc<dyn EgressAudit>>,
+    /// Turns destination names into addresses ([`resolve::SystemResolver`] by default).
+    pub resolver: Arc<dyn resolve::Resolve>,
 }
 
 impl Default for GatewayConfig {
@@ -238,6 +242,7 @@ impl Default for GatewayConfig {
             upstream_proxy: None,
             secrets: None,
             audit: None,
+            resolver: Arc::new(resolve::SystemResolver),
         }
     }
 }
@@ -254,6 +259,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("upstream_proxy", &self.upstream_proxy)
             .field("secrets", &self.secrets.as_ref().map(|_| "<source>"))
             .field("audit", &self.audit.as_ref().map(|_| "<sink>"))
+            .field("resolver", &"<resolver>")
             .finish()
     }
 }

@@ -72,10 +72,15 @@ pub enum Host {
 
 impl Host {
     /// Parses a destination host: at most [`MAX_HOST`] bytes of `[A-Za-z0-9.-]`, or an IP
-    /// literal (IPv6 without brackets).
+    /// literal (IPv6 without brackets). The other spellings of an IPv4 address that C
+    /// resolvers accept (`127.1`, `2130706433`, `0x7f.0.0.1`, `0177.0.0.1`) are that address,
+    /// so rules and the private-address check see what a connection would reach.
     pub fn parse(s: &str) -> Result<Host, String> {
         if let Ok(ip) = s.parse::<IpAddr>() {
             return Ok(Host::Ip(ip));
+        }
+        if let Some(ip) = numeric_ipv4(s) {
+            return Ok(Host::Ip(IpAddr::V4(ip)));
         }
         validate_name(s).map(Host::Name)
     }
@@ -97,6 +102,59 @@ impl fmt::Display for Host {
             Host::Name(n) => f.write_str(n),
             Host::Ip(ip) => write!(f, "{ip}"),
         }
+    }
+}
+
+/// An IPv4 address in any spelling `inet_aton` accepts: one to four parts separated by
+/// dots, each decimal, octal (a leading `0`) or hexadecimal (`0x`), the last filling the
+/// bytes left; a trailing dot is allowed. `None` for anything else.
+pub fn numeric_ipv4(s: &str) -> Option<Ipv4Addr> {
+    let s = s.strip_suffix('.').unwrap_or(s);
+    let parts: Vec<&str> = s.split('.').collect();
+    if parts.is_empty() || parts.len() > 4 {
+        return None;
+    }
+    let mut values = Vec::with_capacity(4);
+    for part in &parts {
+        let (digits, radix) =
+            if let Some(h) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+                (h, 16)
+            } else if part.len() > 1 && part.starts_with('0') {
+                (&part[1..], 8)
+            } else {
+                (*part, 10)
+            };
+        if digits.is_empty() || digits.len() > 32 || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        values.push(u64::from_str_radix(digits, radix).ok()?);
+    }
+    let (last, leading) = values.split_last()?;
+    if leading.iter().any(|&v| v > 255) {
+        return None;
+    }
+    let rest_bits = 8 * (4 - leading.len() as u32);
+    if rest_bits < 64 && *last >= 1u64 << rest_bits {
+        return None;
+    }
+    let mut addr: u32 = 0;
+    for (i, v) in leading.iter().enumerate() {
+        addr |= (*v as u32) << (24 - 8 * i as u32);
+    }
+    addr |= *last as u32;
+    Some(Ipv4Addr::from(addr))
+}
+
+/// Whether a DNS label is a number (decimal, or `0x` hexadecimal): no top-level domain is,
+/// so a name ending in one is an address spelled in a way no resolver should be asked to
+/// guess at.
+fn numeric_label(label: &str) -> bool {
+    let hex = label
+        .strip_prefix("0x")
+        .or_else(|| label.strip_prefix("0X"));
+    match hex {
+        Some(h) => h.chars().all(|c| c.is_ascii_hexdigit()),
+        None => label.chars().all(|c| c.is_ascii_digit()),
     }
 }
 
@@ -124,6 +182,12 @@ fn validate_name(s: &str) -> Result<String, String> {
     if trimmed.split('.').any(|l| l.is_empty() || l.len() > 63) {
         return Err(format!(
             "host name {trimmed:?} has an empty label or one longer than 63 bytes"
+        ));
+    }
+    if trimmed.rsplit('.').next().is_some_and(numeric_label) {
+        return Err(format!(
+            "host {trimmed:?} is neither a DNS name (its last label is a number) nor an IP \
+             address"
         ));
     }
     Ok(trimmed.to_ascii_lowercase())
@@ -197,7 +261,7 @@ impl FromStr for EgressRule {
                 return Err(fail(
                     "'*' may only stand alone or lead as '*.suffix'".into(),
                 ));
-            } else if let Ok(ip) = h.parse::<Ipv4Addr>() {
+            } else if let Some(ip) = numeric_ipv4(h) {
                 HostPattern::Ip(IpAddr::V4(ip))
             } else {
                 HostPattern::Name(validate_name(h).map_err(fail)?)
@@ -301,54 +365,79 @@ impl EgressPolicy {
 }
 
 /// Why an address is private (refused unless the host is allowed exactly), or `None` for a
-/// public one. Covers loopback, link-local, RFC 1918, fc00::/7, unspecified (and 0.0.0.0/8),
-/// multicast, broadcast, cloud metadata, and IPv4 addresses inside IPv6 (mapped, compatible,
-/// NAT64 well-known prefix).
+/// public one. Covers loopback, link-local, RFC 1918, shared address space (100.64/10, where
+/// some clouds put their metadata service), fc00::/7, unspecified (and 0.0.0.0/8), multicast,
+/// broadcast and the rest of 240/4, the IETF, benchmarking and documentation ranges, cloud
+/// metadata addresses, and IPv4 addresses carried inside IPv6 (mapped, compatible, translated,
+/// NAT64, 6to4 and Teredo), judged as the IPv4 address they reach.
 pub fn private_reason(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => private_v4(v4),
-        IpAddr::V6(v6) => {
-            let seg = v6.segments();
-            // ::ffff:a.b.c.d, ::a.b.c.d, 64:ff9b::a.b.c.d
-            let mapped = seg[..5] == [0; 5] && (seg[5] == 0xffff || seg[5] == 0);
-            let nat64 = seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0];
-            let embedded = (mapped || nat64).then(|| {
-                Ipv4Addr::new(
-                    (seg[6] >> 8) as u8,
-                    seg[6] as u8,
-                    (seg[7] >> 8) as u8,
-                    seg[7] as u8,
-                )
-            });
-            if v6.is_loopback() {
-                return Some("loopback");
-            }
-            if v6.is_unspecified() {
-                return Some("unspecified");
-            }
-            if let Some(v4) = embedded {
-                return private_v4(v4);
-            }
-            if v6.is_multicast() {
-                return Some("multicast");
-            }
-            if seg[0] & 0xffc0 == 0xfe80 {
-                return Some("link-local");
-            }
-            if seg[0] & 0xfe00 == 0xfc00 {
-                return Some("private");
-            }
-            if seg[0] & 0xffc0 == 0xfec0 {
-                return Some("private (site-local)");
-            }
-            None
-        }
+        IpAddr::V6(v6) => private_v6(v6),
     }
+}
+
+fn v4_at(hi: u16, lo: u16) -> Ipv4Addr {
+    Ipv4Addr::from(((hi as u32) << 16) | lo as u32)
+}
+
+fn private_v6(v6: Ipv6Addr) -> Option<&'static str> {
+    let seg = v6.segments();
+    if v6.is_loopback() {
+        return Some("loopback");
+    }
+    if v6.is_unspecified() {
+        return Some("unspecified");
+    }
+    // fd00:ec2::254, the metadata service's IPv6 address on one cloud.
+    if seg == [0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0x254] {
+        return Some("cloud metadata");
+    }
+    // ::a.b.c.d (compatible), ::ffff:a.b.c.d (mapped), ::ffff:0:a.b.c.d (translated),
+    // 64:ff9b::a.b.c.d and 64:ff9b:1::/48 (NAT64): the IPv4 address is the last 32 bits.
+    let compatible = seg[..6] == [0; 6];
+    let mapped = seg[..5] == [0; 5] && seg[5] == 0xffff;
+    let translated = seg[..4] == [0; 4] && seg[4] == 0xffff && seg[5] == 0;
+    let nat64 = seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || seg[..3] == [0x64, 0xff9b, 1];
+    if compatible || mapped || translated || nat64 {
+        return private_v4(v4_at(seg[6], seg[7]));
+    }
+    // 2002:a.b.c.d::/48 (6to4) embeds an IPv4 address, 2001:0::/32 (Teredo) an inverted
+    // one; both are tunnels into IPv4 no destination needs, and both are refused.
+    if seg[0] == 0x2002 {
+        return Some(private_v4(v4_at(seg[1], seg[2])).unwrap_or("6to4"));
+    }
+    if seg[0] == 0x2001 && seg[1] == 0 {
+        return Some("Teredo");
+    }
+    if v6.is_multicast() {
+        return Some("multicast");
+    }
+    if seg[0] & 0xffc0 == 0xfe80 {
+        return Some("link-local");
+    }
+    if seg[0] & 0xfe00 == 0xfc00 {
+        return Some("private");
+    }
+    if seg[0] & 0xffc0 == 0xfec0 {
+        return Some("private (site-local)");
+    }
+    // 100::/64 (discard), 2001:db8::/32 (documentation), 3fff::/20 (documentation).
+    if seg[..4] == [0x100, 0, 0, 0]
+        || (seg[0] == 0x2001 && seg[1] == 0xdb8)
+        || (seg[0] == 0x3fff && seg[1] < 0x1000)
+    {
+        return Some("reserved");
+    }
+    None
 }
 
 fn private_v4(ip: Ipv4Addr) -> Option<&'static str> {
     let o = ip.octets();
-    if ip == Ipv4Addr::new(169, 254, 169, 254) {
+    let bits = u32::from(ip);
+    let within =
+        |net: [u8; 4], len: u32| bits >> (32 - len) == u32::from_be_bytes(net) >> (32 - len);
+    if ip == Ipv4Addr::new(169, 254, 169, 254) || ip == Ipv4Addr::new(100, 100, 100, 200) {
         Some("cloud metadata")
     } else if ip.is_loopback() {
         Some("loopback")
@@ -358,10 +447,18 @@ fn private_v4(ip: Ipv4Addr) -> Option<&'static str> {
         Some("link-local")
     } else if ip.is_private() {
         Some("private")
+    } else if within([100, 64, 0, 0], 10) {
+        Some("shared address space")
     } else if ip.is_multicast() {
         Some("multicast")
-    } else if ip.is_broadcast() {
-        Some("broadcast")
+    } else if within([240, 0, 0, 0], 4)
+        || within([192, 0, 0, 0], 24)
+        || within([198, 18, 0, 0], 15)
+        || within([192, 0, 2, 0], 24)
+        || within([198, 51, 100, 0], 24)
+        || within([203, 0, 113, 0], 24)
+    {
+        Some("reserved")
     } else {
         None
     }
@@ -501,6 +598,27 @@ mod tests {
             "::ffff:10.0.0.1",
             "::ffff:169.254.169.254",
             "64:ff9b::a00:1",
+            "64:ff9b:1::7f00:1",
+            "::ffff:0:7f00:1",
+            "::127.0.0.1",
+            "::ffff:7f00:1",
+            "::ffff:192.168.0.1",
+            "fd00:ec2::254",
+            "2002:7f00:1::1",
+            "2002:0808:0808::1",
+            "2001:0:4136:e378:8000:63bf:3fff:fdd2",
+            "2001:db8::1",
+            "100::1",
+            "100.64.0.1",
+            "100.100.100.200",
+            "100.127.255.255",
+            "192.0.0.170",
+            "192.0.2.1",
+            "198.18.0.1",
+            "198.51.100.7",
+            "203.0.113.9",
+            "240.0.0.1",
+            "fec0::1",
         ] {
             let ip: IpAddr = private.parse().unwrap();
             assert!(private_reason(ip).is_some(), "{private}");
@@ -512,14 +630,72 @@ mod tests {
             "192.169.0.1",
             "2606:4700::1111",
             "::ffff:1.1.1.1",
+            "64:ff9b::808:808",
+            "100.128.0.1",
+            "198.20.0.1",
+            "2001:4860:4860::8888",
         ] {
             let ip: IpAddr = public.parse().unwrap();
             assert_eq!(private_reason(ip), None, "{public}");
         }
+        for metadata in ["169.254.169.254", "100.100.100.200", "fd00:ec2::254"] {
+            assert_eq!(
+                private_reason(metadata.parse().unwrap()),
+                Some("cloud metadata"),
+                "{metadata}"
+            );
+        }
         assert_eq!(
-            private_reason("169.254.169.254".parse().unwrap()),
+            private_reason("::ffff:169.254.169.254".parse().unwrap()),
             Some("cloud metadata")
         );
+    }
+
+    #[test]
+    fn every_spelling_of_an_ipv4_address_is_that_address() {
+        let loopback = Host::Ip(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        for spelling in [
+            "127.0.0.1",
+            "127.1",
+            "127.0.1",
+            "2130706433",
+            "0x7f000001",
+            "0X7F000001",
+            "0x7f.0.0.1",
+            "0177.0.0.1",
+            "0177.0.0.01",
+            "017700000001",
+            "127.0.0.1.",
+            "0x7f.1",
+        ] {
+            assert_eq!(Host::parse(spelling), Ok(loopback.clone()), "{spelling}");
+        }
+        assert_eq!(
+            Host::parse("0251.0376.0251.0376"),
+            Ok(Host::Ip("169.254.169.254".parse().unwrap()))
+        );
+        assert_eq!(
+            Host::parse("0"),
+            Ok(Host::Ip(IpAddr::V4(Ipv4Addr::UNSPECIFIED)))
+        );
+        // Numbers no resolver reads as one address are not names either.
+        for bad in [
+            "256.0.0.1",
+            "1.2.3.4.5",
+            "4294967296",
+            "0x",
+            "08.0.0.1",
+            "a.123",
+        ] {
+            assert!(Host::parse(bad).is_err(), "{bad}");
+        }
+        // Names with digits stay names.
+        for name in ["1.example.com", "0x7f.example", "123abc", "a1"] {
+            assert!(matches!(Host::parse(name), Ok(Host::Name(_))), "{name}");
+        }
+        // A rule spelt like that names the same address.
+        assert_eq!(rule("127.1:80"), rule("127.0.0.1:80"));
+        assert!(rule("2130706433").matches(&loopback, 9));
     }
 
     #[test]

@@ -574,7 +574,8 @@ async fn open_upstream(
         .filter(|p| !p.bypasses(host))
     {
         // The private-address rule holds through the proxy too, for names that resolve here.
-        let resolved = tokio::time::timeout(limit, super::upstream::resolve(host, port))
+        let resolver = sb.gateway.config.resolver.as_ref();
+        let resolved = tokio::time::timeout(limit, super::upstream::resolve(resolver, host, port))
             .await
             .ok()
             .flatten()
@@ -595,7 +596,11 @@ async fn open_upstream(
     let work = async {
         let addrs: Vec<SocketAddr> = match host {
             Host::Ip(ip) => vec![SocketAddr::new(*ip, port)],
-            Host::Name(n) => tokio::net::lookup_host((n.as_str(), port))
+            Host::Name(n) => sb
+                .gateway
+                .config
+                .resolver
+                .resolve(n, port)
                 .await
                 .map_err(|e| {
                     Refusal::new(
@@ -605,7 +610,8 @@ async fn open_upstream(
                         "unresolvable",
                     )
                 })?
-                .take(16)
+                .into_iter()
+                .take(super::resolve::MAX_ADDRESSES)
                 .collect(),
         };
         let mut refused = None;

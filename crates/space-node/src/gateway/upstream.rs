@@ -269,13 +269,14 @@ fn percent_decode(s: &str) -> Vec<u8> {
 }
 
 /// The address a host resolves to here, if it does (for the private-address check).
-pub async fn resolve(host: &Host, port: u16) -> Option<Vec<SocketAddr>> {
+pub async fn resolve(
+    resolver: &dyn super::resolve::Resolve,
+    host: &Host,
+    port: u16,
+) -> Option<Vec<SocketAddr>> {
     match host {
         Host::Ip(ip) => Some(vec![SocketAddr::new(*ip, port)]),
-        Host::Name(n) => tokio::net::lookup_host((n.as_str(), port))
-            .await
-            .ok()
-            .map(|a| a.take(16).collect()),
+        Host::Name(n) => resolver.resolve(n, port).await.ok(),
     }
 }
 
