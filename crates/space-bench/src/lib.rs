@@ -26,6 +26,7 @@ pub mod e2b;
 pub mod egress;
 pub mod failover;
 pub mod host;
+pub mod hostile;
 pub mod idle;
 pub mod mcp;
 pub mod node;

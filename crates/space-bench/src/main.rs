@@ -20,6 +20,7 @@
 //!     [--round-trips N] [--pool-size N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- mcp [--round-trips N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- templates [--runs N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- hostile [--seconds N]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -134,6 +135,10 @@ enum Command {
     /// of an image per 100 MB, and create from the Dockerfile's template against the stock
     /// one. `--runs` defaults to 5 here.
     Templates,
+    /// Measures what a sandbox attacking its own guest (console flood, full disk, fork
+    /// flood, memory exhaustion, CPU spin) costs another sandbox's exec latency, against a
+    /// quiet baseline in the same run.
+    Hostile(HostileArgs),
     /// Measures the node's storage drivers without VMs: snapshot, delete and clone of a volume
     /// holding one disk-sized file, with btrfs and reflink on a loop-mounted btrfs image and
     /// copy on the root filesystem.
@@ -151,6 +156,13 @@ struct ArchiveArgs {
     /// The object store (default: a fresh directory under /var/tmp per node).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct HostileArgs {
+    /// Seconds each attack, and the baseline, runs.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(5..=3600))]
+    seconds: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -461,6 +473,15 @@ async fn run(cli: Cli) -> Result<()> {
             repo,
         };
         return space_bench::mcp::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Hostile(args)) = &cli.command {
+        let plan = space_bench::hostile::HostilePlan {
+            seconds: args.seconds,
+            qemu: cli.qemu.clone(),
+            kernel,
+            rootfs,
+        };
+        return space_bench::hostile::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Templates) = &cli.command {
         let guestd = std::env::var_os("SPACE_GUESTD")
