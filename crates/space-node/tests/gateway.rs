@@ -923,3 +923,108 @@ async fn every_way_to_the_host_and_private_networks_is_refused() {
         "something reached the host's loopback"
     );
 }
+
+#[tokio::test]
+async fn a_hostile_guest_end_is_bounded_and_the_others_are_served() {
+    let s = setup(|c| c.max_connections = 8).await;
+    let hostile_sb = s
+        .gateway
+        .sandbox(sandbox_id(), policy(r#"{"allow": ["localhost"]}"#), vec![]);
+    let other_sb = s.gateway.sandbox(
+        "sbx-gatewayother".parse().unwrap(),
+        policy(r#"{"allow": ["localhost"]}"#),
+        vec![],
+    );
+
+    // Thousands of streams at once: the first few get tunnels, the rest 429 (or the HTTP/2
+    // stream limit), and nothing hangs.
+    let g = Guest::connect(hostile_sb.clone()).await;
+    let mut asks = Vec::new();
+    for _ in 0..2000 {
+        let mut send = g.send.clone();
+        let port = s.https_port;
+        asks.push(tokio::spawn(async move {
+            let (tx, rx) = mpsc::channel::<Bytes>(1);
+            let req = http::Request::post("http://gateway/v1/egress/connect")
+                .header("space-host", "localhost")
+                .header("space-port", port.to_string())
+                .body(ChanBody(rx))
+                .unwrap();
+            let status = match send.send_request(req).await {
+                Ok(resp) => resp.status().as_u16(),
+                Err(_) => 0,
+            };
+            // Hold a granted tunnel open until every stream has been answered.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(tx);
+            status
+        }));
+    }
+    let mut granted = 0;
+    let mut limited = 0;
+    let all = tokio::time::timeout(Duration::from_secs(60), async {
+        for a in asks {
+            match a.await.unwrap() {
+                200 => granted += 1,
+                429 | 0 => limited += 1,
+                other => panic!("stream answered {other}"),
+            }
+        }
+    })
+    .await;
+    assert!(all.is_ok(), "the streams were not all answered within 60 s");
+    assert!(granted <= 8, "{granted} tunnels past a limit of 8");
+    assert!(limited >= 1992, "{limited} refused");
+    s.audit.wait_for("egress.deny", "reason=limit").await;
+
+    // Garbage after the sync line: the connection ends; a new one is served.
+    let (host_end, mut guest_end) = tokio::net::UnixStream::pair().unwrap();
+    let served = tokio::spawn(space_node::gateway::serve(host_end, hostile_sb.clone()));
+    let line = b"SPACE-EGRESS/1 00112233445566778899aabbccddeeff\n";
+    guest_end.write_all(line).await.unwrap();
+    let mut echo = vec![0u8; line.len()];
+    guest_end.read_exact(&mut echo).await.unwrap();
+    let junk: Vec<u8> = (0..256 * 1024).map(|i| (i * 7 + 3) as u8).collect();
+    let _ = guest_end.write_all(&junk).await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), served).await;
+    assert!(ended.is_ok(), "a connection of garbage was not ended");
+    drop(guest_end);
+
+    // A preface and then frames that break the protocol: the same.
+    let (host_end, mut guest_end) = tokio::net::UnixStream::pair().unwrap();
+    let served = tokio::spawn(space_node::gateway::serve(host_end, hostile_sb.clone()));
+    guest_end.write_all(line).await.unwrap();
+    guest_end.read_exact(&mut echo).await.unwrap();
+    guest_end
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    // A SETTINGS frame claiming 16 MiB, then a HEADERS frame on stream 0.
+    let _ = guest_end
+        .write_all(&[0xff, 0xff, 0xff, 0x04, 0, 0, 0, 0, 0])
+        .await;
+    let _ = guest_end
+        .write_all(&[0, 0, 4, 0x01, 0x04, 0, 0, 0, 0, 1, 2, 3, 4])
+        .await;
+    let ended = tokio::time::timeout(Duration::from_secs(10), served).await;
+    assert!(ended.is_ok(), "a connection breaking HTTP/2 was not ended");
+
+    // The other sandbox was served all along, and the hostile one again once it behaves.
+    let mut other = Guest::connect(other_sb).await;
+    let t = other.connect_tunnel("localhost", s.https_port).await;
+    assert!(t.is_ok(), "{:?}", t.err());
+    drop(g);
+    let mut again = Guest::connect(hostile_sb).await;
+    let mut ok = false;
+    for _ in 0..100 {
+        match again.connect_tunnel("localhost", s.https_port).await {
+            Ok(_) => {
+                ok = true;
+                break;
+            }
+            Err((429, _)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(ok, "the hostile sandbox's slots were never freed");
+}
