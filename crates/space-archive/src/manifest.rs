@@ -249,12 +249,13 @@ impl Manifest {
         blake3::hash(object).to_hex().to_string()
     }
 
-    /// Encodes and seals the manifest; returns the object's bytes.
-    pub fn encode(&self, keys: &LineageKeys) -> Vec<u8> {
+    /// Encodes and seals the manifest; returns the object's bytes. Fails only when zstd
+    /// cannot get the memory it needs.
+    pub fn encode(&self, keys: &LineageKeys) -> std::io::Result<Vec<u8>> {
         let json = serde_json::to_vec(self).expect("a manifest always serializes");
-        let z = zstd::bulk::compress(&json, 3).expect("zstd of an in-memory buffer");
+        let z = zstd::bulk::compress(&json, 3)?;
         let sealed = keys.seal_manifest(&self.sandbox, &self.snapshot, &z);
-        [MAGIC.as_slice(), &sealed].concat()
+        Ok([MAGIC.as_slice(), &sealed].concat())
     }
 
     /// Checks the hash (when given), opens, decompresses, parses and validates a manifest
@@ -511,7 +512,7 @@ mod tests {
         let keys = LineageKeys::derive("lin", &Key::random());
         let m = sample(&keys);
         m.validate().unwrap();
-        let obj = m.encode(&keys);
+        let obj = m.encode(&keys).unwrap();
         let h = Manifest::hash(&obj);
         let back = Manifest::decode(&obj, Some(&h), &keys, "sbx-1", "snap-1").unwrap();
         assert_eq!(back, m);

@@ -317,7 +317,10 @@ pub async fn upload(
     };
     m.validate()
         .map_err(|e| UploadError::Invalid(format!("made an invalid manifest: {e}")))?;
-    let object = m.encode(&keys);
+    let object = m.encode(&keys).map_err(|source| UploadError::Io {
+        path: std::path::PathBuf::from(format!("{} (compressing it)", spec.manifest_path)),
+        source,
+    })?;
     if object.len() > manifest::MAX_MANIFEST_BYTES {
         return Err(UploadError::Invalid(format!(
             "the manifest is {} bytes, over the format's limit",

@@ -195,7 +195,15 @@ impl From<NodeError> for ApiError {
                 ApiError::new(StatusCode::BAD_GATEWAY, "archive_unavailable", m.clone())
             }
             NodeError::Key(m) => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", m.clone()),
-            _ => ApiError::internal(format!("node: {}", chain(&e))),
+            NodeError::Internal(m) => {
+                tracing::error!(cause = %m, "internal fault of the node");
+                ApiError::internal(format!("node: {m}"))
+            }
+            _ => {
+                let cause = chain(&e);
+                tracing::error!(%cause, "node failure");
+                ApiError::internal(format!("node: {cause}"))
+            }
         }
     }
 }
@@ -231,7 +239,14 @@ impl From<Fault> for ApiError {
             FaultCode::Unavailable => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "node_unavailable", m)
             }
-            FaultCode::Internal => ApiError::internal(format!("node: {m}")),
+            FaultCode::Internal => {
+                tracing::error!(
+                    cause = %m,
+                    sandbox = f.sandbox.as_ref().map(|s| s.as_str()),
+                    "internal fault of a node"
+                );
+                ApiError::internal(format!("node: {m}"))
+            }
         }
     }
 }
@@ -260,7 +275,8 @@ impl From<ClientError> for ApiError {
                     ErrorKind::AlreadyExists
                     | ErrorKind::NotEmpty
                     | ErrorKind::NotADirectory
-                    | ErrorKind::IsADirectory => ApiError::conflict(message),
+                    | ErrorKind::IsADirectory
+                    | ErrorKind::Busy => ApiError::conflict(message),
                     ErrorKind::InvalidArgument => ApiError::invalid(message),
                     ErrorKind::TooLarge => ApiError::too_large(message),
                     _ => ApiError::guest(format!("{}: {message}", p.kind)),
@@ -364,6 +380,26 @@ mod tests {
         assert_eq!((e.status.as_u16(), e.code), (503, "capacity"));
         let e: ApiError = NodeError::Invalid("vcpus".into()).into();
         assert_eq!((e.status.as_u16(), e.code), (400, "invalid_request"));
+    }
+
+    #[test]
+    fn internal_node_faults_map_to_500() {
+        let e: ApiError = NodeError::Internal("a rollback without a target snapshot".into()).into();
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
+        assert!(
+            e.message.contains("without a target snapshot"),
+            "{}",
+            e.message
+        );
+        // The same fault from a remote node, decoded from the node API.
+        let f = Fault::from(NodeError::Internal("the state driver failed".into()));
+        assert_eq!(f.code, FaultCode::Internal);
+        let e: ApiError = f.into();
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
+        let id: SandboxId = "sbx-0011223344556677".parse().unwrap();
+        let f = Fault::from(NodeError::Internal("the state driver failed".into()));
+        let e = node_error(&id)(f);
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
     }
 
     #[test]

@@ -94,9 +94,8 @@ impl MemInfo {
     pub fn read() -> Result<MemInfo> {
         let path = Path::new("/proc/meminfo");
         let text = std::fs::read_to_string(path).map_err(NodeError::io("reading", path))?;
-        MemInfo::parse(&text).ok_or_else(|| {
-            NodeError::Invalid("/proc/meminfo has no MemTotal or MemAvailable".into())
-        })
+        MemInfo::parse(&text)
+            .ok_or_else(|| NodeError::internal("/proc/meminfo has no MemTotal or MemAvailable"))
     }
 
     fn parse(text: &str) -> Option<MemInfo> {

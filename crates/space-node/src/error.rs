@@ -70,9 +70,15 @@ pub enum NodeError {
     /// A malformed id or name.
     #[error(transparent)]
     InvalidId(#[from] IdError),
-    /// Options or arguments the node cannot honour.
+    /// Options or arguments the node cannot honour: the caller's to fix.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// The node broke one of its own rules: a record or file it made is not what it should
+    /// be, a state it cannot be in, or a sandbox's state driver that failed. Not the caller's
+    /// fault (the same request may well succeed later); the cause is in the message and the
+    /// node's log.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// The node is shutting down; its sandboxes take no more requests.
     #[error("the node is shutting down")]
     ShuttingDown,
@@ -133,6 +139,11 @@ impl NodeError {
                 | NodeError::ShuttingDown
                 | NodeError::Capacity(_)
         )
+    }
+
+    /// An internal fault with `message`.
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        NodeError::Internal(message.into())
     }
 
     pub(crate) fn io(
@@ -197,5 +208,16 @@ mod tests {
             .to_string()
             .ends_with("legal only when running, paused or suspended)"));
         assert!(e.is_refusal());
+    }
+
+    #[test]
+    fn internal_faults_are_not_refusals() {
+        let e = NodeError::internal("a suspended sandbox without a restore point");
+        assert!(!e.is_refusal());
+        assert_eq!(
+            e.to_string(),
+            "internal error: a suspended sandbox without a restore point"
+        );
+        assert!(NodeError::Invalid("vcpus".into()).is_refusal());
     }
 }

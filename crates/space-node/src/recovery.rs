@@ -120,7 +120,7 @@ pub(crate) async fn run(
             continue;
         }
         let id = record.id.clone();
-        match phase1(ctx, record, &mut report).await {
+        match phase1(ctx, record, &mut report, NODE_DIED).await {
             Ok(n) => next.push(n),
             Err(e) => {
                 tracing::error!(%id, error = %chain(&e), "recovering a sandbox");
@@ -137,36 +137,71 @@ pub(crate) async fn run(
     }
     let mut handles = Vec::new();
     for n in next {
-        let (mut record, live) = match n {
-            Next::Nothing => continue,
-            Next::Spawn(record, live) => (record, live),
-            Next::Relaunch(mut record, why) => {
-                let dir = ctx.layout.sandbox_dir(record.id.as_str())?;
-                let live = relaunch(ctx, &mut record, &dir, &why).await.ok();
-                note_relaunch(&record, live.is_some(), &mut report);
-                (record, live)
-            }
-            Next::Rollback(mut record, target) => {
-                let live = finish_rollback(ctx, &mut record, &target).await;
-                note_relaunch(&record, live.is_some(), &mut report);
-                (record, live)
-            }
-        };
-        if record.state == State::Terminated {
-            continue;
+        if let Some((record, live)) = phase2(ctx, n, &mut report).await? {
+            let id = record.id.clone();
+            handles.push((id, Sandbox::spawn(ctx.clone(), record, live)?));
         }
-        if live.is_none() && matches!(record.state, State::Running | State::Paused) {
-            // Cannot happen after the steps above; keep the driver consistent regardless.
-            record.state = State::Failed;
-            ctx.records.write(&record)?;
-        }
-        let id = record.id.clone();
-        handles.push((id, Sandbox::spawn(ctx.clone(), record, live)?));
     }
     if !report.is_empty() {
         tracing::info!(?report, "recovery");
     }
     Ok(Recovered { report, handles })
+}
+
+/// What the events of a pass at start name as the cause.
+const NODE_DIED: &str = "the node died";
+
+/// Starts what phase 1 left to start; answers the record and VM a driver takes over, or
+/// `None` when nothing is left to drive.
+async fn phase2(
+    ctx: &Arc<Ctx>,
+    n: Next,
+    report: &mut RecoveryReport,
+) -> Result<Option<(SandboxRecord, Option<Live>)>> {
+    let (mut record, live) = match n {
+        Next::Nothing => return Ok(None),
+        Next::Spawn(record, live) => (record, live),
+        Next::Relaunch(mut record, why) => {
+            let dir = ctx.layout.sandbox_dir(record.id.as_str())?;
+            let live = relaunch(ctx, &mut record, &dir, &why).await.ok();
+            note_relaunch(&record, live.is_some(), report);
+            (record, live)
+        }
+        Next::Rollback(mut record, target) => {
+            let live = finish_rollback(ctx, &mut record, &target).await;
+            note_relaunch(&record, live.is_some(), report);
+            (record, live)
+        }
+    };
+    if record.state == State::Terminated {
+        return Ok(None);
+    }
+    if live.is_none() && matches!(record.state, State::Running | State::Paused) {
+        // Cannot happen after the steps above; keep the driver consistent regardless.
+        record.state = State::Failed;
+        ctx.records.write(&record)?;
+    }
+    Ok(Some((record, live)))
+}
+
+/// Recovers one sandbox while the node runs, after its state driver failed (a panic): the
+/// steps of a pass at start for its record as it is on disk (the driver's copy may be
+/// half-changed; the disk holds what was acknowledged), with `cause` in the events it
+/// records. The driver's VM must have been let go (detached, not killed), so a live VM is
+/// adopted as it is and nothing the guest held is lost. Answers the record and VM the driver
+/// goes on with, or `None` when nothing is left to drive (the record says Terminated or
+/// was removed).
+pub(crate) async fn recover_one(
+    ctx: &Arc<Ctx>,
+    record: SandboxRecord,
+    cause: &str,
+) -> Result<Option<(SandboxRecord, Option<Live>)>> {
+    let mut report = RecoveryReport::default();
+    let id = record.id.clone();
+    let next = phase1(ctx, record, &mut report, cause).await?;
+    let out = phase2(ctx, next, &mut report).await?;
+    tracing::warn!(%id, ?report, "sandbox recovered: {cause}");
+    Ok(out)
 }
 
 fn note_relaunch(record: &SandboxRecord, ok: bool, report: &mut RecoveryReport) {
@@ -190,7 +225,12 @@ fn event(action: RecoveryAction, snapshot: Option<SnapshotId>, detail: String) -
 }
 
 /// Resolves a cut-short transition and adopts what can be adopted.
-async fn phase1(ctx: &Arc<Ctx>, mut r: SandboxRecord, report: &mut RecoveryReport) -> Result<Next> {
+async fn phase1(
+    ctx: &Arc<Ctx>,
+    mut r: SandboxRecord,
+    report: &mut RecoveryReport,
+    cause: &str,
+) -> Result<Next> {
     let dir = ctx.layout.sandbox_dir(r.id.as_str())?;
     let mut trust_vm = false;
     if let Some(p) = r.pending.clone() {
@@ -241,15 +281,16 @@ async fn phase1(ctx: &Arc<Ctx>, mut r: SandboxRecord, report: &mut RecoveryRepor
                 )
             }
             "restore" => {
-                let done = finish_restore(ctx, &mut r, &dir, &p, report).await?;
+                let done = finish_restore(ctx, &mut r, &dir, &p, report, cause).await?;
                 r.pending = None;
                 remove_unlisted(ctx, &r, &[], report).await?;
                 return Ok(done);
             }
             "rollback" => {
-                let target = p.snapshot.clone().ok_or_else(|| {
-                    NodeError::Invalid("a rollback without a target snapshot".into())
-                })?;
+                let target = p
+                    .snapshot
+                    .clone()
+                    .ok_or_else(|| NodeError::internal("a rollback without a target snapshot"))?;
                 // The undo point, if it was completed, is kept and becomes the restore point
                 // should the target fail to start.
                 let listed: Vec<SnapshotId> = r.snapshots.iter().map(|s| s.id.clone()).collect();
@@ -275,7 +316,7 @@ async fn phase1(ctx: &Arc<Ctx>, mut r: SandboxRecord, report: &mut RecoveryRepor
                 r.push_recovery(event(
                     RecoveryAction::FinishedPending,
                     Some(target.clone()),
-                    "the node died during rollback: finished".into(),
+                    format!("{cause} during rollback: finished"),
                 ));
                 r.pending = None;
                 ctx.records.write(&r)?;
@@ -296,7 +337,7 @@ async fn phase1(ctx: &Arc<Ctx>, mut r: SandboxRecord, report: &mut RecoveryRepor
         r.push_recovery(event(
             what.0,
             p.snapshot.clone(),
-            format!("the node died during {}", what.1),
+            format!("{cause} during {}", what.1),
         ));
         ctx.records.write(&r)?;
     } else {
@@ -312,7 +353,7 @@ async fn phase1(ctx: &Arc<Ctx>, mut r: SandboxRecord, report: &mut RecoveryRepor
                 snapshot: None,
                 started_unix_ms: r.created_unix_ms,
             });
-            Box::pin(phase1(ctx, r, report)).await
+            Box::pin(phase1(ctx, r, report, cause)).await
         }
         State::Running | State::Paused => adopt(ctx, r, &dir, trust_vm, report).await,
         State::Suspended | State::Failed => {
@@ -427,12 +468,13 @@ async fn finish_restore(
     dir: &Path,
     p: &Pending,
     report: &mut RecoveryReport,
+    cause: &str,
 ) -> Result<Next> {
     let point = p.snapshot.clone().or_else(|| r.restore_point.clone());
     if let (Ok(vm), Some(point)) = (ctx.runtime.adopt(dir).await, point) {
         let ready = async {
             if !vm.status().await?.running {
-                return Err(NodeError::Invalid("the restored VM never ran".into()));
+                return Err(NodeError::internal("the restored VM never ran"));
             }
             let client = vm.wait_ready(ctx.ready_timeout).await?;
             client
@@ -457,7 +499,7 @@ async fn finish_restore(
             r.push_recovery(event(
                 RecoveryAction::FinishedPending,
                 Some(point),
-                "the node died during restore: finished".into(),
+                format!("{cause} during restore: finished"),
             ));
             ctx.records.write(r)?;
             report
@@ -479,7 +521,7 @@ async fn finish_restore(
     r.push_recovery(event(
         RecoveryAction::RolledBackPending,
         p.snapshot.clone(),
-        "the node died during restore: undone, still suspended".into(),
+        format!("{cause} during restore: undone, still suspended"),
     ));
     ctx.records.write(r)?;
     report
@@ -612,11 +654,11 @@ pub(crate) async fn relaunch(
     };
     let chosen = newest(SnapshotKind::Full).or_else(|| newest(SnapshotKind::Disk));
     let e = match chosen {
-        _ if recent >= MAX_RESTARTS => NodeError::Invalid(format!(
+        _ if recent >= MAX_RESTARTS => NodeError::internal(format!(
             "{why}; not restored: {recent} automatic restores in the last {} minutes",
             RESTART_WINDOW.as_secs() / 60
         )),
-        None => NodeError::Invalid(format!("{why}; no snapshot to restore it from")),
+        None => NodeError::internal(format!("{why}; no snapshot to restore it from")),
         Some(snap) => {
             let was = r.state;
             r.pending = Some(Pending {
@@ -644,7 +686,7 @@ pub(crate) async fn relaunch(
                     tracing::warn!(id = %r.id, snapshot = %snap.id, %why, "sandbox VM brought back");
                     return Ok(live);
                 }
-                Err(e) => NodeError::Invalid(format!(
+                Err(e) => NodeError::internal(format!(
                     "{why}; restoring snapshot {} failed: {}",
                     snap.id,
                     chain(&e)
@@ -653,7 +695,11 @@ pub(crate) async fn relaunch(
         }
     };
     let _ = clear_vm_files(dir);
-    fail(ctx, r, e.to_string());
+    let text = match &e {
+        NodeError::Internal(m) => m.clone(),
+        other => other.to_string(),
+    };
+    fail(ctx, r, text);
     Err(e)
 }
 
@@ -797,6 +843,11 @@ async fn sweep_orphans(ctx: &Arc<Ctx>, known: &HashSet<SandboxId>, report: &mut 
 
 /// Kills the VMM running in `dir`, if any: one that `adopt` accepts, else any QEMU process
 /// whose root (jailed) or working directory (unjailed) is `dir`. Waits until it is gone.
+/// Kills whatever VMM runs in `dir` (a sandbox whose driver let its VM go).
+pub(crate) async fn kill_vmm(ctx: &Ctx, dir: &Path) {
+    kill_vmm_in(ctx, dir, &mut RecoveryReport::default()).await;
+}
+
 async fn kill_vmm_in(ctx: &Ctx, dir: &Path, report: &mut RecoveryReport) {
     let Ok(meta) = std::fs::metadata(dir) else {
         return;

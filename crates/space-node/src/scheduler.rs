@@ -50,8 +50,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, SnapshotId};
 use crate::record::{
@@ -191,7 +189,7 @@ pub(crate) async fn reconcile(
             in_use: in_use.get(id).cloned().unwrap_or_default(),
             prune: records.is_some(),
         };
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         if h.tx.send(Request::Rolling(job, tx)).await.is_ok() {
             waits.push((id.clone(), rx));
         }

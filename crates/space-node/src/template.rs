@@ -355,13 +355,36 @@ async fn start(client: &space_proto::GuestClient, spec: &TemplateSpec) -> Result
     Ok(())
 }
 
-/// Runs blocking filesystem work off the async threads.
+/// Runs blocking filesystem work off the async threads. A panic in `f` is answered as an
+/// internal fault of the caller's request, not carried on into the caller's task.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T> + Send + 'static,
 ) -> Result<T> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .expect("blocking filesystem task panicked")
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r,
+        Err(e) => {
+            let why = if e.is_panic() {
+                format!("it panicked: {}", panic_message(e.into_panic().as_ref()))
+            } else {
+                "it was cancelled".to_owned()
+            };
+            tracing::error!(%why, "blocking filesystem task failed");
+            Err(NodeError::internal(format!(
+                "blocking filesystem task failed: {why}"
+            )))
+        }
+    }
+}
+
+/// The text of a panic's payload (`panic!` with a literal or a formatted message).
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(no message)".to_owned()
+    }
 }
 
 /// Reads `template.json` of the build in `dir`; `None` if the build is incomplete or absent.
@@ -373,7 +396,7 @@ fn read_manifest(dir: &Path) -> Result<Option<TemplateManifest>> {
         Err(e) => return Err(NodeError::io("reading", &path)(e)),
     };
     let m: TemplateManifest = serde_json::from_slice(&bytes)
-        .map_err(|e| NodeError::Invalid(format!("{}: {e}", path.display())))?;
+        .map_err(|e| NodeError::internal(format!("{}: {e}", path.display())))?;
     if m.format != TEMPLATE_FORMAT {
         return Err(NodeError::TemplateStale {
             template: m.template,
@@ -605,4 +628,20 @@ async fn build_inner(
         "template built"
     );
     Ok(manifest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panic_in_blocking_work_is_an_internal_fault() {
+        let r: Result<()> = blocking(|| panic!("the disk is on fire")).await;
+        match r {
+            Err(NodeError::Internal(m)) => assert!(m.contains("the disk is on fire"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        let r: Result<u32> = blocking(|| Ok(7)).await;
+        assert_eq!(r.unwrap(), 7);
+    }
 }

@@ -127,6 +127,10 @@ pub enum Error {
     /// A step did not finish in time.
     #[error("timed out {0}")]
     Timeout(String),
+    /// The runtime broke one of its own rules (blocking work that panicked): not the
+    /// caller's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
     /// Saving or loading VM state failed.
     #[error("migration failed: {0}")]
     Migration(String),

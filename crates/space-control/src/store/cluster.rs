@@ -194,7 +194,7 @@ impl Store {
         let (tid, _) = join_parts(token).ok_or_else(refused)?;
         let (tid, token) = (tid.to_owned(), token.to_owned());
         let report = serde_json::to_string(&join.report)
-            .map_err(|e| StoreError::Invalid(format!("node report: {e}")))?;
+            .map_err(|e| StoreError::Database(format!("encoding the node report: {e}")))?;
         self.write(move |c| {
             let now = db_now(c)?;
             let row = one(
@@ -274,7 +274,7 @@ impl Store {
     ) -> Result<NodeRow, StoreError> {
         validate_node_id(id)?;
         let report = serde_json::to_string(report)
-            .map_err(|e| StoreError::Invalid(format!("node report: {e}")))?;
+            .map_err(|e| StoreError::Database(format!("encoding the node report: {e}")))?;
         let (id, secret, address) = (id.to_owned(), secret.to_owned(), address.to_owned());
         self.write(move |c| {
             let gone = || StoreError::NotFound {
@@ -323,7 +323,7 @@ impl Store {
     ) -> Result<NodeRow, StoreError> {
         validate_node_id(id)?;
         let report = serde_json::to_string(report)
-            .map_err(|e| StoreError::Invalid(format!("node report: {e}")))?;
+            .map_err(|e| StoreError::Database(format!("encoding the node report: {e}")))?;
         let (id, secret) = (id.to_owned(), secret.to_owned());
         self.write(move |c| {
             let gone = || StoreError::NotFound {

@@ -7,7 +7,7 @@
 //! after it, and nothing more.
 
 use std::str::FromStr;
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use postgres::{Client, Config, NoTls};
@@ -205,10 +205,24 @@ impl Drop for Pool {
 /// a store may well be dropped on one, so the client goes away on a thread of its own.
 fn drop_client(c: Client) {
     if tokio::runtime::Handle::try_current().is_ok() {
-        let _ = std::thread::Builder::new()
+        let slot = Arc::new(Mutex::new(Some(c)));
+        let theirs = slot.clone();
+        let spawned = std::thread::Builder::new()
             .name("space-pg-close".into())
-            .spawn(move || drop(c));
+            .spawn(move || drop(lock_slot(&theirs).take()));
+        if let Err(e) = spawned {
+            // No thread for it, and dropping it here would panic: the connection is leaked
+            // (the server drops it when it notices) rather than the caller brought down.
+            tracing::warn!(error = %e, "no thread to close a database connection on; leaking it");
+            if let Some(c) = lock_slot(&slot).take() {
+                std::mem::forget(c);
+            }
+        }
     } else {
         drop(c);
     }
+}
+
+fn lock_slot(slot: &Mutex<Option<Client>>) -> MutexGuard<'_, Option<Client>> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -47,7 +47,7 @@ impl Store {
     /// is new. A replacement keeps the creation time. `NotFound` for an unknown tenant.
     pub async fn put_secret(&self, row: &SecretRow) -> Result<bool, StoreError> {
         let hosts = serde_json::to_string(&row.hosts)
-            .map_err(|e| StoreError::Invalid(format!("secret hosts: {e}")))?;
+            .map_err(|e| StoreError::Database(format!("encoding the secret's hosts: {e}")))?;
         let row = row.clone();
         self.write(move |c| {
             if get_tenant(c, &row.tenant)?.is_none() {

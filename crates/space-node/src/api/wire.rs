@@ -416,11 +416,12 @@ impl From<NodeError> for Fault {
             NodeError::Archive(_) => FaultCode::Archive,
             NodeError::Key(_) => FaultCode::Key,
             NodeError::Guest { .. } => FaultCode::Guest,
+            NodeError::Internal(_) => FaultCode::Internal,
             _ => FaultCode::Internal,
         };
         let message = match &e {
             NodeError::Invalid(m) | NodeError::Capacity(m) | NodeError::Archive(m) => m.clone(),
-            NodeError::Key(m) => m.clone(),
+            NodeError::Key(m) | NodeError::Internal(m) => m.clone(),
             // Never the note naming the snapshot's real owner: it may be another tenant's.
             NodeError::SnapshotNotFound {
                 sandbox, snapshot, ..
@@ -439,5 +440,34 @@ impl From<NodeError> for Fault {
             _ => {}
         }
         f
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a remote node's caller decodes from the wire.
+    fn over_the_wire(e: NodeError) -> Fault {
+        let json = serde_json::to_vec(&super::super::rpc::FaultBody {
+            fault: Fault::from(e),
+        })
+        .unwrap();
+        serde_json::from_slice::<super::super::rpc::FaultBody>(&json)
+            .unwrap()
+            .fault
+    }
+
+    #[test]
+    fn internal_faults_cross_the_wire_as_internal() {
+        let f = over_the_wire(NodeError::internal("a rollback without a target snapshot"));
+        assert_eq!(f.code, FaultCode::Internal);
+        assert_eq!(f.message, "a rollback without a target snapshot");
+        assert!(!f.is_refusal());
+        assert_eq!(super::super::rpc::status_of(&f), 500);
+        let f = over_the_wire(NodeError::Invalid("vcpus must be 1..=16, not 0".into()));
+        assert_eq!(f.code, FaultCode::Invalid);
+        assert!(f.is_refusal());
+        assert_eq!(super::super::rpc::status_of(&f), 400);
     }
 }

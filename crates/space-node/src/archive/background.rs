@@ -271,7 +271,7 @@ pub(crate) async fn pass(
         return report;
     };
     for (id, h) in &handles {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         if h.tx
             .send(Request::UploadJob(cfg.upload_interval, tx))
             .await
@@ -284,7 +284,7 @@ pub(crate) async fn pass(
         };
         match upload_snapshot(ctx, &cfg, &job.record, &job.snapshot, &job.dir).await {
             Ok(remote) => {
-                let (tx, rx) = oneshot::channel();
+                let (tx, rx) = crate::sandbox::reply();
                 if h.tx
                     .send(Request::Uploaded(job.snapshot.clone(), remote, tx))
                     .await
@@ -312,7 +312,7 @@ pub(crate) async fn pass(
         if h.status.state() != State::Suspended {
             continue;
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         if h.tx.send(Request::Info(tx)).await.is_err() {
             continue;
         }
@@ -336,7 +336,7 @@ pub(crate) async fn pass(
         if !over_size && !low_space {
             break;
         }
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         if h.tx.send(Request::Evict(snap.clone(), tx)).await.is_err() {
             continue;
         }

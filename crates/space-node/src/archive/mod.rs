@@ -23,7 +23,6 @@ use crate::ids::{SandboxId, SnapshotId, VersionReq};
 use crate::record::{now_ms, RemoteCopy, SandboxRecord, SnapshotKind, State};
 use crate::sandbox::{Ctx, Request};
 use crate::template::blocking;
-use tokio::sync::oneshot;
 
 /// The tenant whose keys seal template archives (templates are the deployment's, not a
 /// tenant's).

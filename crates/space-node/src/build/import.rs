@@ -45,7 +45,12 @@ pub struct Imported {
 }
 
 fn image_error(what: &str) -> impl Fn(space_image::ImageError) -> NodeError + '_ {
-    move |e| NodeError::Invalid(format!("{what}: {e}"))
+    move |e| match e {
+        // The image, its reference or the registry's answer: the caller's to fix.
+        space_image::ImageError::Invalid(_) => NodeError::Invalid(format!("{what}: {e}")),
+        // Reading or writing this node's own files.
+        space_image::ImageError::Io { .. } => NodeError::internal(format!("{what}: {e}")),
+    }
 }
 
 /// The template defaults of an image config.

@@ -153,8 +153,8 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
     let min_bytes = plan.disk_mib.unwrap_or(0) << 20;
     let guestd = || {
         plan.guestd.as_deref().ok_or_else(|| {
-            NodeError::Invalid(
-                "this node has no space-guestd binary to put into images (SPACE_GUESTD)".into(),
+            NodeError::internal(
+                "this node has no space-guestd binary to put into images (SPACE_GUESTD)",
             )
         })
     };

@@ -16,7 +16,6 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
-use tokio::sync::oneshot;
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::archive::{ArchiveConfig, ArchiveReport};
@@ -83,7 +82,7 @@ impl Node {
         );
         let gateway = blocking(move || {
             Gateway::open(&ca_dir, gw)
-                .map_err(|e| NodeError::Invalid(format!("egress gateway: {e}")))
+                .map_err(|e| NodeError::internal(format!("egress gateway: {e}")))
         })
         .await?;
         let ctx = Arc::new(Ctx {
@@ -492,9 +491,9 @@ impl Node {
     async fn call<T>(
         &self,
         id: &SandboxId,
-        make: impl FnOnce(oneshot::Sender<Result<T>>) -> Request,
+        make: impl FnOnce(crate::sandbox::Reply<T>) -> Request,
     ) -> Result<T> {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         let req = make(tx);
         let handle = self
             .inner
@@ -525,9 +524,21 @@ impl Node {
             if self.is_shutting_down() {
                 return Err(NodeError::ShuttingDown);
             }
+            // The driver is gone without its sandbox being finished with (a panic it could
+            // not recover from): not a refusal.
+            if let Some(why) = handle.status.fault() {
+                return Err(NodeError::internal(format!("sandbox {id}: {why}")));
+            }
             return Err(refused(&req));
         }
         rx.await.map_err(|_| NodeError::ShuttingDown)?
+    }
+
+    /// Makes the state driver of `id` panic in the middle of a request (after writing a
+    /// transition's intent), for tests of panic isolation. Not part of any API.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub async fn inject_panic(&self, id: &SandboxId) -> Result<()> {
+        self.call(id, Request::Panic).await
     }
 
     /// The sandbox's record as of now.
@@ -833,7 +844,7 @@ impl Node {
             .drain()
             .collect();
         for (_, h) in handles {
-            let (tx, rx) = oneshot::channel();
+            let (tx, rx) = crate::sandbox::reply();
             if h.tx.send(Request::Shutdown(detach, tx)).await.is_ok() {
                 let _ = rx.await;
             }
@@ -891,7 +902,7 @@ async fn reconcile(inner: &Inner) -> usize {
     let mut acted = 0;
     let mut waits = Vec::new();
     for (id, h, kind) in due {
-        let (tx, rx) = oneshot::channel();
+        let (tx, rx) = crate::sandbox::reply();
         if h.tx.send(Request::Timeout(kind, tx)).await.is_ok() {
             waits.push((id, rx));
         }
@@ -933,6 +944,7 @@ async fn rolling_pass(inner: &Inner) -> RollingReport {
 
 /// Runs one reconciler pass every `tick` until the node is dropped or shutting down. A pass
 /// takes no input and may run at any time; a tick that is late is delayed, not doubled up.
+/// A pass that panics is logged, and the next tick runs the next one.
 async fn reconcile_every<F, Fut>(inner: Weak<Inner>, tick: Duration, pass: F)
 where
     F: Fn(Arc<Inner>) -> Fut,
@@ -949,7 +961,13 @@ where
         {
             return;
         }
-        pass(inner).await;
+        let one = std::panic::AssertUnwindSafe(pass(inner));
+        if let Err(panic) = futures::FutureExt::catch_unwind(one).await {
+            tracing::error!(
+                panic = %template::panic_message(panic.as_ref()),
+                "a reconciler pass panicked; the next tick runs it again"
+            );
+        }
     }
 }
 

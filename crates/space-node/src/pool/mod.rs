@@ -425,7 +425,7 @@ impl Pools {
         wanted.id = member.record.id.clone();
         let handed = async {
             let client = member.live.client.as_ref().ok_or_else(|| {
-                NodeError::Invalid("a warm-pool member without a guest connection".into())
+                NodeError::internal("a warm-pool member without a guest connection")
             })?;
             member.live.vm.set_priority(Priority::Normal)?;
             member.live.vm.resume().await?;
@@ -794,13 +794,13 @@ async fn warm(live: &Live) -> Result<()> {
     let client = live
         .client
         .as_ref()
-        .ok_or_else(|| NodeError::Invalid("a new VM without a guest connection".into()))?;
+        .ok_or_else(|| NodeError::internal("a new VM without a guest connection"))?;
     let out = client
         .run(ExecSpec::shell("true"))
         .await
         .map_err(guest("warm-up exec"))?;
     if !out.status.success() {
-        return Err(NodeError::Invalid(format!(
+        return Err(NodeError::internal(format!(
             "warm-up exec in a pooled VM failed: {:?}",
             out.status
         )));
@@ -877,7 +877,14 @@ async fn run_loop(pools: Weak<Pools>, wake: Arc<Notify>, tick: Duration) {
             if p.lock().closed {
                 return;
             }
-            p.reconcile().await;
+            // A pass that panics is logged and the loop goes on: the pools keep refilling.
+            let pass = std::panic::AssertUnwindSafe(p.reconcile());
+            if let Err(panic) = futures::FutureExt::catch_unwind(pass).await {
+                tracing::error!(
+                    panic = %template::panic_message(panic.as_ref()),
+                    "a warm-pool pass panicked; the next one tries again"
+                );
+            }
         }
         tokio::select! {
             _ = wake.notified() => {}

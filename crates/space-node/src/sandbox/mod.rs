@@ -29,12 +29,20 @@
 //! - A guest connection is only handed out while Running. A Paused sandbox is not resumed on
 //!   the caller's behalf: requests on a paused guest would hang, so the caller resumes
 //!   explicitly (and sees the refusal otherwise).
+//! - A panic in the driver stays in its sandbox: the request it was handling is answered with
+//!   [`NodeError::Internal`], the VM is let go without being killed, and the sandbox is
+//!   recovered from its record on disk the way crash recovery does at start
+//!   ([`crate::recovery::recover_one`]); requests queued meanwhile are served after that.
+//!   After [`MAX_PANICS`] panics within [`PANIC_WINDOW`], or when that recovery fails, the
+//!   driver stops trying: every request but kill and shutdown is answered with an internal
+//!   error, and the VM is left running for the node's next start to adopt.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::FutureExt;
 use rand::RngCore;
 use space_proto::{ExecSpec, Identity};
 use space_runtime::{
@@ -51,10 +59,12 @@ use crate::record::{
 };
 use crate::scheduler::{DiskMark, RollingJob, RollingOutcome, DISK_FILE};
 use crate::storage::{Layout, Storage};
-use crate::template::{self, blocking};
+use crate::template::{self, blocking, panic_message};
 
 mod launch;
 mod request;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use launch::{clear_vm_files, dir_size, ensure_disk, identity, launch, Launch};
 pub(crate) use request::Request;
@@ -102,9 +112,21 @@ pub(crate) struct Status {
     /// Policy and bindings the sandbox's gateway loop reads; the policy is changed by
     /// [`Request::SetEgress`].
     pub egress: Arc<SandboxGateway>,
+    /// Set when the driver failed and stopped driving the sandbox (see the module docs):
+    /// what happened, for the internal error callers get.
+    pub fault: Mutex<Option<String>>,
 }
 
 impl Status {
+    /// Why the driver stopped driving the sandbox, if it did.
+    pub fn fault(&self) -> Option<String> {
+        self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set_fault(&self, why: String) {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+    }
+
     pub fn state(&self) -> State {
         *self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -149,7 +171,37 @@ pub enum TimeoutKind {
     MaxLifetime,
 }
 
-type Reply<T> = oneshot::Sender<Result<T>>;
+/// The answer to one request. One dropped unanswered (its handler panicked, or the driver
+/// went away with it) answers [`NodeError::Internal`] as it goes: a caller never waits for an
+/// answer that cannot come, and never mistakes a failure of the node for a refusal.
+pub(crate) struct Reply<T>(Option<oneshot::Sender<Result<T>>>);
+
+impl<T> Reply<T> {
+    /// Answers; gives the answer back if the caller stopped waiting.
+    pub fn send(mut self, answer: Result<T>) -> std::result::Result<(), Result<T>> {
+        match self.0.take() {
+            Some(tx) => tx.send(answer),
+            None => Err(answer),
+        }
+    }
+}
+
+impl<T> Drop for Reply<T> {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(Err(NodeError::internal(
+                "the sandbox's state driver failed while handling the request; the node's \
+                 log has the cause",
+            )));
+        }
+    }
+}
+
+/// A reply and the receiver its answer arrives on.
+pub(crate) fn reply<T>() -> (Reply<T>, oneshot::Receiver<Result<T>>) {
+    let (tx, rx) = oneshot::channel();
+    (Reply(Some(tx)), rx)
+}
 
 /// Where a fork's child starts: the parent's full snapshot taken for it.
 #[derive(Debug, Clone)]
@@ -191,10 +243,23 @@ pub(crate) struct Sandbox {
     /// compete with the guest's first requests); with the flag that fetch sets when it ends,
     /// once it is under way. The record says a snapshot is local once its copy is there.
     pub(crate) caching: Vec<(SnapshotId, Option<Arc<std::sync::atomic::AtomicBool>>)>,
+    /// When the driver panicked recently (within [`PANIC_WINDOW`]).
+    panics: Vec<Instant>,
+    /// Set once the driver stopped trying to recover the sandbox: why.
+    faulted: Option<String>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
 const QUEUE: usize = 64;
+
+/// How many panics within [`PANIC_WINDOW`] a driver recovers its sandbox from; after that it
+/// stops (a sandbox whose record or VM makes the driver panic every time would loop).
+pub(crate) const MAX_PANICS: usize = 3;
+/// See [`MAX_PANICS`].
+pub(crate) const PANIC_WINDOW: Duration = Duration::from_secs(600);
+
+/// What the events recorded by a recovery after a panic name as the cause.
+const DRIVER_FAILED: &str = "the sandbox's state driver failed";
 
 impl Sandbox {
     /// Starts the actor of a sandbox whose record is written and whose VM (if any) is live.
@@ -213,6 +278,7 @@ impl Sandbox {
                 record.options.egress.clone(),
                 record.options.secrets.clone(),
             ),
+            fault: Mutex::new(None),
         });
         let (tx, rx) = mpsc::channel(QUEUE);
         let (vm, client) = match live {
@@ -226,6 +292,7 @@ impl Sandbox {
         let disk_mark = (vm.is_some() && just_started)
             .then(|| DiskMark::of(&dir.join(DISK_FILE)))
             .flatten();
+        let id = record.id.clone();
         let actor = Sandbox {
             ctx,
             record,
@@ -236,8 +303,25 @@ impl Sandbox {
             disk_mark,
             egress_loop: None,
             caching: Vec::new(),
+            panics: Vec::new(),
+            faulted: None,
         };
-        tokio::spawn(actor.run(rx));
+        let driver = tokio::spawn(actor.run(rx));
+        // The driver catches its own panics; this is for one that escapes (a panic while it
+        // recovers from one). The sandbox is then left as it is for the node's next start.
+        let watched = status.clone();
+        tokio::spawn(async move {
+            if let Err(e) = driver.await {
+                if e.is_panic() {
+                    let why = format!(
+                        "its state driver died ({}); the node's next start recovers it",
+                        panic_message(e.into_panic().as_ref())
+                    );
+                    tracing::error!(%id, %why, "sandbox state driver gone");
+                    watched.set_fault(why);
+                }
+            }
+        });
         Ok(Handle { tx, status })
     }
 
@@ -255,47 +339,247 @@ impl Sandbox {
 
     async fn run(mut self, mut rx: mpsc::Receiver<Request>) {
         loop {
-            self.sync_egress();
-            let next = {
-                let exited = async {
-                    match &self.vm {
-                        Some(vm) => vm.wait().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    req = rx.recv() => Ok(req),
-                    exit = exited => Err(exit),
-                }
-            };
-            match next {
-                Ok(None) => break,
-                Ok(Some(req)) => {
-                    let state = self.record.state;
-                    if !req.legal().contains(&state) {
-                        let err = NodeError::IllegalState {
-                            id: self.record.id.clone(),
-                            request: req.name(),
-                            state,
-                            legal: req.legal(),
-                        };
-                        req.refuse(err);
-                        continue;
-                    }
-                    if req.is_activity() {
-                        self.status.touch();
-                    }
-                    if self.handle(req).await {
+            // Bound first: the step (and the request it held) is gone before recovery starts.
+            let step = std::panic::AssertUnwindSafe(self.step(&mut rx))
+                .catch_unwind()
+                .await;
+            match step {
+                Ok(false) => {}
+                Ok(true) => break,
+                Err(panic) => {
+                    let panic = panic_message(panic.as_ref());
+                    if self.panicked(panic).await {
                         break;
                     }
                 }
-                Err(exit) => self.vm_exited(exit.to_string()).await,
             }
         }
         // Dropping the VM handle kills QEMU if it still runs (node shutdown).
         drop(self.egress_loop.take());
         drop(self.client.take());
         drop(self.vm.take());
+        self.refuse_queued(&mut rx);
+    }
+
+    /// Waits for the next request (or the VM's exit) and handles it; true when the driver
+    /// should stop.
+    async fn step(&mut self, rx: &mut mpsc::Receiver<Request>) -> bool {
+        self.sync_egress();
+        let next = {
+            let exited = async {
+                match &self.vm {
+                    Some(vm) => vm.wait().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                req = rx.recv() => Ok(req),
+                exit = exited => Err(exit),
+            }
+        };
+        match next {
+            Ok(None) => true,
+            Ok(Some(req)) => {
+                if let Some(why) = self.faulted.clone() {
+                    return self.handle_faulted(req, why).await;
+                }
+                let state = self.record.state;
+                if !req.legal().contains(&state) {
+                    let err = NodeError::IllegalState {
+                        id: self.record.id.clone(),
+                        request: req.name(),
+                        state,
+                        legal: req.legal(),
+                    };
+                    req.refuse(err);
+                    return false;
+                }
+                if req.is_activity() {
+                    self.status.touch();
+                }
+                self.handle(req).await
+            }
+            Err(exit) => {
+                self.vm_exited(exit.to_string()).await;
+                false
+            }
+        }
+    }
+
+    /// Answers what is still queued once the driver ends, as the node answers a sandbox
+    /// without a driver: from its record.
+    fn refuse_queued(&self, rx: &mut mpsc::Receiver<Request>) {
+        rx.close();
+        while let Ok(req) = rx.try_recv() {
+            let err = match self.ctx.records.read(&self.record.id) {
+                Ok(Some(r)) if r.state == Terminated => NodeError::IllegalState {
+                    id: self.record.id.clone(),
+                    request: req.name(),
+                    state: r.state,
+                    legal: req.legal(),
+                },
+                Ok(None) => NodeError::NotFound(self.record.id.clone()),
+                _ => NodeError::ShuttingDown,
+            };
+            req.refuse(err);
+        }
+    }
+
+    // ---- panic isolation -----------------------------------------------------------------
+
+    /// After a panic in the driver (the request it was handling is answered already, see
+    /// [`Reply`]): lets go of the VM without killing it and recovers the sandbox from its
+    /// record on disk, as crash recovery does at start. True when the driver should stop
+    /// (nothing left to drive).
+    async fn panicked(&mut self, panic: String) -> bool {
+        let id = self.record.id.clone();
+        tracing::error!(%id, %panic, "the sandbox's state driver panicked");
+        // What the driver holds may be half-changed. The VM runs on: the guest keeps all it
+        // acknowledged, and recovery takes it over as it is.
+        drop(self.egress_loop.take());
+        drop(self.client.take());
+        if let Some(vm) = self.vm.take() {
+            vm.detach();
+        }
+        self.disk_mark = None;
+        let now = Instant::now();
+        self.panics
+            .retain(|t| now.duration_since(*t) < PANIC_WINDOW);
+        self.panics.push(now);
+        if self.panics.len() > MAX_PANICS {
+            return self.fault(format!(
+                "its state driver panicked {} times within {} minutes (the last: {panic})",
+                self.panics.len(),
+                PANIC_WINDOW.as_secs() / 60
+            ));
+        }
+        let record = match self.ctx.records.read(&id) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                tracing::warn!(%id, "no record left after a panic of its driver");
+                return true;
+            }
+            Err(e) => {
+                return self.fault(format!(
+                    "its state driver panicked ({panic}) and its record cannot be read: {e}"
+                ))
+            }
+        };
+        let recovered = std::panic::AssertUnwindSafe(crate::recovery::recover_one(
+            &self.ctx,
+            record,
+            DRIVER_FAILED,
+        ))
+        .catch_unwind()
+        .await;
+        match recovered {
+            Ok(Ok(Some((record, live)))) => {
+                self.go_on_with(record, live);
+                false
+            }
+            Ok(Ok(None)) => {
+                if let Ok(Some(r)) = self.ctx.records.read(&id) {
+                    self.record = r;
+                }
+                self.status.set_state(self.record.state);
+                true
+            }
+            Ok(Err(e)) => self.fault(format!(
+                "its state driver panicked ({panic}) and recovering it failed: {e}"
+            )),
+            Err(again) => self.fault(format!(
+                "its state driver panicked ({panic}) and recovering it panicked too ({})",
+                panic_message(again.as_ref())
+            )),
+        }
+    }
+
+    /// Takes over what recovery brought back.
+    fn go_on_with(&mut self, record: SandboxRecord, live: Option<Live>) {
+        let (vm, client) = match live {
+            Some(l) => (Some(l.vm), l.client),
+            None => (None, None),
+        };
+        self.vm = vm;
+        self.client = client;
+        self.status.set_state(record.state);
+        self.status
+            .started_ms
+            .store(record.started_unix_ms, Ordering::Relaxed);
+        *self
+            .status
+            .timeouts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = record.options.timeouts;
+        self.status.egress.set_policy(record.options.egress.clone());
+        self.record = record;
+    }
+
+    /// Stops recovering the sandbox: from now on its requests are answered with an internal
+    /// error (kill and shutdown excepted), and its VM, if one still runs, is left for the
+    /// node's next start. Answers false: the driver goes on answering.
+    fn fault(&mut self, why: String) -> bool {
+        tracing::error!(
+            id = %self.record.id,
+            %why,
+            "sandbox left as it is: requests to it fail until it is killed or the node restarts"
+        );
+        self.status.set_fault(why.clone());
+        self.faulted = Some(why);
+        false
+    }
+
+    /// A request to a sandbox whose driver stopped recovering it; true when the driver
+    /// should stop.
+    async fn handle_faulted(&mut self, req: Request, why: String) -> bool {
+        match req {
+            Request::Kill(r) => {
+                let res = self.kill_faulted().await;
+                let done = res.is_ok();
+                let _ = r.send(res);
+                done
+            }
+            Request::Shutdown(detach, r) => {
+                if !detach {
+                    crate::recovery::kill_vmm(&self.ctx, &self.dir).await;
+                }
+                let _ = r.send(Ok(()));
+                true
+            }
+            other => {
+                other.refuse(NodeError::internal(format!(
+                    "sandbox {}: {why}",
+                    self.record.id
+                )));
+                false
+            }
+        }
+    }
+
+    /// Kill, done the way recovery finishes a kill cut short: from the record on disk, so
+    /// nothing of the driver's own state is trusted.
+    async fn kill_faulted(&mut self) -> Result<()> {
+        let id = self.record.id.clone();
+        let mut record = self
+            .ctx
+            .records
+            .read(&id)?
+            .ok_or_else(|| NodeError::NotFound(id.clone()))?;
+        record.pending = Some(Pending {
+            request: "kill".into(),
+            target: Terminated,
+            snapshot: None,
+            started_unix_ms: now_ms(),
+        });
+        self.ctx.records.write(&record)?;
+        crate::recovery::recover_one(&self.ctx, record, "killed after its state driver failed")
+            .await?;
+        if let Some(r) = self.ctx.records.read(&id)? {
+            self.record = r;
+        }
+        self.status.set_state(self.record.state);
+        crate::archive::mark_terminated(&self.ctx, &self.record).await;
+        Ok(())
     }
 
     /// Handles one legal request; true when the actor should stop.
@@ -405,6 +689,17 @@ impl Sandbox {
                 let _ = r.send(Ok(()));
                 return true;
             }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Request::Panic(r) => {
+                // Mid-transition, as a real fault would strike: the intent is on disk.
+                let state = self.record.state;
+                if let Err(e) = self.begin("snapshot", state, None) {
+                    let _ = r.send(Err(e));
+                    return false;
+                }
+                let _unanswered = r;
+                panic!("a panic injected into the driver of {}", self.record.id);
+            }
         }
         false
     }
@@ -454,10 +749,14 @@ impl Sandbox {
         self.status.started_ms.store(now, Ordering::Relaxed);
     }
 
-    fn vm(&self) -> &QemuVm {
-        self.vm
-            .as_ref()
-            .expect("a running or paused sandbox has a VM")
+    /// The VM of a Running or Paused sandbox (one without is an internal fault).
+    fn vm(&self) -> Result<&QemuVm> {
+        self.vm.as_ref().ok_or_else(|| {
+            NodeError::internal(format!(
+                "sandbox {} is {} but has no VM",
+                self.record.id, self.record.state
+            ))
+        })
     }
 
     fn new_snapshot_id(&self, kind: &str) -> SnapshotId {
@@ -474,8 +773,9 @@ impl Sandbox {
     // ---- transitions ---------------------------------------------------------------------
 
     async fn pause(&mut self) -> Result<()> {
+        self.vm()?;
         self.begin("pause", Paused, None)?;
-        if let Err(e) = self.vm().pause().await {
+        if let Err(e) = self.vm()?.pause().await {
             self.abandon();
             return Err(e.into());
         }
@@ -483,8 +783,9 @@ impl Sandbox {
     }
 
     async fn resume(&mut self) -> Result<()> {
+        self.vm()?;
         self.begin("resume", Running, None)?;
-        if let Err(e) = self.vm().resume().await {
+        if let Err(e) = self.vm()?.resume().await {
             self.abandon();
             return Err(e.into());
         }
@@ -573,7 +874,7 @@ impl Sandbox {
         let running = self.record.state == Running;
         let mut attempt = 1;
         loop {
-            match self.vm().snapshot(dest).await {
+            match self.vm()?.snapshot(dest).await {
                 Ok(info) => return Ok(info.paused_for),
                 Err(e) => {
                     if running {
@@ -598,7 +899,8 @@ impl Sandbox {
     /// Returns whether they do.
     async fn resume_after_failure(&self) -> bool {
         for _ in 0..10 {
-            if self.vm().resume().await.is_ok() {
+            let Ok(vm) = self.vm() else { break };
+            if vm.resume().await.is_ok() {
                 return true;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -621,13 +923,13 @@ impl Sandbox {
                 source,
             })?;
             if !out.status.success() {
-                return Err(NodeError::Invalid(format!(
+                return Err(NodeError::internal(format!(
                     "`sync` in the guest failed: {}",
                     String::from_utf8_lossy(&out.stderr).trim()
                 )));
             }
         }
-        let vm = self.vm();
+        let vm = self.vm()?;
         let t0 = Instant::now();
         if running {
             vm.pause().await?;
@@ -661,13 +963,14 @@ impl Sandbox {
     /// `require_remote`, the VM runs on as before and the error is answered (nothing lost);
     /// otherwise the sandbox is suspended on its local copy and a later pass uploads it.
     async fn suspend(&mut self, require_remote: bool) -> Result<SnapshotRecord> {
+        self.vm()?;
         let id = self.new_snapshot_id("suspend");
         self.begin("suspend", Suspended, Some(&id))?;
         let archive = self.ctx.archive.get().cloned();
         // Stopped for the whole upload: the state uploaded is the state that stays.
         let stopped_here = archive.is_some() && self.record.state == Running;
         if stopped_here {
-            if let Err(e) = self.vm().pause().await {
+            if let Err(e) = self.vm()?.pause().await {
                 self.abandon();
                 return Err(e.into());
             }
@@ -733,9 +1036,10 @@ impl Sandbox {
     }
 
     async fn restore(&mut self) -> Result<()> {
-        let point = self.record.restore_point.clone().ok_or_else(|| {
-            NodeError::Invalid("a suspended sandbox without a restore point".into())
-        })?;
+        let point =
+            self.record.restore_point.clone().ok_or_else(|| {
+                NodeError::internal("a suspended sandbox without a restore point")
+            })?;
         self.begin("restore", Running, Some(&point))?;
         if let Err(e) = clear_vm_files(&self.dir) {
             self.abandon();
@@ -791,8 +1095,9 @@ impl Sandbox {
             SnapshotKind::Full => {
                 // An archived snapshot whose local copy was evicted comes back first.
                 let snap_dir = self.ensure_local(&target).await?;
+                // The node wrote this manifest: one it cannot read is its own fault.
                 let m = space_runtime::Manifest::read(&snap_dir.join("manifest.json")).map_err(
-                    |e| NodeError::Invalid(format!("snapshot {target} cannot be restored: {e}")),
+                    |e| NodeError::internal(format!("snapshot {target} cannot be restored: {e}")),
                 )?;
                 m.check_host(self.ctx.runtime.version(), self.ctx.runtime.accel())
                     .map_err(|e| {
@@ -803,7 +1108,7 @@ impl Sandbox {
             SnapshotKind::Disk => {
                 let disk = snap_dir.join("rootfs.ext4");
                 if !disk.is_file() {
-                    return Err(NodeError::Invalid(format!(
+                    return Err(NodeError::internal(format!(
                         "snapshot {target} has no disk image"
                     )));
                 }
@@ -879,7 +1184,7 @@ impl Sandbox {
         // The connection died (the guest daemon restarted it, or a client misbehaved): a new
         // one, the same way a restore makes one.
         drop(self.client.take());
-        let client = self.vm().wait_ready(self.ctx.ready_timeout).await?;
+        let client = self.vm()?.wait_ready(self.ctx.ready_timeout).await?;
         self.client = Some(client.clone());
         Ok(client)
     }
@@ -1000,6 +1305,18 @@ impl Sandbox {
         self.record.failure = Some(format!("the VM exited ({exit})"));
         if let Err(e) = self.finish(Failed) {
             tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        // A driver torn down by a panic that escaped [`Sandbox::run`]: the VM is let go, not
+        // killed, so that the node's next start adopts it with everything the guest held.
+        if std::thread::panicking() {
+            if let Some(vm) = self.vm.take() {
+                vm.detach();
+            }
         }
     }
 }

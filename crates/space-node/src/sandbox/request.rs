@@ -48,6 +48,9 @@ pub(crate) enum Request {
     Uploaded(SnapshotId, crate::record::RemoteCopy, Reply<()>),
     /// Drop the local copy of an archived snapshot (Suspended only). Answers whether it did.
     Evict(SnapshotId, Reply<bool>),
+    /// Tests of panic isolation only: the driver writes a transition's intent and panics.
+    #[cfg(any(test, feature = "test-hooks"))]
+    Panic(Reply<()>),
 }
 
 const ALL: &[State] = &[Running, Paused, Suspended, Failed, Terminated];
@@ -78,6 +81,8 @@ impl Request {
             Request::UploadJob(..) => "upload",
             Request::Uploaded(..) => "record upload",
             Request::Evict(..) => "evict",
+            #[cfg(any(test, feature = "test-hooks"))]
+            Request::Panic(_) => "panic",
         }
     }
 
@@ -96,6 +101,8 @@ impl Request {
             Request::Rolling(..) => ALIVE_OR_SUSPENDED,
             Request::UploadJob(..) | Request::Uploaded(..) => ALIVE_OR_SUSPENDED,
             Request::Evict(..) => &[Suspended],
+            #[cfg(any(test, feature = "test-hooks"))]
+            Request::Panic(_) => ALL,
         }
     }
 
@@ -136,6 +143,8 @@ impl Request {
             Request::UploadJob(_, r) => drop(r.send(Ok(None))),
             Request::Uploaded(_, _, r) => drop(r.send(Err(err))),
             Request::Evict(_, r) => drop(r.send(Ok(false))),
+            #[cfg(any(test, feature = "test-hooks"))]
+            Request::Panic(r) => drop(r.send(Err(err))),
         }
     }
 }

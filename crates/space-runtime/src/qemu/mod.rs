@@ -309,7 +309,7 @@ impl QemuRuntime {
             Ok(hex(&h.finalize()))
         })
         .await
-        .expect("hashing task panicked")
+        .map_err(|e| join_failed("hashing the kernel", e))?
         .map_err(|source| Error::Io {
             op: "hashing kernel",
             path: path.clone(),
@@ -794,14 +794,32 @@ async fn housekeeping(dir: PathBuf) {
     }
 }
 
-/// Runs blocking file work off the async threads.
+/// Runs blocking file work off the async threads. A panic in `f` is an error of the call,
+/// not a panic carried on into the caller's task.
 async fn blocking<T: Send + 'static, E: Into<Error> + Send + 'static>(
     f: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .expect("blocking file task panicked")
+        .map_err(|e| join_failed("blocking file work", e))?
         .map_err(Into::into)
+}
+
+/// The error of blocking work that did not finish (it panicked, or the runtime is going).
+fn join_failed(what: &str, e: tokio::task::JoinError) -> Error {
+    let why = if e.is_panic() {
+        let payload = e.into_panic();
+        let text = payload
+            .downcast_ref::<&'static str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        format!("it panicked: {text}")
+    } else {
+        "it was cancelled".to_owned()
+    };
+    tracing::error!(%why, "{what} failed");
+    Error::Internal(format!("{what} failed: {why}"))
 }
 
 fn validate_shape(vcpus: u32, memory_mib: u64) -> Result<()> {

@@ -108,3 +108,12 @@ async fn qemu_failing_at_start_reports_its_stderr() {
     assert!(!dir.path().join(cmdline::MEM_FILE).exists());
     assert!(!dir.path().join(cmdline::DISK_FILE).exists());
 }
+
+#[tokio::test]
+async fn a_panic_in_blocking_file_work_is_an_error() {
+    let r: Result<()> = blocking(|| -> Result<()> { panic!("no space left") }).await;
+    match r {
+        Err(Error::Internal(m)) => assert!(m.contains("no space left"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
