@@ -20,9 +20,6 @@ use crate::ids::{SandboxId, SnapshotId, TemplateRef};
 /// Bumped on incompatible changes of [`SandboxRecord`].
 pub const RECORD_FORMAT: u32 = 1;
 
-/// `Pending::request` of a warm-pool member's record ([`SandboxRecord::is_pooled`]).
-pub const POOL_REQUEST: &str = "pool";
-
 /// Records are a few KiB; anything far larger is not ours.
 const MAX_RECORD: u64 = 4 << 20;
 
@@ -282,11 +279,103 @@ pub enum Origin {
     },
 }
 
+/// Which transition a [`Pending`] intent is: what recovery finishes or undoes after a crash
+/// (`docs/lifecycle.md`, *Crash recovery*). On disk it is the lowercase name (`"create"`, ...); a
+/// name this build does not know reads as [`Intent::Unknown`], which recovery undoes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Intent {
+    /// A new sandbox is being made.
+    Create,
+    /// A sandbox is being made from another's snapshot.
+    Fork,
+    /// A warm-pool member, made ahead of a create ([`SandboxRecord::is_pooled`]).
+    Pool,
+    /// The VM is being paused.
+    Pause,
+    /// The VM is being resumed.
+    Resume,
+    /// A snapshot is being taken (the sandbox stays as it was).
+    Snapshot,
+    /// A full snapshot is being taken and the VM let go.
+    Suspend,
+    /// A VM is being started from the restore point.
+    Restore,
+    /// The sandbox is going back to a snapshot.
+    Rollback,
+    /// A failed sandbox is being restored from its newest snapshot.
+    Recover,
+    /// The sandbox is being terminated.
+    Kill,
+    /// A name written by another version of the node.
+    Unknown,
+}
+
+impl Intent {
+    const ALL: [Intent; 11] = [
+        Intent::Create,
+        Intent::Fork,
+        Intent::Pool,
+        Intent::Pause,
+        Intent::Resume,
+        Intent::Snapshot,
+        Intent::Suspend,
+        Intent::Restore,
+        Intent::Rollback,
+        Intent::Recover,
+        Intent::Kill,
+    ];
+
+    /// The name on disk and in recovery reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Intent::Create => "create",
+            Intent::Fork => "fork",
+            Intent::Pool => "pool",
+            Intent::Pause => "pause",
+            Intent::Resume => "resume",
+            Intent::Snapshot => "snapshot",
+            Intent::Suspend => "suspend",
+            Intent::Restore => "restore",
+            Intent::Rollback => "rollback",
+            Intent::Recover => "recover",
+            Intent::Kill => "kill",
+            Intent::Unknown => "unknown",
+        }
+    }
+
+    /// The intent named `name`; [`Intent::Unknown`] for any other.
+    pub fn from_name(name: &str) -> Intent {
+        Intent::ALL
+            .into_iter()
+            .find(|i| i.as_str() == name)
+            .unwrap_or(Intent::Unknown)
+    }
+}
+
+impl std::fmt::Display for Intent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Intent {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Intent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        Ok(Intent::from_name(&name))
+    }
+}
+
 /// A transition that was started and not yet recorded as finished.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pending {
-    /// The request's name (`create`, `suspend`, `rollback`, ...).
-    pub request: String,
+    /// Which transition.
+    pub request: Intent,
     /// The state the sandbox is going to if it succeeds.
     pub target: State,
     /// The snapshot it writes or reads, if any.
@@ -432,14 +521,14 @@ impl SandboxRecord {
     }
 
     /// A warm-pool member (`crate::pool`): a VM made ahead of a create, not yet handed out.
-    /// Recorded as `creating` with `pending.request == "pool"`, so whatever cleans up half-made
+    /// Recorded as `creating` with the intent [`Intent::Pool`], so whatever cleans up half-made
     /// creates after a crash removes it the same way.
     pub fn is_pooled(&self) -> bool {
         self.state == State::Creating
             && self
                 .pending
                 .as_ref()
-                .is_some_and(|p| p.request == POOL_REQUEST)
+                .is_some_and(|p| p.request == Intent::Pool)
     }
 }
 
@@ -596,6 +685,26 @@ pub fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_intent_is_its_name_on_disk_and_an_unknown_name_is_undone() {
+        for intent in Intent::ALL {
+            let json = serde_json::to_string(&intent).unwrap();
+            assert_eq!(json, format!("\"{}\"", intent.as_str()));
+            assert_eq!(serde_json::from_str::<Intent>(&json).unwrap(), intent);
+        }
+        // What older nodes wrote reads as the same intent.
+        let p: Pending = serde_json::from_str(
+            r#"{"request":"rollback","target":"running","snapshot":null,"started_unix_ms":5}"#,
+        )
+        .unwrap();
+        assert_eq!(p.request, Intent::Rollback);
+        assert_eq!(
+            serde_json::from_str::<Intent>("\"migrate\"").unwrap(),
+            Intent::Unknown
+        );
+        assert!(serde_json::from_str::<Intent>("7").is_err());
+    }
 
     fn record() -> SandboxRecord {
         SandboxRecord {

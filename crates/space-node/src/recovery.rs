@@ -47,8 +47,8 @@ use space_runtime::{Manifest, QemuVm, Vm};
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, SnapshotId, VersionReq};
 use crate::record::{
-    now_ms, Origin, Pending, RecoveryAction, RecoveryEvent, SandboxRecord, SnapshotKind,
-    SnapshotReason, SnapshotRecord, State, POOL_REQUEST,
+    now_ms, Intent, Origin, Pending, RecoveryAction, RecoveryEvent, SandboxRecord, SnapshotKind,
+    SnapshotReason, SnapshotRecord, State,
 };
 use crate::sandbox::{
     clear_vm_files, dir_size, identity, launch, Ctx, Handle, Launch, Live, Sandbox,
@@ -234,8 +234,8 @@ async fn phase1(
     let dir = ctx.layout.sandbox_dir(r.id.as_str())?;
     let mut trust_vm = false;
     if let Some(p) = r.pending.clone() {
-        let what = match p.request.as_str() {
-            "create" | "fork" | POOL_REQUEST => {
+        let what = match p.request {
+            Intent::Create | Intent::Fork | Intent::Pool => {
                 kill_vmm_in(ctx, &dir, report).await;
                 remove_volume(ctx, &dir, report).await?;
                 remove_unlisted(ctx, &r, &[], report).await?;
@@ -249,14 +249,14 @@ async fn phase1(
                 ));
                 return Ok(Next::Nothing);
             }
-            "kill" => {
+            Intent::Kill => {
                 kill_vmm_in(ctx, &dir, report).await;
                 remove_volume(ctx, &dir, report).await?;
                 r.restore_point = None;
                 set_state(&mut r, State::Terminated);
                 (RecoveryAction::FinishedPending, "finished".to_owned())
             }
-            "suspend" => match p.snapshot.as_ref().map(|s| complete_full(ctx, &r, s)) {
+            Intent::Suspend => match p.snapshot.as_ref().map(|s| complete_full(ctx, &r, s)) {
                 Some(Ok(Some(snap))) => {
                     kill_vmm_in(ctx, &dir, report).await;
                     let _ = clear_vm_files(&dir);
@@ -273,20 +273,20 @@ async fn phase1(
                     "undone (its snapshot was not complete)".to_owned(),
                 ),
             },
-            "pause" | "resume" => {
+            Intent::Pause | Intent::Resume => {
                 trust_vm = true;
                 (
                     RecoveryAction::FinishedPending,
                     "the VM's run state decides".to_owned(),
                 )
             }
-            "restore" => {
+            Intent::Restore => {
                 let done = finish_restore(ctx, &mut r, &dir, &p, report, cause).await?;
                 r.pending = None;
                 remove_unlisted(ctx, &r, &[], report).await?;
                 return Ok(done);
             }
-            "rollback" => {
+            Intent::Rollback => {
                 let target = p
                     .snapshot
                     .clone()
@@ -322,13 +322,15 @@ async fn phase1(
                 ctx.records.write(&r)?;
                 return Ok(Next::Rollback(r, target));
             }
-            "recover" => {
+            Intent::Recover => {
                 kill_vmm_in(ctx, &dir, report).await;
                 let _ = clear_vm_files(&dir);
                 (RecoveryAction::FinishedPending, "redone".to_owned())
             }
-            // "snapshot" and anything unknown: nothing but an unlisted snapshot to drop.
-            _ => (RecoveryAction::RolledBackPending, "undone".to_owned()),
+            // Nothing but an unlisted snapshot to drop.
+            Intent::Snapshot | Intent::Unknown => {
+                (RecoveryAction::RolledBackPending, "undone".to_owned())
+            }
         };
         r.pending = None;
         remove_unlisted(ctx, &r, &[], report).await?;
@@ -348,7 +350,7 @@ async fn phase1(
             // A create without its intent cannot be written by this code; treat it as cut
             // short.
             r.pending = Some(Pending {
-                request: "create".into(),
+                request: Intent::Create,
                 target: State::Running,
                 snapshot: None,
                 started_unix_ms: r.created_unix_ms,
@@ -662,7 +664,7 @@ pub(crate) async fn relaunch(
         Some(snap) => {
             let was = r.state;
             r.pending = Some(Pending {
-                request: "recover".into(),
+                request: Intent::Recover,
                 target: was,
                 snapshot: Some(snap.id.clone()),
                 started_unix_ms: now_ms(),

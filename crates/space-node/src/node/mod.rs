@@ -24,7 +24,7 @@ use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
 use crate::ids::{SandboxId, SnapshotId, TemplateRef, VersionReq};
 use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{
-    now_ms, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
+    now_ms, Intent, Origin, Pending, RecordStore, SandboxOptions, SandboxRecord, SnapshotKind,
     SnapshotRecord, State, TimeoutPolicy, RECORD_FORMAT,
 };
 use crate::recovery::{self, RecoveryReport};

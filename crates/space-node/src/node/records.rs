@@ -41,11 +41,10 @@ pub(crate) fn new_record(
         state: State::Creating,
         pending: Some(Pending {
             request: if forked_from.is_some() {
-                "fork"
+                Intent::Fork
             } else {
-                "create"
-            }
-            .to_owned(),
+                Intent::Create
+            },
             target: State::Running,
             snapshot: forked_from.as_ref().map(|(_, s)| s.clone()),
             started_unix_ms: now,

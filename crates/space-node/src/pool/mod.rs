@@ -6,7 +6,7 @@
 //! - **Members.** A member is a VM restored from the newest build of a template into its own
 //!   sandbox directory, under the [`SandboxId`] it will keep when handed out (no rename on
 //!   take: the runtime's pidfile and jail records name the directory). Its record is written
-//!   before anything else, as `creating` with `pending.request == "pool"`
+//!   before anything else, as `creating` with the intent `pool`
 //!   ([`SandboxRecord::is_pooled`]), so a node that dies leaves members that crash recovery
 //!   removes like any half-made create. Members are made with the VMM at background CPU
 //!   priority ([`Priority::Background`]): making them never slows a live sandbox. A take
@@ -54,7 +54,7 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, TemplateName, TemplateRef};
-use crate::record::{now_ms, Origin, SandboxOptions, SandboxRecord, POOL_REQUEST};
+use crate::record::{now_ms, Intent, Origin, SandboxOptions, SandboxRecord};
 use crate::sandbox::{clear_vm_files, ensure_disk, identity, launch, Ctx, Launch, Live};
 use crate::scheduler::chain;
 use crate::template::{self, blocking, Template};
@@ -832,7 +832,7 @@ fn pooled_record(t: &Template) -> SandboxRecord {
     );
     r.guest = m.guest.clone();
     if let Some(p) = r.pending.as_mut() {
-        p.request = POOL_REQUEST.to_owned();
+        p.request = Intent::Pool;
         p.started_unix_ms = now_ms();
     }
     r

@@ -54,7 +54,7 @@ use crate::error::{NodeError, Result};
 use crate::gateway::{spawn_vm_loop, EgressPolicy, Gateway, SandboxGateway, VmLoop};
 use crate::ids::{SnapshotId, TemplateName, VersionReq};
 use crate::record::{
-    now_ms, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
+    now_ms, Intent, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
     SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
 };
 use crate::scheduler::{DiskMark, RollingJob, RollingOutcome, DISK_FILE};
@@ -566,7 +566,7 @@ impl Sandbox {
             .read(&id)?
             .ok_or_else(|| NodeError::NotFound(id.clone()))?;
         record.pending = Some(Pending {
-            request: "kill".into(),
+            request: Intent::Kill,
             target: Terminated,
             snapshot: None,
             started_unix_ms: now_ms(),
@@ -693,7 +693,7 @@ impl Sandbox {
             Request::Panic(r) => {
                 // Mid-transition, as a real fault would strike: the intent is on disk.
                 let state = self.record.state;
-                if let Err(e) = self.begin("snapshot", state, None) {
+                if let Err(e) = self.begin(Intent::Snapshot, state, None) {
                     let _ = r.send(Err(e));
                     return false;
                 }
@@ -712,9 +712,14 @@ impl Sandbox {
     }
 
     /// Writes the intent of a transition.
-    fn begin(&mut self, request: &str, target: State, snapshot: Option<&SnapshotId>) -> Result<()> {
+    fn begin(
+        &mut self,
+        request: Intent,
+        target: State,
+        snapshot: Option<&SnapshotId>,
+    ) -> Result<()> {
         self.record.pending = Some(Pending {
-            request: request.to_owned(),
+            request,
             target,
             snapshot: snapshot.cloned(),
             started_unix_ms: now_ms(),
@@ -774,7 +779,7 @@ impl Sandbox {
 
     async fn pause(&mut self) -> Result<()> {
         self.vm()?;
-        self.begin("pause", Paused, None)?;
+        self.begin(Intent::Pause, Paused, None)?;
         if let Err(e) = self.vm()?.pause().await {
             self.abandon();
             return Err(e.into());
@@ -784,7 +789,7 @@ impl Sandbox {
 
     async fn resume(&mut self) -> Result<()> {
         self.vm()?;
-        self.begin("resume", Running, None)?;
+        self.begin(Intent::Resume, Running, None)?;
         if let Err(e) = self.vm()?.resume().await {
             self.abandon();
             return Err(e.into());
@@ -807,7 +812,7 @@ impl Sandbox {
         };
         let id = self.new_snapshot_id(label);
         let state = self.record.state;
-        self.begin("snapshot", state, Some(&id))?;
+        self.begin(Intent::Snapshot, state, Some(&id))?;
         match self.take_snapshot(&id, kind, reason).await {
             Ok(rec) => {
                 self.record.snapshots.push(rec.clone());
@@ -965,7 +970,7 @@ impl Sandbox {
     async fn suspend(&mut self, require_remote: bool) -> Result<SnapshotRecord> {
         self.vm()?;
         let id = self.new_snapshot_id("suspend");
-        self.begin("suspend", Suspended, Some(&id))?;
+        self.begin(Intent::Suspend, Suspended, Some(&id))?;
         let archive = self.ctx.archive.get().cloned();
         // Stopped for the whole upload: the state uploaded is the state that stays.
         let stopped_here = archive.is_some() && self.record.state == Running;
@@ -1040,7 +1045,7 @@ impl Sandbox {
             self.record.restore_point.clone().ok_or_else(|| {
                 NodeError::internal("a suspended sandbox without a restore point")
             })?;
-        self.begin("restore", Running, Some(&point))?;
+        self.begin(Intent::Restore, Running, Some(&point))?;
         if let Err(e) = clear_vm_files(&self.dir) {
             self.abandon();
             return Err(e);
@@ -1126,7 +1131,7 @@ impl Sandbox {
                 }
             }
         };
-        self.begin("rollback", Running, Some(&target))?;
+        self.begin(Intent::Rollback, Running, Some(&target))?;
         // An undo point first, so a failure below loses nothing.
         if self.vm.is_some() {
             let undo = self.new_snapshot_id("undo");
@@ -1190,7 +1195,7 @@ impl Sandbox {
     }
 
     async fn kill(&mut self) -> Result<()> {
-        self.begin("kill", Terminated, None)?;
+        self.begin(Intent::Kill, Terminated, None)?;
         self.stop_vm().await;
         let (s, d) = (self.ctx.storage.clone(), self.dir.clone());
         if let Err(e) = blocking(move || Ok(s.delete_volume(&d)?)).await {
