@@ -11,7 +11,7 @@ help:
 	@echo "make up      build everything and run space on its embedded defaults"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
-	@echo "make soak    the long runs (50 suspend/restore cycles through the object store)"
+	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 20 chaos rounds, a long schemathesis run)"
 	@echo "make fuzz    coverage-guided fuzzing of every parser of hostile input (SPACE_FUZZ_SECONDS each, default 60)"
 
 deps:
@@ -47,6 +47,11 @@ test: artifacts tools lint
 soak: artifacts tools
 	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
+	@echo "[soak] 20 rounds of the server killed under 20 concurrent clients"
+	@source $(ENV) && source $(TOOLS) && SPACE_CHAOS_ROUNDS=20 $(CARGO) test -p space --test chaos -- --include-ignored
+	@echo "[soak] schemathesis against the API with 200 examples an operation"
+	@scripts/python-env.sh
+	@source $(ENV) && source $(TOOLS) && SPACE_SCHEMATHESIS_EXAMPLES=200 SPACE_SCHEMATHESIS_SECONDS=1200 $(CARGO) test -p space --test schemathesis
 
 # `make test` replays the corpora (crates/space-fuzz/tests/corpus.rs); this runs the fuzzer.
 fuzz: deps

@@ -20,7 +20,7 @@ fi
 
 want=$(cat "$root/sdk/python/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-64)
 if [[ -x "$venv/bin/python" && -f "$stamp" && "$(cat "$stamp")" == "$want" ]] &&
-    "$venv/bin/python" -c 'import space_sdk, pytest, pytest_asyncio' 2>/dev/null; then
+    "$venv/bin/python" -c 'import space_sdk, pytest, pytest_asyncio, schemathesis' 2>/dev/null; then
     exit 0
 fi
 

@@ -276,6 +276,7 @@ impl From<ClientError> for ApiError {
                     | ErrorKind::NotEmpty
                     | ErrorKind::NotADirectory
                     | ErrorKind::IsADirectory
+                    | ErrorKind::Unsupported
                     | ErrorKind::Busy => ApiError::conflict(message),
                     ErrorKind::InvalidArgument => ApiError::invalid(message),
                     ErrorKind::TooLarge => ApiError::too_large(message),
@@ -408,6 +409,7 @@ mod tests {
         assert_eq!(g(ErrorKind::NotFound).code, "file_not_found");
         assert_eq!(g(ErrorKind::PermissionDenied).code, "forbidden");
         assert_eq!(g(ErrorKind::AlreadyExists).code, "conflict");
+        assert_eq!(g(ErrorKind::Unsupported).code, "conflict");
         assert_eq!(g(ErrorKind::InvalidArgument).code, "invalid_request");
         assert_eq!(g(ErrorKind::Internal).code, "guest_error");
         assert_eq!(ApiError::from(ClientError::Closed).code, "guest_error");

@@ -15,6 +15,8 @@
 //!   sandboxes found in the store.
 //!
 //! `docs/control.md` describes how the pieces fit.
+// The API document's schemas are JSON literals (`api::shapes`), deeper than the default limit.
+#![recursion_limit = "512"]
 
 pub mod api;
 pub mod archive;

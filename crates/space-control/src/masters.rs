@@ -18,7 +18,7 @@ use crate::store::{Store, StoreError, TenantName};
 
 /// A tenant's master key choice.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "provider", rename_all = "snake_case")]
+#[serde(tag = "provider", rename_all = "snake_case", deny_unknown_fields)]
 pub enum MasterKeyConfig {
     /// The deployment's own key file.
     Deployment,

@@ -1,10 +1,15 @@
-//! The checked-in OpenAPI document (`openapi.json`) describes exactly the routes the server
-//! answers (`space_control::api::ROUTES`), is well-formed OpenAPI 3.1, and lists the error
-//! responses of every operation.
+//! The OpenAPI document the code generates (`space_control::api::openapi::document`) is the
+//! checked-in `openapi.json`, describes exactly the routes the server answers
+//! (`space_control::api::ROUTES`), is well-formed OpenAPI 3.1, and lists the error responses
+//! of every operation.
+//!
+//! `SPACE_WRITE_OPENAPI=1 cargo test -p space-control --test openapi` rewrites the checked-in
+//! copy from the code.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
+use space_control::api::openapi;
 use space_control::api::ROUTES;
 
 const METHODS: &[&str] = &[
@@ -44,10 +49,39 @@ const ADMIN: &[&str] = &[
     "node.remove",
 ];
 
+const CHECKED_IN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
+
+/// Operations that answer 201 for what they created and 200 for what they replaced.
+const TWO_SUCCESSES: &[&str] = &["secret.set"];
+
 fn document() -> Value {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json");
-    let text = std::fs::read_to_string(path).expect("read openapi.json");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("openapi.json is not JSON: {e}"))
+    openapi::document()
+}
+
+#[test]
+fn checked_in_document_is_the_generated_one() {
+    let generated = openapi::render(&openapi::document());
+    if std::env::var_os("SPACE_WRITE_OPENAPI").is_some_and(|v| v == "1") {
+        std::fs::write(CHECKED_IN, &generated).expect("writing openapi.json");
+        return;
+    }
+    let text = std::fs::read_to_string(CHECKED_IN).expect("read openapi.json");
+    if text != generated {
+        let first = text
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| text.lines().count().min(generated.lines().count()));
+        panic!(
+            "crates/space-control/openapi.json is not what the code generates (first \
+             difference at line {}); regenerate it with\n  \
+             SPACE_WRITE_OPENAPI=1 cargo test -p space-control --test openapi\n\
+             (and then sdk/python/scripts/gen_models.py)",
+            first + 1
+        );
+    }
+    // The server serves the same text.
+    assert_eq!(openapi::served(), generated);
 }
 
 /// Every operation of the document: (METHOD, path) -> operation object.
@@ -120,7 +154,7 @@ fn document_matches_the_router() {
         .map(|r| {
             (
                 r.method.to_owned(),
-                r.path.to_owned(),
+                openapi::doc_path(r.path),
                 r.operation.to_owned(),
             )
         })
@@ -139,6 +173,24 @@ fn document_matches_the_router() {
         "openapi.json and api::ROUTES differ.\nserved but not documented:{missing_in_doc}\n\
          documented but not served:{missing_in_router}"
     );
+
+    // Paths are OpenAPI paths: every `{...}` a whole segment naming a parameter (an axum
+    // wildcard `{*rest}` is written `{rest}`).
+    for (_, path, _) in &in_doc {
+        for seg in path.split('/') {
+            if seg.contains('{') || seg.contains('}') {
+                let name = seg
+                    .strip_prefix('{')
+                    .and_then(|s| s.strip_suffix('}'))
+                    .unwrap_or_else(|| panic!("{path}: segment {seg:?} is not a parameter"));
+                assert!(
+                    !name.is_empty()
+                        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
+                    "{path}: {seg:?} is no OpenAPI path parameter"
+                );
+            }
+        }
+    }
 
     let ids: Vec<&String> = in_doc.iter().map(|(_, _, o)| o).collect();
     let unique: BTreeSet<&String> = ids.iter().copied().collect();
@@ -263,15 +315,21 @@ fn every_operation_lists_its_responses() {
             }
         }
 
-        // Exactly one success status, with content unless it is 204 or a WebSocket upgrade.
+        // One success status (two where the route answers a create and a replace apart),
+        // with content unless it is 204 or a WebSocket upgrade.
         let successes: Vec<&str> = codes
             .iter()
             .copied()
             .filter(|c| c.starts_with('1') || c.starts_with('2'))
             .collect();
-        if successes.len() != 1 {
+        let want = if TWO_SUCCESSES.contains(&id.as_str()) {
+            2
+        } else {
+            1
+        };
+        if successes.len() != want {
             problems.push(format!(
-                "{method} {path} ({id}): success statuses {successes:?}, want one"
+                "{method} {path} ({id}): success statuses {successes:?}, want {want}"
             ));
         }
         for s in successes {
@@ -303,8 +361,7 @@ fn every_operation_lists_its_responses() {
         let in_path: BTreeSet<String> = path
             .split('/')
             .filter_map(|seg| seg.strip_prefix('{')?.strip_suffix('}'))
-            // `{*rest}` is a wildcard parameter (the rest of the path), named `rest`.
-            .map(|name| name.trim_start_matches('*').to_owned())
+            .map(str::to_owned)
             .collect();
         let declared: BTreeSet<String> = params
             .iter()

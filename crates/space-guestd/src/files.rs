@@ -153,12 +153,24 @@ pub async fn read(req: Request<Incoming>) -> HandlerResult {
     let params = Params::from(&req)?;
     let path = params.path.clone();
     let file = blocking(move || {
-        let file = fs::File::open(&path).map_err(|e| io_err("open", &path, &e))?;
+        // Non-blocking, so opening a FIFO with no writer cannot hang the download; only a
+        // regular file is read (a device could stream without end or fail mid-read).
+        let file = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)
+            .map_err(|e| io_err("open", &path, &e))?;
         let meta = file.metadata().map_err(|e| io_err("stat", &path, &e))?;
         if meta.is_dir() {
             return Err(ProtoError::new(
                 ErrorKind::IsADirectory,
                 format!("{path} is a directory"),
+            ));
+        }
+        if !meta.is_file() {
+            return Err(ProtoError::new(
+                ErrorKind::Unsupported,
+                format!("{path} is not a regular file (a device, FIFO or socket)"),
             ));
         }
         Ok(file)

@@ -409,6 +409,20 @@ async fn file_operations() {
     // Reading a directory, listing a file, bad paths.
     let (kind, _) = guest_kind(c.read_file_bytes(&root).await);
     assert_eq!(kind, ErrorKind::IsADirectory);
+    // Only regular files are read: a FIFO without a writer (whose open would block), a
+    // device that streams without end, and one that fails mid-read are refused up front.
+    let fifo = format!("{root}/fifo");
+    nix::unistd::mkfifo(
+        fifo.as_str(),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .unwrap();
+    for special in [fifo.as_str(), "/dev/zero", "/dev/null"] {
+        let (kind, msg) = guest_kind(c.read_file_bytes(special).await);
+        assert_eq!(kind, ErrorKind::Unsupported, "{special}: {msg}");
+        assert!(msg.contains("not a regular file"), "{msg}");
+    }
+    std::fs::remove_file(&fifo).unwrap();
     c.write_file(&format!("{root}/plain"), "x", WriteOptions::default())
         .await
         .unwrap();

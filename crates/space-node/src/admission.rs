@@ -180,25 +180,7 @@ impl Admission {
         let charge = |s: &Shape| s.memory_mib + c.overhead_mib;
         let all = || live.iter().chain(p.charges.iter().map(|(_, s)| s));
         let count = all().count();
-        if let Some(max) = c.max_sandboxes {
-            if count >= max {
-                return Err(NodeError::Capacity(format!(
-                    "this node runs its maximum of {max} sandboxes (running or paused); \
-                     suspend or kill one first"
-                )));
-            }
-        }
-        if let Some(max) = c.max_vcpus {
-            let used: u64 = all().map(|s| u64::from(s.vcpus)).sum();
-            if used + u64::from(want.vcpus) > u64::from(max) {
-                return Err(NodeError::Capacity(format!(
-                    "not enough vCPUs on this node: requested {}, {used} of {max} in use",
-                    want.vcpus
-                )));
-            }
-        }
         let need = charge(&want);
-        let committed: u64 = all().map(charge).sum();
         let (capacity, what) = match c.memory_budget_mib {
             Some(b) => (b, format!("the node's budget of {b} MiB")),
             None => {
@@ -218,6 +200,38 @@ impl Admission {
                 )
             }
         };
+        // A VM this node could not hold even empty is no matter of waiting: refuse it as a
+        // request (400), not as a full node (503).
+        let vcpus_over = c.max_vcpus.is_some_and(|max| want.vcpus > max);
+        if need > capacity || vcpus_over {
+            return Err(NodeError::Invalid(format!(
+                "a sandbox of {} MiB and {} vCPUs is larger than this node can ever hold \
+                 (memory: {what}, {} MiB overhead a VM; vCPUs: {})",
+                want.memory_mib,
+                want.vcpus,
+                c.overhead_mib,
+                c.max_vcpus
+                    .map_or_else(|| "no limit".to_owned(), |m| m.to_string())
+            )));
+        }
+        if let Some(max) = c.max_sandboxes {
+            if count >= max {
+                return Err(NodeError::Capacity(format!(
+                    "this node runs its maximum of {max} sandboxes (running or paused); \
+                     suspend or kill one first"
+                )));
+            }
+        }
+        if let Some(max) = c.max_vcpus {
+            let used: u64 = all().map(|s| u64::from(s.vcpus)).sum();
+            if used + u64::from(want.vcpus) > u64::from(max) {
+                return Err(NodeError::Capacity(format!(
+                    "not enough vCPUs on this node: requested {}, {used} of {max} in use",
+                    want.vcpus
+                )));
+            }
+        }
+        let committed: u64 = all().map(charge).sum();
         if committed + need > capacity {
             return Err(NodeError::Capacity(format!(
                 "not enough memory on this node: requested {} MiB + {} MiB overhead, {committed} \
@@ -390,5 +404,23 @@ mod tests {
         let _u = a.admit_with(SMALL, &[], HOST).unwrap();
         let e = a.admit_with(SMALL, &[], HOST).err().unwrap();
         assert!(e.to_string().contains("maximum of 2 sandboxes"), "{e}");
+        // A VM that would not fit an empty node is a bad request, whatever runs now.
+        let wide = Shape {
+            vcpus: 4,
+            memory_mib: 256,
+        };
+        let e = a.admit_with(wide, &[], HOST).err().unwrap();
+        assert!(matches!(e, NodeError::Invalid(_)), "{e:?}");
+        let tall = Shape {
+            vcpus: 1,
+            memory_mib: HOST.total_mib,
+        };
+        let e = a.admit_with(tall, &[], HOST).err().unwrap();
+        assert!(matches!(e, NodeError::Invalid(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .contains("larger than this node can ever hold"),
+            "{e}"
+        );
     }
 }

@@ -112,9 +112,11 @@ class Health:
 
     SCHEMA: ClassVar[str] = "Health"
 
+    # <generated fields: scripts/gen_models.py>
     status: str
     version: str
     accelerator: str
+    # </generated fields>
 
     def __getitem__(self, key: str) -> str:
         if key not in ("status", "version", "accelerator"):
@@ -139,9 +141,11 @@ class Timeouts:
 
     SCHEMA: ClassVar[str] = "Timeouts"
 
+    # <generated fields: scripts/gen_models.py>
     idle_ms: int | None
     max_lifetime_ms: int | None
     action: str
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Timeouts:
@@ -160,8 +164,12 @@ class ForkedFrom:
 
     SCHEMA: ClassVar[str] = "ForkedFrom"
 
+    # <generated fields: scripts/gen_models.py>
+    #: `sbx-` and 16 hex digits when the node makes one; any id the node accepts is at most 64
+    #: lowercase letters, digits, `.`, `_` and `-`, starting with a letter or digit.
     sandbox: str
     snapshot: str
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> ForkedFrom:
@@ -181,9 +189,11 @@ class EgressPolicy:
 
     SCHEMA: ClassVar[str] = "EgressPolicy"
 
+    # <generated fields: scripts/gen_models.py>
     default: str = "allow"
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
+    # </generated fields>
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the API takes."""
@@ -208,8 +218,11 @@ class SecretBinding:
 
     SCHEMA: ClassVar[str] = "SecretBindingInfo"
 
+    # <generated fields: scripts/gen_models.py>
     name: str
+    #: What the sandbox sees in the environment variable `name`; not secret.
     placeholder: str
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> SecretBinding:
@@ -228,8 +241,10 @@ class RestorePoint:
 
     SCHEMA: ClassVar[str] = "Sandbox.restore_point"
 
+    # <generated fields: scripts/gen_models.py>
     snapshot: str
     location: str
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> RestorePoint:
@@ -247,8 +262,13 @@ class SandboxInfo:
 
     SCHEMA: ClassVar[str] = "Sandbox"
 
+    # <generated fields: scripts/gen_models.py>
+    #: `sbx-` and 16 hex digits when the node makes one; any id the node accepts is at most 64
+    #: lowercase letters, digits, `.`, `_` and `-`, starting with a letter or digit.
     id: str
+    #: A tenant or template name.
     tenant: str
+    #: A tenant or template name.
     template: str
     template_version: str
     state: str
@@ -263,14 +283,17 @@ class SandboxInfo:
     created_unix_ms: int
     state_since_unix_ms: int
     last_activity_unix_ms: int
-    #: Where the sandbox may connect.
+    #: Deny rules win, then allow rules, then `default`. Private destinations need an allow rule
+    #: naming the host exactly.
     egress: EgressPolicy
-    #: The secrets it is bound to, with their placeholders.
     secrets: list[SecretBinding]
-    #: Whether guest access to a paused or suspended sandbox wakes it (else 409).
+    #: Whether guest access (exec, files, terminals, watch, ports, ingress) to a paused sandbox
+    #: resumes it and to a suspended one restores it.
     auto_resume: bool
-    #: For a suspended sandbox, the snapshot a restore starts from.
+    #: For a suspended sandbox: the snapshot a restore starts from, and where it lives (`local`,
+    #: `remote` (the object store only), `local+remote`).
     restore_point: RestorePoint | None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> SandboxInfo:
@@ -310,11 +333,16 @@ class RemoteCopy:
 
     SCHEMA: ClassVar[str] = "Snapshot.remote"
 
+    # <generated fields: scripts/gen_models.py>
+    #: BLAKE3 of the manifest object, checked before the manifest is used.
     manifest_hash: str
     uploaded_unix_ms: int
+    #: Bytes the upload wrote: new chunks and the manifest.
     uploaded_bytes: int
     new_chunks: int
+    #: Bytes of every chunk the manifest references, shared or not.
     stored_bytes: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> RemoteCopy:
@@ -336,16 +364,19 @@ class Snapshot:
 
     SCHEMA: ClassVar[str] = "Snapshot"
 
+    # <generated fields: scripts/gen_models.py>
     id: str
     kind: str
     reason: str
     created_unix_ms: int
     size_bytes: int
-    paused_for_us: int | None
-    #: Whether its files are on the node's disk.
+    paused_for_us: int
+    #: Whether the snapshot's files are on the node's disk (false once the local copy was evicted,
+    #: or for a snapshot known only from the object store).
     local: bool
-    #: Its copy in the object store, once uploaded.
+    #: The snapshot's copy in the object store, once uploaded.
     remote: RemoteCopy | None = None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Snapshot:
@@ -360,7 +391,7 @@ class Snapshot:
             reason=_opt(d, "reason", str, w) or "",
             created_unix_ms=_get(d, "created_unix_ms", int, w),
             size_bytes=_opt(d, "size_bytes", int, w) or 0,
-            paused_for_us=_opt(d, "paused_for_us", int, w),
+            paused_for_us=_opt(d, "paused_for_us", int, w) or 0,
             local=True if local is None else local,
             remote=RemoteCopy.from_json(remote) if remote is not None else None,
         )
@@ -373,16 +404,20 @@ class FileStat:
 
     SCHEMA: ClassVar[str] = "FileStat"
 
+    # <generated fields: scripts/gen_models.py>
     path: str
     file_type: str
     size: int
+    #: Permission bits (0o7777 mask).
     mode: int
     uid: int
     gid: int
     mtime_unix_ns: int
     symlink_target: str | None
-    #: Extended attributes of the ``user.`` namespace with UTF-8 values.
+    #: Extended attributes in the user. namespace with UTF-8 values (at most 32); absent when there
+    #: are none.
     xattrs: dict[str, str] = field(default_factory=dict)
+    # </generated fields>
 
     @property
     def is_dir(self) -> bool:
@@ -418,8 +453,10 @@ class DirEntry:
 
     SCHEMA: ClassVar[str] = "DirEntry"
 
+    # <generated fields: scripts/gen_models.py>
     name: str
     stat: FileStat
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> DirEntry:
@@ -439,9 +476,11 @@ class WatchEvent:
 
     SCHEMA: ClassVar[str] = "WatchEvent"
 
+    # <generated fields: scripts/gen_models.py>
     path: str
     kind: str
     is_dir: bool
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> WatchEvent:
@@ -461,14 +500,17 @@ class AuditEvent:
 
     SCHEMA: ClassVar[str] = "AuditEvent"
 
+    # <generated fields: scripts/gen_models.py>
     id: int
     at_unix_ms: int
     tenant: str | None
     key_id: str | None
     sandbox: str | None
     operation: str
+    #: `ok` or the error code.
     result: str
-    detail: Any
+    detail: str | None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> AuditEvent:
@@ -493,6 +535,8 @@ class Template:
 
     SCHEMA: ClassVar[str] = "Template"
 
+    # <generated fields: scripts/gen_models.py>
+    #: A tenant or template name.
     name: str
     version: str
     vcpus: int
@@ -500,21 +544,23 @@ class Template:
     image_mib: int
     image: str
     created_unix_ms: int
-    #: Where its root image came from (a stock image, an image reference, a Dockerfile, a
-    #: sandbox).
+    #: Where its root image came from.
     source: str
-    #: The tenant a private template belongs to; ``None`` for public ones.
+    #: The tenant a private template belongs to; null for public ones.
     owner: str | None
-    #: Environment, user and working directory its sandboxes' commands start with.
+    #: Environment of its sandboxes' commands (an image's ENV).
     env: dict[str, str]
+    #: Who commands run as by default (an image's USER).
     user: str | None
+    #: Their default working directory (an image's WORKDIR).
     workdir: str | None
     #: The image's entrypoint and command (kept, not run).
     command: list[str]
-    #: The ports the image exposes.
+    #: Ports the image exposes.
     ports: list[int]
-    #: The process its snapshot holds and its ready check: ``{"command", "ready"}``.
+    #: The process its snapshot holds and its ready check.
     start: dict[str, Any] | None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Template:
@@ -546,6 +592,7 @@ class Build:
 
     SCHEMA: ClassVar[str] = "Build"
 
+    # <generated fields: scripts/gen_models.py>
     id: str
     tenant: str
     name: str
@@ -555,8 +602,8 @@ class Build:
     error: str | None
     created_unix_ms: int
     finished_unix_ms: int | None
-    #: The template, once a build waited for has succeeded.
     template: Template | None = None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Build:
@@ -584,8 +631,10 @@ class Upload:
 
     SCHEMA: ClassVar[str] = "Upload"
 
+    # <generated fields: scripts/gen_models.py>
     upload: str
     bytes: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Upload:
@@ -600,10 +649,12 @@ class Secret:
 
     SCHEMA: ClassVar[str] = "Secret"
 
+    # <generated fields: scripts/gen_models.py>
     name: str
     hosts: list[str]
     created_unix_ms: int
     updated_unix_ms: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Secret:
@@ -624,9 +675,12 @@ class PortExposed:
 
     SCHEMA: ClassVar[str] = "PortExposed"
 
+    # <generated fields: scripts/gen_models.py>
     port: int
+    #: http(s)://<server>/ingress/<32-character token>/; shown only this once.
     url: str
     created_unix_ms: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> PortExposed:
@@ -646,8 +700,10 @@ class Port:
 
     SCHEMA: ClassVar[str] = "Port"
 
+    # <generated fields: scripts/gen_models.py>
     port: int
     created_unix_ms: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Port:
@@ -666,10 +722,15 @@ class Quotas:
 
     SCHEMA: ClassVar[str] = "Quotas"
 
+    # <generated fields: scripts/gen_models.py>
     max_sandboxes: int
     max_vcpus: int
     max_memory_mib: int
+    #: How long a sandbox of the tenant may stay suspended before it is killed (audited as
+    #: sandbox.expire), in ms; null: forever. In an update, null lifts the limit and leaving it out
+    #: keeps it.
     max_suspended_ms: int | None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Quotas:
@@ -690,9 +751,12 @@ class Tenant:
 
     SCHEMA: ClassVar[str] = "Tenant"
 
+    # <generated fields: scripts/gen_models.py>
+    #: A tenant or template name.
     name: str
     created_unix_ms: int
     quotas: Quotas
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Tenant:
@@ -722,12 +786,15 @@ class Key:
 
     SCHEMA: ClassVar[str] = "Key"
 
+    # <generated fields: scripts/gen_models.py>
     id: str
+    #: A tenant or template name.
     tenant: str
     admin: bool
     label: str | None
     created_unix_ms: int
     revoked_unix_ms: int | None
+    # </generated fields>
 
     @property
     def revoked(self) -> bool:
@@ -747,7 +814,9 @@ class KeyCreated(Key):
 
     SCHEMA: ClassVar[str] = "KeyCreated"
 
+    # <generated fields: scripts/gen_models.py>
     key: str
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> KeyCreated:
@@ -762,8 +831,11 @@ class TenantCreated:
 
     SCHEMA: ClassVar[str] = "TenantCreated"
 
+    # <generated fields: scripts/gen_models.py>
     tenant: Tenant
+    #: A Key plus the whole key, shown only this once.
     key: KeyCreated
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> TenantCreated:
@@ -780,11 +852,16 @@ class MasterKey:
 
     SCHEMA: ClassVar[str] = "MasterKey"
 
+    # <generated fields: scripts/gen_models.py>
     provider: str
     id: str | None
+    #: KMS key id, ARN or alias (kms only).
     key_id: str | None = None
+    #: KMS region (kms only).
     region: str | None = None
+    #: Endpoint URL of a KMS-compatible service (kms only; default AWS's).
     endpoint: str | None = None
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> MasterKey:
@@ -806,9 +883,12 @@ class JoinToken:
 
     SCHEMA: ClassVar[str] = "JoinToken"
 
+    # <generated fields: scripts/gen_models.py>
+    #: `spacejoin_<id>_<secret>`, shown once; works for one join.
     token: str
     id: str
     expires_unix_ms: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> JoinToken:
@@ -829,6 +909,7 @@ class Node:
 
     SCHEMA: ClassVar[str] = "Node"
 
+    # <generated fields: scripts/gen_models.py>
     id: str
     address: str
     incarnation: int
@@ -843,6 +924,7 @@ class Node:
     cpus: int
     sandboxes: int
     templates: list[str]
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> Node:
@@ -874,9 +956,11 @@ class NodeList:
 
     SCHEMA: ClassVar[str] = "NodeList"
 
+    # <generated fields: scripts/gen_models.py>
     nodes: list[Node]
     lease_ms: int
     grace_ms: int
+    # </generated fields>
 
     @classmethod
     def from_json(cls, value: Any) -> NodeList:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import inspect
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -135,3 +137,24 @@ def test_the_package_exports_both() -> None:
     for name in ("Space", "Sandbox", "Files", "Watch"):
         assert getattr(space_sdk, name).__module__ == "space_sdk.client"
         assert getattr(space_sdk, "Async" + name).__module__ == "space_sdk.aio"
+
+
+def _models_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gen_models", SDK / "scripts" / "gen_models.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gen_models"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_models_py_fields_are_what_the_script_makes_of_the_document() -> None:
+    gen_models = _models_script()
+    doc = json.loads(gen_models.DOCUMENT.read_text(encoding="utf-8"))
+    current = (SDK / "space_sdk" / "models.py").read_text(encoding="utf-8")
+    assert current == gen_models.generate(current, doc), (
+        "space_sdk/models.py is out of date with crates/space-control/openapi.json: run "
+        "`python scripts/gen_models.py` in sdk/python"
+    )
+    # Every record's fields are generated.
+    assert current.count(gen_models.BEGIN) == len(gen_models.Records(ast.parse(current)).by_schema)

@@ -4,6 +4,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -26,17 +27,27 @@ fn tenant_not_found(name: &TenantName) -> ApiError {
     )
 }
 
-/// Quotas in a request: fields left out keep their value (or take the default).
-#[derive(Debug, Default, Deserialize)]
+/// Quotas in a tenant create or update: fields left out keep their value (on create: take
+/// the defaults).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "QuotasUpdate")]
 pub struct QuotasBody {
+    /// Sandboxes that are not terminated (default 100).
     #[serde(default)]
     max_sandboxes: Option<u32>,
+    /// vCPUs of the sandboxes with a VM (default 64).
     #[serde(default)]
     max_vcpus: Option<u32>,
+    /// Memory of the sandboxes with a VM, MiB (default 65536).
     #[serde(default)]
+    #[schemars(range(max = i64::MAX))]
     max_memory_mib: Option<u64>,
-    /// Present with a number: the new limit; present as null: no limit; absent: unchanged.
+    /// How long a sandbox of the tenant may stay suspended before it is killed (audited as
+    /// `sandbox.expire`), in ms; null: forever. In an update, null lifts the limit and leaving
+    /// it out keeps it.
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<u64>", range(max = i64::MAX))]
     max_suspended_ms: Option<Option<u64>>,
 }
 
@@ -45,7 +56,21 @@ fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>
 }
 
 impl QuotasBody {
-    fn apply(&self, mut q: Quotas) -> Quotas {
+    /// `q` with the fields given here; a number past what the stores keep (a signed 64-bit
+    /// integer) is refused.
+    fn apply(&self, mut q: Quotas) -> ApiResult<Quotas> {
+        let too_big =
+            |field: &str| ApiError::invalid(format!("quotas.{field} is at most {}", i64::MAX));
+        if self.max_memory_mib.is_some_and(|v| v > i64::MAX as u64) {
+            return Err(too_big("max_memory_mib"));
+        }
+        if self
+            .max_suspended_ms
+            .flatten()
+            .is_some_and(|v| v > i64::MAX as u64)
+        {
+            return Err(too_big("max_suspended_ms"));
+        }
         if let Some(v) = self.max_sandboxes {
             q.max_sandboxes = v;
         }
@@ -58,7 +83,26 @@ impl QuotasBody {
         if let Some(v) = self.max_suspended_ms {
             q.max_suspended_ms = v;
         }
-        q
+        Ok(q)
+    }
+}
+
+/// Body of `PUT /v1/tenants/{name}/master-key`: a [`MasterKeyConfig`] with no field its
+/// provider does not take (serde lets a unit variant ignore them).
+pub struct MasterKeyBody(MasterKeyConfig);
+
+impl<'de> Deserialize<'de> for MasterKeyBody {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        let deployment = v.get("provider").and_then(Value::as_str) == Some("deployment");
+        if deployment && v.as_object().is_some_and(|o| o.len() != 1) {
+            return Err(serde::de::Error::custom(
+                "the deployment master key takes no field but provider",
+            ));
+        }
+        MasterKeyConfig::deserialize(v)
+            .map(MasterKeyBody)
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -71,10 +115,14 @@ pub async fn list_tenants(
 }
 
 /// Body of `POST /v1/tenants`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "TenantCreateRequest")]
 pub struct CreateTenantBody {
+    #[schemars(with = "crate::api::shapes::Name")]
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object_opt")]
+    #[schemars(with = "Option<QuotasBody>")]
     quotas: Option<QuotasBody>,
 }
 
@@ -85,7 +133,7 @@ pub async fn create_tenant(
     ApiJson(body): ApiJson<CreateTenantBody>,
 ) -> ApiResult<Response> {
     let name = tenant_name(&body.name)?;
-    let quotas = body.quotas.unwrap_or_default().apply(Quotas::default());
+    let quotas = body.quotas.unwrap_or_default().apply(Quotas::default())?;
     let result = st
         .store
         .create_tenant_with_key(&name, quotas, false, Some("first"))
@@ -104,8 +152,12 @@ pub async fn create_tenant(
 }
 
 /// Body of `PATCH /v1/tenants/{name}`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "TenantUpdateRequest")]
 pub struct UpdateTenantBody {
+    #[serde(deserialize_with = "super::object")]
+    #[schemars(with = "QuotasBody")]
     quotas: QuotasBody,
 }
 
@@ -125,7 +177,7 @@ pub async fn update_tenant(
             .ok_or_else(|| tenant_not_found(&name))?;
         let tenant = st
             .store
-            .set_quotas(&name, body.quotas.apply(current.quotas))
+            .set_quotas(&name, body.quotas.apply(current.quotas)?)
             .await?;
         Ok::<_, ApiError>(json!(tenant))
     }
@@ -184,7 +236,7 @@ pub async fn put_master_key(
     State(st): State<Shared>,
     AdminCaller(who): AdminCaller,
     ApiPath(raw): ApiPath<String>,
-    ApiJson(body): ApiJson<MasterKeyConfig>,
+    ApiJson(MasterKeyBody(body)): ApiJson<MasterKeyBody>,
 ) -> ApiResult<Json<Value>> {
     let name = tenant_name(&raw)?;
     let result = async {
@@ -237,11 +289,16 @@ pub async fn list_keys(
 }
 
 /// Body of `POST /v1/tenants/{name}/keys`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "KeyCreateRequest")]
 pub struct CreateKeyBody {
+    /// An admin key (default false).
     #[serde(default)]
     admin: bool,
+    /// A note for people: at most 200 characters, no control characters.
     #[serde(default)]
+    #[schemars(length(max = 200), pattern(r"^[^\u0000-\u001f\u007f-\u009f]*$"))]
     label: Option<String>,
 }
 
@@ -306,17 +363,27 @@ pub async fn revoke_key(
 }
 
 /// Query of `GET /v1/audit`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct AuditQuery {
+    /// Only events about this sandbox.
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::SandboxId>")]
     sandbox: Option<String>,
+    /// Only events of this operation (`sandbox.create`, `auth`, ...).
     #[serde(default)]
+    #[schemars(pattern(r"^[a-z0-9_.]{1,64}$"))]
     operation: Option<String>,
-    #[serde(default)]
+    /// Only events at or after this time.
+    #[serde(default, deserialize_with = "super::whole_opt")]
+    #[schemars(with = "Option<u64>")]
     since_unix_ms: Option<u64>,
-    #[serde(default)]
+    /// At most this many events (default 100).
+    #[serde(default, deserialize_with = "super::whole_opt")]
+    #[schemars(with = "Option<u32>", range(min = 1, max = 1000))]
     limit: Option<u32>,
+    /// An admin key's filter: only this tenant's events (a tenant key sees its own only).
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::Name>")]
     tenant: Option<String>,
 }
 
@@ -333,8 +400,24 @@ pub async fn audit(
             "limit must be 1..={MAX_AUDIT_LIMIT}, not {limit}"
         )));
     }
+    if let Some(s) = &q.sandbox {
+        s.parse::<space_node::SandboxId>()
+            .map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    }
+    if let Some(op) = &q.operation {
+        let ok = (1..=64).contains(&op.len())
+            && op
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"_.".contains(&b));
+        if !ok {
+            return Err(ApiError::invalid(
+                "operation is 1 to 64 of [a-z0-9_.] (sandbox.create, auth, ...)",
+            ));
+        }
+    }
+    let named = q.tenant.as_deref().map(tenant_name).transpose()?;
     let tenant = if who.admin {
-        q.tenant.as_deref().map(tenant_name).transpose()?
+        named
     } else {
         Some(who.tenant.clone())
     };

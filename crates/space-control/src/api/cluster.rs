@@ -93,10 +93,13 @@ async fn audit_node(st: &Shared, node: &str, operation: &str, outcome: Option<&A
 }
 
 /// Body of `POST /v1/cluster/join-tokens`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "JoinTokenRequest")]
 pub struct TokenBody {
+    /// How long the token works, seconds (default 3600, at most a week).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 604_800))]
     ttl_s: Option<u64>,
 }
 

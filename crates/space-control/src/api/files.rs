@@ -148,6 +148,29 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A read-only guest call, tried once more when the connection broke under it: the sandbox
+/// was paused or suspended meanwhile (by its timeout, say), and getting a client again wakes
+/// it, as any access does.
+async fn read<T, F, Fut>(
+    st: &Shared,
+    who: &crate::store::Principal,
+    raw: &str,
+    call: F,
+) -> ApiResult<T>
+where
+    F: Fn(GuestClient) -> Fut,
+    Fut: std::future::Future<Output = Result<T, space_proto::ClientError>>,
+{
+    let g = guest(st, who, raw).await?;
+    match call(g).await {
+        Err(space_proto::ClientError::Closed | space_proto::ClientError::Transport(_)) => {
+            let g = guest(st, who, raw).await?;
+            Ok(call(g).await?)
+        }
+        other => Ok(other?),
+    }
+}
+
 /// `GET /v1/sandboxes/{id}/files/list?path=P`
 pub async fn list(
     State(st): State<Shared>,
@@ -155,8 +178,12 @@ pub async fn list(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    let g = guest(&st, &who, &raw).await?;
-    let entries = g.list(&q.path).await?;
+    let path = q.path;
+    let entries = read(&st, &who, &raw, |g| {
+        let path = path.clone();
+        async move { g.list(&path).await }
+    })
+    .await?;
     Ok(Json(json!({ "entries": entries })))
 }
 
@@ -167,8 +194,13 @@ pub async fn stat(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    let g = guest(&st, &who, &raw).await?;
-    Ok(Json(json!(g.stat(&q.path).await?)))
+    let path = q.path;
+    let stat = read(&st, &who, &raw, |g| {
+        let path = path.clone();
+        async move { g.stat(&path).await }
+    })
+    .await?;
+    Ok(Json(json!(stat)))
 }
 
 /// Body of `mkdir`.

@@ -11,7 +11,9 @@ pub mod admin;
 pub mod cluster;
 pub mod files;
 pub mod net;
+pub mod openapi;
 pub mod sandboxes;
+pub mod shapes;
 pub mod streams;
 pub mod templates;
 
@@ -148,9 +150,6 @@ pub const ROUTES: &[Route] = &[
 pub const PORT_PROXY: &str = "/v1/sandboxes/{id}/ports/{port}/proxy/{*path}";
 /// The public ingress route; `{*path}` is the rest of the path, possibly empty.
 pub const INGRESS: &str = "/ingress/{token}/{*path}";
-
-/// The OpenAPI document served at `GET /v1/openapi.json`.
-pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// Everything the handlers share.
 pub struct AppState {
@@ -346,10 +345,108 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> ApiResult<Self> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(r) => Err(r.into()),
+        let Json(v) = Json::<serde_json::Value>::from_request(req, state).await?;
+        // Every body of the API is an object; serde would also take a struct as an array of
+        // its fields.
+        if !v.is_object() {
+            return Err(ApiError::invalid("the body must be a JSON object"));
         }
+        T::deserialize(integral(v))
+            .map(ApiJson)
+            .map_err(|e| ApiError::invalid(format!("the JSON body does not fit: {e}")))
+    }
+}
+
+/// A whole number of a path or query string: digits, or a number with no fraction (`255.0`,
+/// `1e3`), as JSON Schema counts integers; `None` when it is neither or does not fit `T`.
+pub fn parse_whole<T: TryFrom<u64>>(s: &str) -> Option<T> {
+    let n = s.parse::<u64>().ok().or_else(|| {
+        let f: f64 = s.parse().ok()?;
+        let whole = f.is_finite() && f.fract() == 0.0 && f >= 0.0 && f < 2f64.powi(64);
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        whole.then_some(f as u64)
+    })?;
+    T::try_from(n).ok()
+}
+
+/// `deserialize_with` for a whole number of a query string (see [`parse_whole`]).
+pub fn whole<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let s = <String as serde::Deserialize>::deserialize(d)?;
+    parse_whole(&s)
+        .ok_or_else(|| serde::de::Error::custom(format!("{s:?} is not a whole number in range")))
+}
+
+/// `deserialize_with` for a field holding an object: a JSON object only (serde would also
+/// take a struct as an array of its fields).
+pub fn object<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    let v = <serde_json::Value as serde::Deserialize>::deserialize(d)?;
+    if !v.is_object() {
+        return Err(serde::de::Error::custom("expected a JSON object"));
+    }
+    T::deserialize(v).map_err(serde::de::Error::custom)
+}
+
+/// [`object`] for a field that may be left out or null.
+pub fn object_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: DeserializeOwned,
+{
+    let v = <serde_json::Value as serde::Deserialize>::deserialize(d)?;
+    match v {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::Object(_) => T::deserialize(v)
+            .map(Some)
+            .map_err(serde::de::Error::custom),
+        _ => Err(serde::de::Error::custom("expected a JSON object or null")),
+    }
+}
+
+/// [`whole`] for a parameter that may be left out.
+pub fn whole_opt<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    whole(d).map(Some)
+}
+
+/// `v` with every number that is a whole number written as a float (`253.0`, `1e3`) made an
+/// integer: JSON Schema counts those as integers, so the document's `integer` fields take
+/// them.
+pub fn integral(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            let whole = n.as_f64().filter(|f| f.is_finite() && f.fract() == 0.0);
+            // Beyond 2^64 a float is no exact integer of any field here: left as it is.
+            match whole {
+                Some(f) if f >= -(2f64.powi(63)) && f < 2f64.powi(63) =>
+                {
+                    #[allow(clippy::cast_possible_truncation)]
+                    Value::from(f as i64)
+                }
+                Some(f) if f >= 0.0 && f < 2f64.powi(64) =>
+                {
+                    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                    Value::from(f as u64)
+                }
+                _ => Value::Number(n),
+            }
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(integral).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, integral(v))).collect())
+        }
+        other => other,
     }
 }
 
@@ -485,7 +582,11 @@ async fn health(State(state): State<Shared>) -> Response {
 }
 
 async fn openapi() -> Response {
-    ([(header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        openapi::served(),
+    )
+        .into_response()
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
@@ -813,5 +914,29 @@ mod tests {
         assert_eq!(events.len(), ROUTES.len() - open);
         assert!(events.iter().all(|e| e.result == "unauthorized"));
         local.shutdown().await;
+    }
+
+    #[test]
+    fn whole_numbers_are_integers_however_written() {
+        assert_eq!(parse_whole::<u16>("255"), Some(255));
+        assert_eq!(parse_whole::<u16>("255.0"), Some(255));
+        assert_eq!(parse_whole::<u64>("1e3"), Some(1000));
+        assert_eq!(parse_whole::<u16>("65536"), None);
+        assert_eq!(parse_whole::<u16>("2.5"), None);
+        assert_eq!(parse_whole::<u64>("-1"), None);
+        assert_eq!(parse_whole::<u64>("inf"), None);
+        assert_eq!(
+            integral(serde_json::json!({"a": 253.0, "b": [1.5, -2.0], "c": "3.0"})),
+            serde_json::json!({"a": 253, "b": [1.5, -2], "c": "3.0"})
+        );
+    }
+
+    #[test]
+    fn a_busy_path_is_a_conflict_not_a_server_error() {
+        // rename("/", "/") in the guest is EBUSY.
+        let e = ApiError::from(space_proto::ClientError::Guest(
+            space_proto::ProtoError::new(space_proto::ErrorKind::Busy, "rename / to /"),
+        ));
+        assert_eq!((e.status, e.code), (StatusCode::CONFLICT, "conflict"));
     }
 }

@@ -16,6 +16,7 @@ use axum::Json;
 use hyper_util::rt::TokioIo;
 use rand::rngs::OsRng;
 use rand::Rng as _;
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
@@ -69,10 +70,18 @@ pub async fn list_secrets(State(st): State<Shared>, Caller(who): Caller) -> ApiR
 }
 
 /// Body of `PUT /v1/secrets/{name}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "SecretSetRequest")]
 pub struct SecretBody {
+    /// At most 65536 bytes of UTF-8.
+    #[schemars(length(min = 1))]
     value: String,
+    /// Where the gateway may send the value.
+    #[schemars(
+        with = "Vec<crate::api::shapes::EgressRule>",
+        length(min = 1, max = 64)
+    )]
     hosts: Vec<String>,
 }
 
@@ -262,9 +271,12 @@ pub async fn put_egress(
 // ---- exposed ports ----
 
 /// Body of `POST /v1/sandboxes/{id}/ports`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "ExposeRequest")]
 pub struct ExposeBody {
+    /// A TCP port inside the sandbox.
+    #[schemars(range(min = 1))]
     port: u16,
 }
 
@@ -373,8 +385,10 @@ pub async fn list_ports(
 pub async fn unexpose(
     State(st): State<Shared>,
     Caller(who): Caller,
-    ApiPath((raw, port)): ApiPath<(String, u16)>,
+    ApiPath((raw, port)): ApiPath<(String, String)>,
 ) -> ApiResult<StatusCode> {
+    let port: u16 = super::parse_whole(&port)
+        .ok_or_else(|| ApiError::invalid(format!("port {port:?} is not 1..65535")))?;
     let id = match st.scope(&who, &raw).await {
         Ok(id) => id,
         Err(e) => {

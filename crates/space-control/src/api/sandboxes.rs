@@ -8,6 +8,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 use sha2::Digest;
@@ -77,14 +78,22 @@ fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Optio
     T::deserialize(d).map(Some)
 }
 
-/// Timeout fields of a create or update: missing keeps (or defaults), null means never.
-#[derive(Debug, Default, Deserialize)]
+/// Fields left out keep their value (on create: take the defaults, idle 15 min, no lifetime
+/// limit, suspend); null means never.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "TimeoutsUpdate")]
 pub struct TimeoutsBody {
+    /// Milliseconds without activity before `action`; null: never.
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<u64>", range(min = 1))]
     idle_ms: Option<Option<u64>>,
+    /// Milliseconds from the create before `action`; null: never.
     #[serde(default, deserialize_with = "present")]
+    #[schemars(with = "Option<u64>", range(min = 1))]
     max_lifetime_ms: Option<Option<u64>>,
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::TimeoutAction>")]
     action: Option<TimeoutAction>,
 }
 
@@ -117,26 +126,54 @@ impl TimeoutsBody {
 }
 
 /// Body of `POST /v1/sandboxes`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "SandboxCreateRequest")]
 pub struct CreateBody {
+    #[schemars(with = "crate::api::shapes::Name")]
     template: String,
+    /// The template's newest version when left out.
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::TemplateVersion>")]
     version: Option<String>,
+    /// vCPUs (default: the template's).
     #[serde(default)]
+    #[schemars(range(min = 1, max = 64))]
     vcpus: Option<u32>,
+    /// Memory, MiB (default: the template's).
     #[serde(default)]
+    #[schemars(range(min = 64, max = 1_048_576))]
     memory_mib: Option<u64>,
+    /// The root disk, MiB: at least the template's image (`Template.image_mib`; a disk
+    /// cannot shrink), at most the node's maximum (64 GiB by default). Default: the image's.
     #[serde(default)]
+    #[schemars(range(min = 1, max = 65_536))]
     disk_mib: Option<u64>,
+    /// Environment of every exec and PTY: names without `=` or NUL, values without NUL
+    /// (256 KiB in all).
     #[serde(default)]
+    #[schemars(extend(
+        "propertyNames" = {"minLength": 1, "pattern": "^[^=\\u0000]+$"},
+        "additionalProperties" = {"type": "string", "pattern": "^[^\\u0000]*$"}
+    ))]
     env: BTreeMap<String, String>,
+    /// Labels of the caller's own (64 KiB in all).
     #[serde(default)]
     metadata: BTreeMap<String, String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object_opt")]
+    #[schemars(with = "Option<TimeoutsBody>")]
     timeouts: Option<TimeoutsBody>,
+    /// Secrets of the tenant's vault to bind, each once: each gets a fresh placeholder in
+    /// the environment variable of its name; the gateway replaces it on requests to the
+    /// secret's hosts.
     #[serde(default)]
+    #[schemars(
+        with = "Vec<crate::api::shapes::SecretName>",
+        extend("uniqueItems" = true)
+    )]
     secrets: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::object_opt")]
+    #[schemars(with = "Option<crate::api::shapes::EgressPolicy>")]
     egress: Option<space_node::gateway::EgressPolicy>,
     #[serde(default)]
     auto_resume: Option<bool>,
@@ -377,6 +414,12 @@ pub async fn list(
                 ][s],
             );
         } else if k == "template" {
+            if !TenantName::is_valid(&v) {
+                return Err(ApiError::invalid_id(format!(
+                    "template {:?} is not a template name ([a-z0-9][a-z0-9-]{{0,39}})",
+                    v.chars().take(64).collect::<String>()
+                )));
+            }
             template = Some(v);
         } else if let Some(key) = k.strip_prefix("metadata.") {
             metadata.push((key.to_owned(), v));
@@ -652,10 +695,12 @@ pub async fn set_timeouts(
 }
 
 /// Query of `logs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct LogsQuery {
-    #[serde(default)]
-    tail_bytes: Option<usize>,
+    /// How many bytes from the end (at most 1 MiB; more is cut to 1 MiB).
+    #[serde(default, deserialize_with = "super::whole_opt")]
+    #[schemars(with = "Option<u64>", extend("default" = 65536))]
+    tail_bytes: Option<u64>,
 }
 
 /// `GET /v1/sandboxes/{id}/logs?tail_bytes=N`
@@ -666,7 +711,9 @@ pub async fn logs(
     ApiQuery(q): ApiQuery<LogsQuery>,
 ) -> ApiResult<Response> {
     let id = st.scope(&who, &raw).await?;
-    let n = q.tail_bytes.unwrap_or(DEFAULT_LOG_TAIL).min(MAX_LOG_TAIL);
+    let n = q.tail_bytes.map_or(DEFAULT_LOG_TAIL, |n| {
+        usize::try_from(n).unwrap_or(MAX_LOG_TAIL).min(MAX_LOG_TAIL)
+    });
     let bytes = st
         .node
         .console_tail(&id, n)
@@ -691,9 +738,13 @@ pub async fn snapshots(
 }
 
 /// Body of `POST /v1/sandboxes/{id}/snapshots`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "SnapshotCreateRequest")]
 pub struct SnapshotBody {
+    /// `disk` (the default) or `full` (memory too).
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::SnapshotKind>")]
     kind: Option<SnapshotKind>,
 }
 
@@ -719,8 +770,11 @@ pub async fn snapshot(
 }
 
 /// Body of `POST /v1/sandboxes/{id}/rollback`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(rename = "RollbackRequest")]
 pub struct RollbackBody {
+    #[schemars(with = "crate::api::shapes::SnapshotId")]
     snapshot: String,
 }
 

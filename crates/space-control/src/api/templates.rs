@@ -197,8 +197,9 @@ pub struct BuildBody {
 }
 
 /// `?wait=true`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct WaitQuery {
+    /// Answer when the build has ended (the build, with its template, or its error).
     #[serde(default)]
     wait: bool,
 }
@@ -500,9 +501,11 @@ pub async fn get_build(
 }
 
 /// `?from=N&follow=true`
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, schemars::JsonSchema)]
 pub struct LogQuery {
-    #[serde(default)]
+    /// The byte offset to start at.
+    #[serde(default, deserialize_with = "super::whole")]
+    #[schemars(with = "u64")]
     from: u64,
     #[serde(default)]
     follow: bool,
@@ -569,11 +572,15 @@ pub async fn build_log(
 }
 
 /// Body of `POST /v1/sandboxes/{id}/template`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(rename = "TemplateSaveRequest")]
 pub struct SaveBody {
+    #[schemars(with = "crate::api::shapes::Name")]
     name: String,
+    /// The new version (default: one more than the newest).
     #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::TemplateVersion>")]
     version: Option<String>,
 }
 

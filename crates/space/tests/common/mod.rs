@@ -174,6 +174,22 @@ impl TestServer {
         self.wait_ready();
     }
 
+    /// Kills the server with SIGKILL: no chance to stop anything or write anything. Its VMs
+    /// go on running; [`TestServer::start_again`] brings it back.
+    pub fn crash(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same data directory and port (after
+    /// [`TestServer::crash`] or [`TestServer::stop`]) and waits until it answers.
+    pub fn start_again(&mut self) {
+        self.spawn();
+        self.wait_ready();
+    }
+
     /// Runs the CLI with `args` as the admin of tenant `default`.
     pub fn cli<I, S>(&self, args: I) -> Output
     where
