@@ -106,12 +106,21 @@ struct Ledger {
     files: BTreeMap<(String, String), String>,
     /// Answers by operation and status class.
     counts: BTreeMap<String, u64>,
+    /// The first answers of 5xx, for the report.
+    server_errors: Vec<String>,
     /// Execs that read a written file back and found other bytes.
     mismatches: Vec<String>,
 }
 
 impl Ledger {
-    fn count(&mut self, op: &str, status: Option<u16>) {
+    fn count(&mut self, op: &str, got: &Option<(u16, Vec<u8>)>) {
+        let status = got.as_ref().map(|g| g.0);
+        if let Some((code @ 500.., body)) = got {
+            if self.server_errors.len() < 20 {
+                let body = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+                self.server_errors.push(format!("{op}: {code} {body}"));
+            }
+        }
         let class = match status {
             Some(s) => format!("{}xx", s / 100),
             None => "cut".to_owned(),
@@ -164,7 +173,7 @@ fn client(
             );
             let mut l = lock();
             l.creating -= 1;
-            l.count("create", got.as_ref().map(|g| g.0));
+            l.count("create", &got);
             if let Some((201, body)) = &got {
                 let id = sandbox_id(body).expect("a create's answer names the sandbox");
                 l.seen.insert(id.clone());
@@ -188,7 +197,7 @@ fn client(
                     &data,
                 );
                 let mut l = lock();
-                l.count("write", got.as_ref().map(|g| g.0));
+                l.count("write", &got);
                 if matches!(got, Some((200, _))) {
                     l.files.insert((id, path), sum);
                 }
@@ -215,7 +224,7 @@ fn client(
                     body.to_string().as_bytes(),
                 );
                 let mut l = lock();
-                l.count("exec", got.as_ref().map(|g| g.0));
+                l.count("exec", &got);
                 if let Some((200, out)) = got {
                     let text = String::from_utf8_lossy(&out);
                     let exited = text.contains("\"exit\"") || text.contains("\"exited\"");
@@ -234,7 +243,7 @@ fn client(
                     &format!("/v1/sandboxes/{id}/snapshots"),
                     b"{}",
                 );
-                lock().count("snapshot", got.as_ref().map(|g| g.0));
+                lock().count("snapshot", &got);
             }
             78..=93 => {
                 let got = request(
@@ -244,7 +253,7 @@ fn client(
                     &format!("/v1/sandboxes/{id}/pause"),
                     b"",
                 );
-                lock().count("pause", got.as_ref().map(|g| g.0));
+                lock().count("pause", &got);
                 let got = request(
                     addr,
                     &key,
@@ -252,13 +261,13 @@ fn client(
                     &format!("/v1/sandboxes/{id}/resume"),
                     b"",
                 );
-                lock().count("resume", got.as_ref().map(|g| g.0));
+                lock().count("resume", &got);
             }
             _ => {
                 lock().killing.insert(id.clone());
                 let got = request(addr, &key, "DELETE", &format!("/v1/sandboxes/{id}"), b"");
                 let mut l = lock();
-                l.count("kill", got.as_ref().map(|g| g.0));
+                l.count("kill", &got);
                 if matches!(got, Some((200, _))) {
                     l.live.remove(&id);
                     l.files.retain(|(s, _), _| *s != id);
@@ -395,14 +404,28 @@ fn leftovers(server: &TestServer, states: &BTreeMap<String, String>) -> Vec<Stri
         .map(|(id, _)| id.clone())
         .collect();
     let sandboxes = data.join("sandboxes");
-    let mut owned = BTreeSet::new();
+    // A jailed QEMU's root is its sandbox directory (it pivots into it): match by inode.
+    let inode = |p: &Path| {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    };
+    let dirs: BTreeMap<(u64, u64), String> = with_vm
+        .iter()
+        .chain(pooled.iter())
+        .filter_map(|id| inode(&sandboxes.join(id)).map(|k| (k, id.clone())))
+        .collect();
     let mut owners = BTreeSet::new();
-    for id in with_vm.iter().chain(pooled.iter()) {
-        let pids = space_node::teardown::vms_of(&sandboxes.join(id));
-        if !pids.is_empty() {
-            owners.insert(id.clone());
+    let mut owned = BTreeSet::new();
+    for pid in space_node::teardown::vms_of(data) {
+        let proc = Path::new("/proc").join(pid.to_string());
+        let owner = ["root", "cwd"]
+            .iter()
+            .filter_map(|l| inode(&proc.join(l)))
+            .find_map(|k| dirs.get(&k).cloned());
+        if let Some(id) = owner {
+            owners.insert(id);
+            owned.insert(pid);
         }
-        owned.extend(pids);
     }
     let mut cgroup_parents = BTreeSet::new();
     for pid in space_node::teardown::vms_of(data) {
@@ -527,10 +550,11 @@ fn the_server_killed_at_any_moment_keeps_every_answer_it_gave() {
         let wrong = check(&server, &l, unanswered);
         println!(
             "round {round}: killed after {after:?}; {} sandboxes alive, {} files in the \
-             ledger; answers {:?}",
+             ledger; answers {:?}; first server errors {:#?}",
             l.live.difference(&l.killing).count(),
             l.files.len(),
-            l.counts
+            l.counts,
+            l.server_errors
         );
         assert!(
             wrong.is_empty(),
