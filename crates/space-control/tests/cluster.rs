@@ -145,6 +145,31 @@ fn two_replicas_two_nodes() {
         );
         let t1 = token(&a1, &admin).await;
         let t2 = token(&a2, &admin).await;
+        // A key of the wrong form is the caller's fault (400), and the token still works.
+        let short = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [4u8; 33]);
+        let (status, v) = a1
+            .call(
+                "POST",
+                "/v1/cluster/join",
+                None,
+                Some(
+                    json!({"token": t1, "node_id": "node-a", "address": "127.0.0.1:1",
+                            "public_key": short}),
+                ),
+            )
+            .await;
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (400, Some("invalid_request")),
+            "{v}"
+        );
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("public_key"),
+            "{v}"
+        );
         let (node_a, member_a, secrets_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
         let (node_b, member_b, secrets_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
         let (status, v) = a1
@@ -444,7 +469,13 @@ fn two_replicas_two_nodes() {
             .collect();
         assert_eq!(
             results,
-            ["unauthorized", "ok", "ok", "unauthorized"],
+            [
+                "unauthorized",
+                "ok",
+                "ok",
+                "invalid_request",
+                "unauthorized"
+            ],
             "{audit}"
         );
 

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use space_fuzz::TARGETS;
 
 /// Mutations per target (spread over its corpus files).
@@ -32,50 +34,37 @@ fn corpus(target: &str) -> Vec<(String, Vec<u8>)> {
     files
 }
 
-/// xorshift64*: the same mutations on every run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
-fn mutate(rng: &mut Rng, a: &[u8], b: &[u8]) -> Vec<u8> {
+/// One to four random edits of `a` (some splice in bytes of `b`); the seeded generator
+/// makes the same mutations on every run.
+fn mutate(rng: &mut StdRng, a: &[u8], b: &[u8]) -> Vec<u8> {
     let mut out = a.to_vec();
-    for _ in 0..1 + rng.below(4) {
-        let at = rng.below(out.len() + 1);
-        match rng.below(7) {
+    for _ in 0..1 + rng.gen_range(0..4) {
+        let at = rng.gen_range(0..=out.len());
+        match rng.gen_range(0..7) {
             0 if !out.is_empty() => {
                 let i = at.min(out.len() - 1);
-                out[i] ^= 1 << rng.below(8);
+                out[i] ^= 1 << rng.gen_range(0..8);
             }
             1 if !out.is_empty() => {
                 let i = at.min(out.len() - 1);
-                out[i] = [0, 0xff, 0x7f, 0x80, b'\n', b'\r', b'"', b'{'][rng.below(8)];
+                out[i] = [0, 0xff, 0x7f, 0x80, b'\n', b'\r', b'"', b'{'][rng.gen_range(0..8)];
             }
-            2 => out.insert(at, rng.next() as u8),
+            2 => out.insert(at, rng.gen::<u8>()),
             3 if at < out.len() => {
-                let end = (at + 1 + rng.below(16)).min(out.len());
+                let end = (at + 1 + rng.gen_range(0..16)).min(out.len());
                 out.drain(at..end);
             }
             4 if at < out.len() => {
-                let end = (at + 1 + rng.below(32)).min(out.len());
+                let end = (at + 1 + rng.gen_range(0..32)).min(out.len());
                 let run = out[at..end].to_vec();
-                let times = 1 + rng.below(8);
+                let times = 1 + rng.gen_range(0..8);
                 for _ in 0..times {
                     out.splice(at..at, run.iter().copied());
                 }
             }
             5 => {
-                let from = rng.below(b.len() + 1);
-                let end = (from + rng.below(64)).min(b.len());
+                let from = rng.gen_range(0..=b.len());
+                let end = (from + rng.gen_range(0..64)).min(b.len());
                 out.splice(at..at, b[from..end].iter().copied());
             }
             _ => out.truncate(at),
@@ -121,10 +110,10 @@ fn corpora_and_their_mutations_replay_cleanly() {
             let r = std::panic::catch_unwind(|| target(data));
             assert!(r.is_ok(), "{name}: corpus file {file} fails");
         }
-        let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ name.len() as u64);
+        let mut rng = StdRng::seed_from_u64(0x9e37_79b9_7f4a_7c15 ^ name.len() as u64);
         for i in 0..MUTATIONS {
             let (_, a) = &files[i % files.len()];
-            let (_, b) = &files[rng.below(files.len())];
+            let (_, b) = &files[rng.gen_range(0..files.len())];
             let input = mutate(&mut rng, a, b);
             let r = std::panic::catch_unwind(|| target(&input));
             if r.is_err() {

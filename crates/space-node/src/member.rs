@@ -341,6 +341,15 @@ impl Member {
                     break;
                 }
                 if self.claim(&claim, false).await? {
+                    // The node that held the claim before may have published the build
+                    // between the fetch above and this claim: look again before building.
+                    let published = node.fetch_template(&t).await;
+                    if !matches!(published, Ok(None)) {
+                        let _ = self.claim(&claim, true).await;
+                        published.map_err(err(&format!("fetching template {t}")))?;
+                        tracing::info!(template = %t, "template fetched from the object store");
+                        break;
+                    }
                     let built = match local.build_template(build.clone()).await {
                         Ok(_) => node.publish_template(&t).await.map_err(|e| e.to_string()),
                         Err(e) => Err(e.to_string()),

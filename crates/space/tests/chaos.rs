@@ -24,39 +24,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::TestServer;
+use common::{env_number, TestServer};
+use rand::rngs::StdRng;
+use rand::{Rng, RngCore, SeedableRng};
 use sha2::{Digest, Sha256};
 
 /// Concurrent clients.
 const CLIENTS: usize = 20;
 /// Sandboxes alive at once (the clients create more as they kill some).
 const MAX_LIVE: usize = 4;
-
-/// xorshift64*: the test's own reproducible choices.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
-
-fn env_number(var: &str, default: u64) -> u64 {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{var}={v:?} is not a number: {e}")),
-        _ => default,
-    }
-}
 
 /// One HTTP/1.0 exchange (so the answer is never chunked): the status and the body, or
 /// `None` when the connection failed (the server is down or died under the request).
@@ -143,7 +119,7 @@ fn client(
     ledger: Arc<Mutex<Ledger>>,
     files: Arc<AtomicU64>,
 ) {
-    let mut rng = Rng(seed | 1);
+    let mut rng = StdRng::seed_from_u64(seed);
     let lock = || ledger.lock().unwrap_or_else(|e| e.into_inner());
     while !stop.load(Ordering::Relaxed) {
         if TcpStream::connect_timeout(&addr, Duration::from_secs(1)).is_err() {
@@ -157,7 +133,7 @@ fn client(
             (live, room)
         };
         let (live, room) = pick;
-        let roll = rng.below(100);
+        let roll = rng.gen_range(0..100u64);
         if live.is_empty() || (room < MAX_LIVE && roll < 15) {
             if room >= MAX_LIVE {
                 std::thread::sleep(Duration::from_millis(200));
@@ -181,13 +157,17 @@ fn client(
             }
             continue;
         }
-        let id = live[rng.below(live.len() as u64) as usize].clone();
+        let id = live[rng.gen_range(0..live.len())].clone();
         match roll {
             0..=39 => {
                 let n = files.fetch_add(1, Ordering::Relaxed);
                 let path = format!("/root/chaos-{n}");
-                let len = 1 + rng.below(64 << 10) as usize;
-                let data: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let len = rng.gen_range(1..=64usize << 10);
+                let data: Vec<u8> = {
+                    let mut d = vec![0; len];
+                    rng.fill_bytes(&mut d);
+                    d
+                };
                 let sum = hex(&Sha256::digest(&data));
                 let got = request(
                     addr,
@@ -520,19 +500,19 @@ fn the_server_killed_at_any_moment_keeps_every_answer_it_gave() {
     let mut server = TestServer::start();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
     let files = Arc::new(AtomicU64::new(0));
-    let mut rng = Rng(seed | 1);
+    let mut rng = StdRng::seed_from_u64(seed);
     for round in 0..rounds {
         let stop = Arc::new(AtomicBool::new(false));
         let clients: Vec<_> = (0..CLIENTS)
             .map(|i| {
                 let (addr, key) = (server.addr, server.admin_key.clone());
                 let (stop, ledger, files) = (stop.clone(), ledger.clone(), files.clone());
-                let seed = rng.next() ^ i as u64;
+                let seed = rng.next_u64() ^ i as u64;
                 std::thread::spawn(move || client(addr, key, seed, stop, ledger, files))
             })
             .collect();
         // A moment in the mix: between 4 and 20 s in.
-        let after = Duration::from_millis(4_000 + rng.below(16_000));
+        let after = Duration::from_millis(rng.gen_range(4_000..20_000));
         std::thread::sleep(after);
         let in_flight = ledger.lock().unwrap().creating;
         server.crash();

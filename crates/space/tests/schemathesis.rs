@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{json, repo_root, run_suite, TestServer};
+use common::{env_number, json, repo_root, run_suite, TestServer};
 
 /// Operations no run sends (see the module's documentation).
 const LEFT_OUT: &str = "^(mcp\\.|ingress\\.|port\\.proxy_|files\\.watch$)";
@@ -39,16 +39,6 @@ const ADMIN_LEFT_OUT: &[&str] = &["key.revoke", "template.delete", "template.bui
 /// The admin operations (docs/api.md, *Tenants and keys*, *Cluster*, *Audit*).
 const ADMIN_OPS: &str = "^(tenant\\.|key\\.|node\\.token$|node\\.list$|node\\.drain$|\
                          node\\.remove$|audit\\.list$)";
-
-fn env_number(var: &str, default: u64) -> u64 {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("{var}={v:?} is not a number: {e}")),
-        _ => default,
-    }
-}
 
 fn schemathesis() -> PathBuf {
     let bin = repo_root().join("target/space/venv/bin/schemathesis");

@@ -173,15 +173,22 @@ fn check_address(address: &str) -> ApiResult<()> {
 /// The address and public key of a join or rejoin, checked; the key's bytes.
 fn node_key(address: &str, public_key: &str) -> ApiResult<Vec<u8>> {
     check_address(address)?;
-    B64.decode(public_key.as_bytes())
-        .map_err(|e| ApiError::invalid(format!("public_key: {e}")))
+    let key = B64
+        .decode(public_key.as_bytes())
+        .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
+    space_node::api::tls::check_node_key(&key)
+        .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
+    Ok(key)
 }
 
-/// A certificate of the cluster CA for `node_id` over `key`, and its end of validity.
+/// A certificate of the cluster CA for `node_id` over `key` (already checked by
+/// [`node_key`], so a failure here is the CA's own: an internal fault), and its end of
+/// validity.
 fn certify(c: &Cluster, node_id: &str, key: &[u8]) -> ApiResult<(String, u64)> {
-    c.ca()
-        .certify_node(node_id, key, LEAF_DAYS)
-        .map_err(|e| ApiError::invalid(e.to_string()))
+    c.ca().certify_node(node_id, key, LEAF_DAYS).map_err(|e| {
+        tracing::error!(node = node_id, error = %e, "signing a node certificate failed");
+        ApiError::internal(format!("signing the node certificate: {e}"))
+    })
 }
 
 /// The answer of a join or rejoin.

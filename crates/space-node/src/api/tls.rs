@@ -198,6 +198,12 @@ impl NodeKey {
     }
 }
 
+/// Whether `raw` has the form of a node's public key (see [`P256Public`]): what a
+/// joining node sent is checked with this before anything is signed over it.
+pub fn check_node_key(raw: &[u8]) -> Result<(), TlsError> {
+    P256Public::new(raw).map(drop)
+}
+
 /// A P-256 public key sent by a node: an uncompressed point (65 bytes, `0x04` first).
 struct P256Public(Vec<u8>);
 

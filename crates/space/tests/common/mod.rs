@@ -25,6 +25,18 @@ const CLI_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long a graceful stop may take before the server is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The number in environment variable `var`, or `default` when it is unset or empty; a
+/// value that is not a number stops the test with a message naming it.
+pub fn env_number(var: &str, default: u64) -> u64 {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{var}={v:?} is not a number: {e}")),
+        _ => default,
+    }
+}
+
 /// A `space up` server on a temporary data directory, run from the real binary.
 pub struct TestServer {
     /// The API base URL, `http://127.0.0.1:PORT`.
