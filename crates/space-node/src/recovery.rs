@@ -865,6 +865,9 @@ async fn kill_vmm_in(ctx: &Ctx, dir: &Path, report: &mut RecoveryReport) {
         .await
         .unwrap_or_default();
     report.killed.extend(strays);
+    // A VMM killed by a node that died before cleaning up left its cgroup: too young for
+    // the sweep, which waits for cgroups being set up, so it goes here.
+    report.cgroups.extend(ctx.runtime.release_gone(dir).await);
 }
 
 /// SIGKILLs every QEMU process whose root or working directory is the inode `key`, and waits

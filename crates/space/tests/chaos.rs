@@ -10,9 +10,12 @@
 //! its VM, and the only mount and loop device under the test's directory are the data
 //! image's own.
 //!
-//! `SPACE_CHAOS_ROUNDS` sets the rounds (default 3; `make soak` runs 20) and
-//! `SPACE_CHAOS_SEED` the seed of the moments and the mix (printed, so a failure can be run
-//! again).
+//! No answer may be a 5xx: a request cut short by another (a kill under a write) is a 4xx
+//! saying so, and nothing here is an internal fault.
+//!
+//! `SPACE_CHAOS_ROUNDS` sets the rounds (default 2, as `make test` runs it; `make soak`
+//! runs 20) and `SPACE_CHAOS_SEED` the seed of the moments and the mix (printed, so a
+//! failure can be run again).
 
 mod common;
 
@@ -243,7 +246,9 @@ fn client(
                 );
                 lock().count("resume", &got);
             }
-            _ => {
+            // Kills only while every slot is taken, so the restarted server always has
+            // sandboxes (and files) it promised to keep.
+            _ if live.len() >= MAX_LIVE => {
                 lock().killing.insert(id.clone());
                 let got = request(addr, &key, "DELETE", &format!("/v1/sandboxes/{id}"), b"");
                 let mut l = lock();
@@ -253,6 +258,7 @@ fn client(
                     l.files.retain(|(s, _), _| *s != id);
                 }
             }
+            _ => {}
         }
     }
 }
@@ -491,10 +497,8 @@ fn leftovers(server: &TestServer, states: &BTreeMap<String, String>) -> Vec<Stri
 }
 
 #[test]
-#[ignore = "the check of which QEMU belongs to which sandbox does not yet see jailed VMs; \
-            run it with --ignored"]
 fn the_server_killed_at_any_moment_keeps_every_answer_it_gave() {
-    let rounds = env_number("SPACE_CHAOS_ROUNDS", 3);
+    let rounds = env_number("SPACE_CHAOS_ROUNDS", 2);
     let seed = env_number("SPACE_CHAOS_SEED", 0x5eed_c4a0);
     println!("chaos: {rounds} rounds, SPACE_CHAOS_SEED={seed}");
     let mut server = TestServer::start();
@@ -526,8 +530,8 @@ fn the_server_killed_at_any_moment_keeps_every_answer_it_gave() {
             let l = ledger.lock().unwrap();
             in_flight.max(l.counts.get("create cut").copied().unwrap_or(0))
         };
-        let l = ledger.lock().unwrap();
-        let wrong = check(&server, &l, unanswered);
+        let mut l = ledger.lock().unwrap();
+        let mut wrong = check(&server, &l, unanswered);
         println!(
             "round {round}: killed after {after:?}; {} sandboxes alive, {} files in the \
              ledger; answers {:?}; first server errors {:#?}",
@@ -535,6 +539,12 @@ fn the_server_killed_at_any_moment_keeps_every_answer_it_gave() {
             l.files.len(),
             l.counts,
             l.server_errors
+        );
+        // A refusal is 4xx; only an internal fault may be 5xx, and none is expected here.
+        wrong.extend(
+            l.server_errors
+                .drain(..)
+                .map(|e| format!("a 5xx answer: {e}")),
         );
         assert!(
             wrong.is_empty(),

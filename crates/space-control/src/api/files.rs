@@ -15,6 +15,7 @@ use axum::Json;
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
+use space_node::SandboxId;
 use space_proto::{GuestClient, WriteOptions};
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
@@ -32,9 +33,14 @@ pub struct PathQuery {
     parents: Option<bool>,
 }
 
-async fn guest(st: &Shared, who: &crate::store::Principal, raw: &str) -> ApiResult<GuestClient> {
+async fn guest(
+    st: &Shared,
+    who: &crate::store::Principal,
+    raw: &str,
+) -> ApiResult<(SandboxId, GuestClient)> {
     let id = st.scope(who, raw).await?;
-    st.guest(Some(who), &id).await
+    let g = st.guest(Some(who), &id).await?;
+    Ok((id, g))
 }
 
 /// `GET /v1/sandboxes/{id}/files?path=P`
@@ -44,8 +50,8 @@ pub async fn download(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let g = guest(&st, &who, &raw).await?;
-    let reader = g.read_file(&q.path).await?;
+    let (id, g) = guest(&st, &who, &raw).await?;
+    let reader = st.guest_call(&id, g.read_file(&q.path)).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         Body::from_stream(reader),
@@ -89,7 +95,7 @@ pub async fn upload(
             return Err(too_large());
         }
     }
-    let g = guest(&st, &who, &raw).await?;
+    let (id, g) = guest(&st, &who, &raw).await?;
     // The body is read here and handed to the guest through a small channel, so that after
     // the limit is passed the rest of it can still be read and dropped (a bounded amount):
     // answering while the client is still sending would make the close a reset, and the
@@ -133,7 +139,10 @@ pub async fn upload(
     if over {
         return Err(too_large());
     }
-    Ok(Json(json!(result?)))
+    match result {
+        Ok(r) => Ok(Json(json!(r))),
+        Err(e) => Err(st.guest_failure(&id, e).await),
+    }
 }
 
 /// `DELETE /v1/sandboxes/{id}/files?path=P&recursive=true`
@@ -143,8 +152,9 @@ pub async fn remove(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<StatusCode> {
-    let g = guest(&st, &who, &raw).await?;
-    g.remove(&q.path, q.recursive.unwrap_or(false)).await?;
+    let (id, g) = guest(&st, &who, &raw).await?;
+    st.guest_call(&id, g.remove(&q.path, q.recursive.unwrap_or(false)))
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -161,13 +171,14 @@ where
     F: Fn(GuestClient) -> Fut,
     Fut: std::future::Future<Output = Result<T, space_proto::ClientError>>,
 {
-    let g = guest(st, who, raw).await?;
+    let (id, g) = guest(st, who, raw).await?;
     match call(g).await {
         Err(space_proto::ClientError::Closed | space_proto::ClientError::Transport(_)) => {
-            let g = guest(st, who, raw).await?;
-            Ok(call(g).await?)
+            let (id, g) = guest(st, who, raw).await?;
+            st.guest_call(&id, call(g)).await
         }
-        other => Ok(other?),
+        Err(e) => Err(st.guest_failure(&id, e).await),
+        Ok(v) => Ok(v),
     }
 }
 
@@ -218,8 +229,10 @@ pub async fn mkdir(
     ApiPath(raw): ApiPath<String>,
     ApiJson(body): ApiJson<MkdirBody>,
 ) -> ApiResult<Json<Value>> {
-    let g = guest(&st, &who, &raw).await?;
-    let stat = g.mkdir(&body.path, body.parents.unwrap_or(true)).await?;
+    let (id, g) = guest(&st, &who, &raw).await?;
+    let stat = st
+        .guest_call(&id, g.mkdir(&body.path, body.parents.unwrap_or(true)))
+        .await?;
     Ok(Json(json!(stat)))
 }
 
@@ -237,8 +250,9 @@ pub async fn rename(
     ApiPath(raw): ApiPath<String>,
     ApiJson(body): ApiJson<RenameBody>,
 ) -> ApiResult<Json<Value>> {
-    let g = guest(&st, &who, &raw).await?;
-    Ok(Json(json!(g.rename(&body.from, &body.to).await?)))
+    let (id, g) = guest(&st, &who, &raw).await?;
+    let renamed = st.guest_call(&id, g.rename(&body.from, &body.to)).await?;
+    Ok(Json(json!(renamed)))
 }
 
 /// `GET /v1/sandboxes/{id}/files/watch?path=P&recursive=true`: NDJSON events until the
@@ -249,8 +263,10 @@ pub async fn watch(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let g = guest(&st, &who, &raw).await?;
-    let events = g.watch(&q.path, q.recursive.unwrap_or(false)).await?;
+    let (id, g) = guest(&st, &who, &raw).await?;
+    let events = st
+        .guest_call(&id, g.watch(&q.path, q.recursive.unwrap_or(false)))
+        .await?;
     let body = futures::stream::unfold(Some(events), |state| async move {
         let mut events = state?;
         let (v, more) = match events.next().await {

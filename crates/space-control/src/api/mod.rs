@@ -266,6 +266,23 @@ impl AppState {
         Ok(client)
     }
 
+    /// The answer to a guest call on `id` that failed with `e`: see [`guest_failure`].
+    pub async fn guest_failure(&self, id: &SandboxId, e: space_proto::ClientError) -> ApiError {
+        guest_failure(&*self.node, id, e).await
+    }
+
+    /// The result of a guest call on `id`, its failure answered by [`Self::guest_failure`].
+    pub async fn guest_call<T>(
+        &self,
+        id: &SandboxId,
+        call: impl std::future::Future<Output = Result<T, space_proto::ClientError>>,
+    ) -> ApiResult<T> {
+        match call.await {
+            Ok(v) => Ok(v),
+            Err(e) => Err(self.guest_failure(id, e).await),
+        }
+    }
+
     /// Resolves a sandbox id of the caller's tenant: a malformed id is `400 invalid_id`;
     /// another tenant's sandbox answers exactly like a missing one.
     pub async fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {
@@ -768,6 +785,37 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> R
         .layer(axum::extract::DefaultBodyLimit::max(max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(state.clone(), track))
         .with_state(state)
+}
+
+/// The answer to a guest call on `id` that failed with `e`. When the connection broke under
+/// the call because another request killed, paused or suspended the sandbox meanwhile, that
+/// is what the caller is told (`409 conflict`, or the sandbox's 404 once it is gone), not a
+/// guest fault: the call may or may not have taken effect. Any other failure is answered as
+/// the guest's error.
+pub(crate) async fn guest_failure(
+    node: &dyn NodeApi,
+    id: &SandboxId,
+    e: space_proto::ClientError,
+) -> ApiError {
+    use space_node::State as S;
+    use space_proto::ClientError as C;
+    if !matches!(e, C::Closed | C::Transport(_)) {
+        return e.into();
+    }
+    let state = match node.info(id).await {
+        Ok(sb) => sb.state,
+        Err(f) => return crate::error::node_error(id)(f),
+    };
+    let what = match state {
+        S::Terminated => "killed",
+        S::Paused => "paused",
+        S::Suspended => "suspended",
+        _ => return e.into(),
+    };
+    ApiError::conflict(format!(
+        "sandbox {id} was {what} while this request ran (by another request or its timeout); \
+         the request may or may not have taken effect"
+    ))
 }
 
 #[cfg(test)]

@@ -126,8 +126,18 @@ fn line(v: &Value) -> Bytes {
     Bytes::from(b)
 }
 
+/// Where a process runs: its failures are answered knowing what became of the sandbox.
+#[derive(Clone)]
+struct Origin(Arc<dyn NodeApi>, SandboxId);
+
+impl Origin {
+    async fn failure(&self, e: space_proto::ClientError) -> ApiError {
+        super::guest_failure(&*self.0, &self.1, e).await
+    }
+}
+
 /// Reads an exec's output into `tx` until it exits or `tx` closes.
-async fn pump_exec(mut handle: space_proto::ExecHandle, tx: mpsc::Sender<Out>) {
+async fn pump_exec(mut handle: space_proto::ExecHandle, tx: mpsc::Sender<Out>, at: Origin) {
     loop {
         let out = match handle.next_output().await {
             Ok(Some(ExecOutput::Stdout(b))) => Out::Stdout(b),
@@ -136,7 +146,7 @@ async fn pump_exec(mut handle: space_proto::ExecHandle, tx: mpsc::Sender<Out>) {
                 Some(s) => Out::Exit(s),
                 None => Out::Error(ApiError::guest("the process ended without an exit status")),
             },
-            Err(e) => Out::Error(e.into()),
+            Err(e) => Out::Error(at.failure(e).await),
         };
         let last = matches!(out, Out::Exit(_) | Out::Error(_));
         if tx.send(out).await.is_err() || last {
@@ -146,7 +156,7 @@ async fn pump_exec(mut handle: space_proto::ExecHandle, tx: mpsc::Sender<Out>) {
 }
 
 /// Reads a terminal's output into `tx` until it ends or `tx` closes.
-async fn pump_pty(mut handle: space_proto::PtyHandle, tx: mpsc::Sender<Out>) {
+async fn pump_pty(mut handle: space_proto::PtyHandle, tx: mpsc::Sender<Out>, at: Origin) {
     loop {
         match handle.next_output().await {
             Ok(Some(b)) => {
@@ -156,7 +166,7 @@ async fn pump_pty(mut handle: space_proto::PtyHandle, tx: mpsc::Sender<Out>) {
             }
             Ok(None) => break,
             Err(e) => {
-                let _ = tx.send(Out::Error(e.into())).await;
+                let _ = tx.send(Out::Error(at.failure(e).await)).await;
                 return;
             }
         }
@@ -164,7 +174,7 @@ async fn pump_pty(mut handle: space_proto::PtyHandle, tx: mpsc::Sender<Out>) {
     // The status is kept by the handle; `wait` returns it without reading more.
     let out = match handle.wait().await {
         Ok(s) => Out::Exit(s),
-        Err(e) => Out::Error(e.into()),
+        Err(e) => Out::Error(at.failure(e).await),
     };
     let _ = tx.send(out).await;
 }
@@ -179,7 +189,7 @@ pub async fn exec(
     let id = st.scope(&who, &raw).await?;
     let (spec, stdin) = req.spec()?;
     let guest = st.guest(Some(&who), &id).await?;
-    let mut handle = guest.exec(spec).await?;
+    let mut handle = st.guest_call(&id, guest.exec(spec)).await?;
     let pid = handle.pid();
     if let Some(w) = handle.take_stdin() {
         tokio::spawn(async move {
@@ -192,7 +202,11 @@ pub async fn exec(
         });
     }
     let (out_tx, mut out_rx) = mpsc::channel::<Out>(32);
-    tokio::spawn(pump_exec(handle, out_tx));
+    tokio::spawn(pump_exec(
+        handle,
+        out_tx,
+        Origin(st.node.clone(), id.clone()),
+    ));
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let keep = KeepActive::start(st.node.clone(), id);
     tokio::spawn(async move {
@@ -349,9 +363,9 @@ async fn exec_session(
     };
     let mut handle = match guest.exec(spec).await {
         Ok(h) => h,
-        Err(e) => return fail(socket, e.into()).await,
+        Err(e) => return fail(socket, super::guest_failure(&*node, &id, e).await).await,
     };
-    let _keep = KeepActive::start(node, id);
+    let _keep = KeepActive::start(node.clone(), id.clone());
     let pid = handle.pid();
     let mut stdin_w = handle.take_stdin();
     if !send_json(&mut socket, &json!({"type": "started", "pid": pid})).await {
@@ -364,7 +378,7 @@ async fn exec_session(
         }
     }
     let (tx, mut rx) = mpsc::channel::<Out>(32);
-    tokio::spawn(pump_exec(handle, tx));
+    tokio::spawn(pump_exec(handle, tx, Origin(node.clone(), id.clone())));
     loop {
         tokio::select! {
             out = rx.recv() => {
@@ -483,12 +497,12 @@ async fn pty_session(
     spec.cwd = req.cwd;
     let handle = match guest.pty(spec).await {
         Ok(h) => h,
-        Err(e) => return fail(socket, e.into()).await,
+        Err(e) => return fail(socket, super::guest_failure(&*node, &id, e).await).await,
     };
-    let _keep = KeepActive::start(node, id);
+    let _keep = KeepActive::start(node.clone(), id.clone());
     let input = handle.input();
     let (tx, mut rx) = mpsc::channel::<Out>(32);
-    tokio::spawn(pump_pty(handle, tx));
+    tokio::spawn(pump_pty(handle, tx, Origin(node.clone(), id.clone())));
     loop {
         tokio::select! {
             out = rx.recv() => {

@@ -266,6 +266,38 @@ impl QemuRuntime {
         }
     }
 
+    /// Releases what the VMM recorded in `dir` left behind once it is gone (its cgroup), for
+    /// a VMM that exited while no handle held it: killed by a node that died before cleaning
+    /// up, say. Nothing is touched while that process still runs. Returns the cgroup
+    /// directories removed (a cgroup the kernel will not let go of yet is left for the
+    /// next sweep).
+    pub async fn release_gone(&self, dir: &Path) -> Vec<PathBuf> {
+        let Ok(record) = VmRecord::read(dir) else {
+            return Vec::new();
+        };
+        if proc_start_ticks(record.pid) == Some(record.start_ticks) {
+            return Vec::new();
+        }
+        let Some(cgroup) = record.jail.and_then(|j| j.cgroup) else {
+            return Vec::new();
+        };
+        let dirs: Vec<PathBuf> = cgroup.dirs.iter().filter(|d| d.exists()).cloned().collect();
+        if dirs.is_empty() {
+            return dirs;
+        }
+        let removed = tokio::task::spawn_blocking(move || cgroup.remove(CGROUP_REMOVE_PATIENCE))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match removed {
+            Ok(()) => dirs,
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), "leaving a gone VM's cgroup for the next sweep: {e}");
+                Vec::new()
+            }
+        }
+    }
+
     async fn kernel_info(&self, path: &Path) -> Result<KernelInfo> {
         let path = std::path::absolute(path).map_err(|source| Error::Io {
             op: "resolving",
