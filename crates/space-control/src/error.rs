@@ -161,9 +161,18 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// `503 disk_full`: the node's disk is full; the request did nothing and may be sent again
+/// once the operator has made room (like `capacity`, a node out of a resource).
+fn disk_full(message: String) -> ApiError {
+    tracing::error!(cause = %message, "a node's disk is full");
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "disk_full", message)
+}
+
 impl From<NodeError> for ApiError {
     fn from(e: NodeError) -> Self {
         match &e {
+            NodeError::DiskFull(_) => disk_full(e.to_string()),
+            _ if e.is_disk_full() => disk_full(format!("the node's disk is full: {}", chain(&e))),
             NodeError::NotFound(id) => ApiError::sandbox_not_found(id.as_str()),
             NodeError::IllegalState { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "illegal_state", e.to_string())
@@ -233,6 +242,7 @@ impl From<Fault> for ApiError {
             FaultCode::ShuttingDown => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", m)
             }
+            FaultCode::DiskFull => disk_full(m),
             FaultCode::Guest => ApiError::guest(m),
             FaultCode::Archive => ApiError::new(StatusCode::BAD_GATEWAY, "archive_unavailable", m),
             FaultCode::Key => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", m),

@@ -56,6 +56,12 @@ pub struct AdmissionConfig {
     /// only when no [`AdmissionConfig::memory_budget_mib`] is set (the budget is the
     /// operator's own number).
     pub overcommit_percent: u64,
+    /// Space kept free on the data disk, MiB: below it the node refuses work that writes
+    /// there (creates, forks, restores, snapshots other than a suspend's) with
+    /// [`NodeError::DiskFull`]. A guest's RAM is a file on that disk whose blocks are taken
+    /// as the guest first touches its pages (shared ones copied on write): on a disk with
+    /// no room left, QEMU gets SIGBUS and the VM dies, so the reserve is kept for them.
+    pub disk_reserve_mib: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -67,6 +73,7 @@ impl Default for AdmissionConfig {
             max_sandboxes: None,
             max_vcpus: None,
             overcommit_percent: 100,
+            disk_reserve_mib: 1024,
         }
     }
 }
@@ -267,6 +274,27 @@ impl Admission {
             pending: self.pending.clone(),
         })
     }
+}
+
+/// Refuses with [`NodeError::DiskFull`] when the filesystem of `root` has less than
+/// `reserve_mib` free ([`AdmissionConfig::disk_reserve_mib`]).
+pub(crate) fn check_disk(root: &std::path::Path, reserve_mib: u64) -> Result<()> {
+    if reserve_mib == 0 {
+        return Ok(());
+    }
+    let s = nix::sys::statvfs::statvfs(root).map_err(|e| {
+        NodeError::internal(format!("reading the free space of {}: {e}", root.display()))
+    })?;
+    let free_mib = (s.blocks_available() as u64).saturating_mul(s.fragment_size() as u64) >> 20;
+    if free_mib < reserve_mib {
+        return Err(NodeError::DiskFull(format!(
+            "{free_mib} MiB free on the data disk {}, under the {reserve_mib} MiB this node \
+             keeps for the memory of running VMs; make room (delete snapshots or sandboxes, \
+             grow the disk) and send the request again",
+            root.display()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -86,6 +86,10 @@ pub enum NodeError {
     /// [`crate::admission`]. Nothing was started.
     #[error("{0}")]
     Capacity(String),
+    /// The data disk has less free space than the node keeps for its VMs
+    /// ([`crate::AdmissionConfig::disk_reserve_mib`]). Nothing was started or written.
+    #[error("the node's disk is full: {0}")]
+    DiskFull(String),
     /// The object store failed, or what it holds is corrupt or missing (`docs/archive.md`).
     #[error("{0}")]
     Archive(String),
@@ -138,7 +142,33 @@ impl NodeError {
                 | NodeError::Invalid(_)
                 | NodeError::ShuttingDown
                 | NodeError::Capacity(_)
+                | NodeError::DiskFull(_)
         )
+    }
+
+    /// True when the failure comes from the node's disk being full (`ENOSPC` anywhere in
+    /// its chain of causes, or QEMU reporting it): not the caller's fault and not a broken
+    /// rule of the node, but a resource the operator has to free; nothing was half-done (a
+    /// failed snapshot or build removes what it wrote).
+    pub fn is_disk_full(&self) -> bool {
+        if matches!(self, NodeError::DiskFull(_)) {
+            return true;
+        }
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(e) = cur {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.raw_os_error() == Some(libc::ENOSPC)
+                    || io.kind() == std::io::ErrorKind::StorageFull
+                {
+                    return true;
+                }
+            }
+            if e.to_string().contains("No space left on device") {
+                return true;
+            }
+            cur = e.source();
+        }
+        false
     }
 
     /// An internal fault with `message`.

@@ -283,6 +283,23 @@ impl Cgroup {
             .collect()
     }
 
+    /// The cgroup `name` under `parent` as far as it exists (its directories that are
+    /// there), or `None` when none is.
+    pub fn existing(layout: &Layout, parent: &Path, name: &str) -> Option<Cgroup> {
+        let dirs: Vec<PathBuf> = layout
+            .parents(parent)
+            .into_iter()
+            .map(|p| p.join(name))
+            .filter(|d| d.is_dir())
+            .collect();
+        (!dirs.is_empty()).then_some(Cgroup { dirs })
+    }
+
+    /// Whether no process is in any of its directories.
+    pub fn is_empty(&self) -> bool {
+        self.dirs.iter().all(|d| procs(d).is_empty())
+    }
+
     /// The pids in the cgroup (of its first directory; every directory holds the same).
     pub fn procs(&self) -> Vec<u32> {
         self.dirs.first().map(|d| procs(d)).unwrap_or_default()

@@ -142,6 +142,11 @@ pub struct UpArgs {
     /// slowness when every guest uses all of it, not an out-of-memory kill) [default: 100].
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(50..=1000))]
     pub memory_overcommit: Option<u64>,
+    /// Free space kept on the data disk, MiB: under it, creates, forks, restores and
+    /// snapshots are refused (`503 disk_full`), since guests' RAM is a file there that grows
+    /// as they touch it and a VM whose memory cannot grow dies (0: none) [default: 1024].
+    #[arg(long, value_name = "MIB")]
+    pub disk_reserve: Option<u64>,
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
@@ -268,6 +273,11 @@ pub struct NodeArgs {
     /// slowness when every guest uses all of it, not an out-of-memory kill) [default: 100].
     #[arg(long, value_name = "PERCENT", value_parser = clap::value_parser!(u64).range(50..=1000))]
     pub memory_overcommit: Option<u64>,
+    /// Free space kept on the data disk, MiB: under it, creates, forks, restores and
+    /// snapshots are refused (`503 disk_full`), since guests' RAM is a file there that grows
+    /// as they touch it and a VM whose memory cannot grow dies (0: none) [default: 1024].
+    #[arg(long, value_name = "MIB")]
+    pub disk_reserve: Option<u64>,
     /// A PEM file of CA certificates sandboxes (and the gateway, for upstreams) trust
     /// (repeatable; `none`: only the deployment's own CA) [default: the host's locally added
     /// CAs, the *.crt files under /usr/local/share/ca-certificates].

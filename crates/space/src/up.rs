@@ -220,6 +220,9 @@ pub async fn up(a: UpArgs) -> Result<()> {
     if let Some(p) = a.memory_overcommit {
         node.admission.overcommit_percent = p;
     }
+    if let Some(mib) = a.disk_reserve {
+        node.admission.disk_reserve_mib = mib;
+    }
     for root in &a.extra_roots {
         if !root.is_file() {
             bail!("--extra-root {} does not exist", root.display());
@@ -469,6 +472,9 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     pool_demand(&mut cfg.pools, a.pool_max, a.pool_window)?;
     if let Some(p) = a.memory_overcommit {
         cfg.admission.overcommit_percent = p;
+    }
+    if let Some(mib) = a.disk_reserve {
+        cfg.admission.disk_reserve_mib = mib;
     }
     corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.

@@ -128,7 +128,8 @@ class GuestError(SpaceError):
 
 
 class Unavailable(SpaceError):
-    """503: the node has no room for another VM now (``capacity``), the server is stopping
+    """503: the node has no room for another VM now (``capacity``) or its disk is full
+    (``disk_full``), the server is stopping
     (``shutting_down``), the node holding the sandbox cannot be reached (``node_unavailable``)
     or another replica holds the tenant's quota (``quota_busy``); also 502
     ``archive_unavailable``, the object store failing. Retrying later may succeed."""
@@ -152,6 +153,7 @@ _BY_CODE: dict[str, type[SpaceError]] = {
     "quota_exceeded": QuotaExceeded,
     "guest_error": GuestError,
     "capacity": Unavailable,
+    "disk_full": Unavailable,
     "shutting_down": Unavailable,
     "node_unavailable": Unavailable,
     "quota_busy": Unavailable,

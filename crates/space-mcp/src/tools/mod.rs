@@ -65,6 +65,7 @@ impl From<Failure> for ToolError {
             "file_not_found" => " Call list_directory on its parent to see what is there.",
             "quota_exceeded" => " Kill sandboxes you no longer need (kill_sandbox) and retry.",
             "capacity" => " The node is full: retry later or ask for less memory.",
+            "disk_full" => " The node's disk is full: retry once its operator has made room.",
             "unauthorized" | "forbidden" => " The API key of this MCP connection may not do it.",
             _ => "",
         };

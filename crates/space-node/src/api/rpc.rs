@@ -255,7 +255,10 @@ pub fn status_of(f: &Fault) -> u16 {
         | FaultCode::TemplateStale => 409,
         FaultCode::InvalidId | FaultCode::Invalid => 400,
         FaultCode::Key => 403,
-        FaultCode::ShuttingDown | FaultCode::Capacity | FaultCode::Unavailable => 503,
+        FaultCode::ShuttingDown
+        | FaultCode::Capacity
+        | FaultCode::DiskFull
+        | FaultCode::Unavailable => 503,
         FaultCode::Archive | FaultCode::Guest => 502,
         FaultCode::Internal => 500,
     }

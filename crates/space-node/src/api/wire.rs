@@ -344,6 +344,8 @@ pub enum FaultCode {
     Archive,
     /// A key needed for the archive is unavailable.
     Key,
+    /// The node's disk is full (see [`NodeError::is_disk_full`]).
+    DiskFull,
     /// The guest failed to answer.
     Guest,
     /// The node could not be reached, or stopped answering mid-request.
@@ -402,6 +404,7 @@ fn chain(e: &dyn std::error::Error) -> String {
 impl From<NodeError> for Fault {
     fn from(e: NodeError) -> Self {
         let code = match &e {
+            _ if e.is_disk_full() => FaultCode::DiskFull,
             NodeError::NotFound(_) => FaultCode::NotFound,
             NodeError::IllegalState { .. } => FaultCode::IllegalState,
             NodeError::SnapshotNotFound { .. } => FaultCode::SnapshotNotFound,
@@ -420,6 +423,8 @@ impl From<NodeError> for Fault {
             _ => FaultCode::Internal,
         };
         let message = match &e {
+            NodeError::DiskFull(_) => e.to_string(),
+            _ if e.is_disk_full() => format!("the node's disk is full: {}", chain(&e)),
             NodeError::Invalid(m) | NodeError::Capacity(m) | NodeError::Archive(m) => m.clone(),
             NodeError::Key(m) | NodeError::Internal(m) => m.clone(),
             // Never the note naming the snapshot's real owner: it may be another tenant's.

@@ -97,6 +97,7 @@ impl Node {
             archive_lock: tokio::sync::Mutex::new(()),
             fenced: false.into(),
             discarding: Default::default(),
+            disk_reserve_mib: config.admission.disk_reserve_mib,
         });
         let node = Node {
             inner: Arc::new(Inner {
@@ -285,6 +286,8 @@ impl Node {
     }
 
     fn admit(&self, vcpus: u32, memory_mib: u64) -> Result<Ticket> {
+        let ctx = &self.inner.ctx;
+        crate::admission::check_disk(ctx.layout.root(), ctx.disk_reserve_mib)?;
         self.inner
             .admission
             .admit(Shape { vcpus, memory_mib }, &self.live_shapes())

@@ -92,6 +92,8 @@ pub(crate) struct Ctx {
     /// Sandboxes whose VM was killed because they belong to another node now: their VM is
     /// not brought back when it exits.
     pub discarding: Mutex<std::collections::HashSet<crate::ids::SandboxId>>,
+    /// Free space kept on the data disk, MiB ([`crate::AdmissionConfig::disk_reserve_mib`]).
+    pub disk_reserve_mib: u64,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -718,13 +720,18 @@ impl Sandbox {
         target: State,
         snapshot: Option<&SnapshotId>,
     ) -> Result<()> {
-        self.record.pending = Some(Pending {
+        let before = self.record.pending.replace(Pending {
             request,
             target,
             snapshot: snapshot.cloned(),
             started_unix_ms: now_ms(),
         });
-        self.write()
+        if let Err(e) = self.write() {
+            // Nothing was begun (the record on disk is the old one): nor is it in memory.
+            self.record.pending = before;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Writes the outcome: the new state, nothing pending.
@@ -810,6 +817,11 @@ impl Sandbox {
             (SnapshotKind::Disk, _) => "disk",
             (SnapshotKind::Full, _) => "full",
         };
+        if reason != SnapshotReason::Suspend {
+            // A suspend lets the VM's memory go and writes little; anything else waits
+            // for room.
+            crate::admission::check_disk(self.ctx.layout.root(), self.ctx.disk_reserve_mib)?;
+        }
         let id = self.new_snapshot_id(label);
         let state = self.record.state;
         self.begin(Intent::Snapshot, state, Some(&id))?;

@@ -266,25 +266,27 @@ impl QemuRuntime {
         }
     }
 
-    /// Releases what the VMM recorded in `dir` left behind once it is gone (its cgroup), for
-    /// a VMM that exited while no handle held it: killed by a node that died before cleaning
-    /// up, say. Nothing is touched while that process still runs. Returns the cgroup
-    /// directories removed (a cgroup the kernel will not let go of yet is left for the
-    /// next sweep).
+    /// Removes the cgroup of the VMs of sandbox directory `dir` when no process is left in
+    /// it: for a directory whose VMM is gone without a handle that cleaned up after it
+    /// (killed by a node that died before removing its cgroup, or a node that died between
+    /// making the cgroup and starting QEMU in it). The sweep at start leaves such a cgroup
+    /// while it is young, as it may be one being set up. Returns the directories removed
+    /// (one the kernel does not let go of within a moment is left for the next sweep).
     pub async fn release_gone(&self, dir: &Path) -> Vec<PathBuf> {
-        let Ok(record) = VmRecord::read(dir) else {
+        let (Some(jc), Some(layout)) = (&self.jail, &self.cgroups) else {
             return Vec::new();
         };
-        if proc_start_ticks(record.pid) == Some(record.start_ticks) {
-            return Vec::new();
-        }
-        let Some(cgroup) = record.jail.and_then(|j| j.cgroup) else {
+        let Ok(dir) = std::path::absolute(dir) else {
             return Vec::new();
         };
-        let dirs: Vec<PathBuf> = cgroup.dirs.iter().filter(|d| d.exists()).cloned().collect();
-        if dirs.is_empty() {
-            return dirs;
+        let name = jail::cgroup_name(&dir);
+        let Some(cgroup) = Cgroup::existing(layout, &jc.cgroup_parent, &name) else {
+            return Vec::new();
+        };
+        if !cgroup.is_empty() {
+            return Vec::new();
         }
+        let dirs = cgroup.dirs.clone();
         let removed = tokio::task::spawn_blocking(move || cgroup.remove(CGROUP_REMOVE_PATIENCE))
             .await
             .map_err(|e| e.to_string())

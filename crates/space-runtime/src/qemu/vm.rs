@@ -407,7 +407,18 @@ impl QemuVm {
             let events = qmp.subscribe();
             let uri = json!({ "uri": format!("fd:{SNAPSHOT_FD}") });
             self.command(qmp.execute("migrate", Some(uri))).await?;
-            self.wait_migration(events).await?;
+            if let Err(e) = self.wait_migration(events).await {
+                // QEMU says only "failed" when writing the state failed; a full disk is the
+                // usual reason, and one the caller must be told about as such.
+                return Err(match e {
+                    Error::Migration(_) if no_room_in(dest) => Error::Io {
+                        op: "writing the device state to",
+                        path: state_path,
+                        source: std::io::Error::from_raw_os_error(libc::ENOSPC),
+                    },
+                    e => e,
+                });
+            }
             let len = std::fs::metadata(&state_path).map_err(io("reading"))?.len();
             let cached = if len <= MAX_CACHED_STATE {
                 std::fs::read(&state_path).ok().map(Arc::new)
@@ -588,4 +599,27 @@ async fn run_cleanup(cleanup: &tokio::sync::Mutex<Option<Cleanup>>) {
     if let Some(c) = guard.take() {
         let _ = tokio::task::spawn_blocking(move || c.run()).await;
     }
+}
+
+/// Whether the filesystem of `dir` has no room for a few MiB more: probed by reserving them
+/// in a scratch file (removed again), since free-space counts of copy-on-write filesystems
+/// do not say whether a write fits.
+fn no_room_in(dir: &Path) -> bool {
+    const PROBE: i64 = 4 << 20;
+    let probe = dir.join(".space-room-probe");
+    let Ok(f) = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&probe)
+    else {
+        return true;
+    };
+    // SAFETY: fallocate on a descriptor owned by `f`, with integer arguments only.
+    let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&f), 0, 0, PROBE) };
+    let full = rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOSPC);
+    drop(f);
+    let _ = std::fs::remove_file(&probe);
+    full
 }
