@@ -296,3 +296,138 @@ impl Drop for Moto {
         let _ = self.child.wait();
     }
 }
+
+/// A TCP proxy on loopback in front of a server (Garage's S3 port), that can cut the
+/// connection midway: once armed with a byte budget, the bytes sent towards the server are
+/// counted, and when the budget is spent every connection is closed and new ones are closed
+/// as soon as they are accepted, until [`CutProxy::heal`]. A store that fails in the middle
+/// of an upload, the way a dying server or a broken network makes it fail.
+pub struct CutProxy {
+    /// `http://127.0.0.1:PORT`, to use in place of the server's endpoint.
+    pub endpoint: String,
+    state: std::sync::Arc<CutState>,
+}
+
+struct CutState {
+    /// Bytes still allowed towards the server (`u64::MAX`: no limit).
+    budget: std::sync::atomic::AtomicU64,
+    cut: std::sync::atomic::AtomicBool,
+    stop: std::sync::atomic::AtomicBool,
+}
+
+impl CutProxy {
+    /// A proxy to `upstream` (`host:port`), passing everything until armed.
+    pub fn start(upstream: &str) -> CutProxy {
+        use std::sync::atomic::{AtomicBool, AtomicU64};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binding the proxy");
+        let port = listener.local_addr().expect("the proxy's address").port();
+        let state = std::sync::Arc::new(CutState {
+            budget: AtomicU64::new(u64::MAX),
+            cut: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+        });
+        let (s, upstream) = (state.clone(), upstream.to_owned());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(client) = conn else { continue };
+                if s.cut.load(std::sync::atomic::Ordering::SeqCst) {
+                    drop(client);
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+                    (Ok(c), Ok(s)) => (c, s),
+                    _ => continue,
+                };
+                let (up, down) = (s.clone(), s.clone());
+                std::thread::spawn(move || pump(client, server, &up, true));
+                std::thread::spawn(move || pump(s2, c2, &down, false));
+            }
+        });
+        CutProxy {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            state,
+        }
+    }
+
+    /// From now on, cuts everything once `bytes` more bytes went towards the server.
+    pub fn arm(&self, bytes: u64) {
+        self.state
+            .budget
+            .store(bytes, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the budget ran out and the connections were cut.
+    pub fn was_cut(&self) -> bool {
+        self.state.cut.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Passes everything again.
+    pub fn heal(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state.budget.store(u64::MAX, SeqCst);
+        self.state.cut.store(false, SeqCst);
+    }
+}
+
+impl Drop for CutProxy {
+    fn drop(&mut self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.state.stop.store(true, SeqCst);
+        self.state.cut.store(true, SeqCst);
+        // Wakes the accept loop so it sees `stop`.
+        let _ = std::net::TcpStream::connect(self.endpoint.trim_start_matches("http://"));
+    }
+}
+
+/// Copies `from` to `to` until either side closes or the proxy cuts; bytes towards the
+/// server (`upstream`) are taken from the budget.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    state: &CutState,
+    upstream: bool,
+) {
+    use std::io::Read;
+    use std::sync::atomic::Ordering::SeqCst;
+    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        if state.cut.load(SeqCst) {
+            break;
+        }
+        let n = match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                continue
+            }
+            Err(_) => break,
+        };
+        if upstream {
+            let n = n as u64;
+            let spent = state.budget.fetch_update(SeqCst, SeqCst, |left| {
+                (left != u64::MAX).then(|| left.saturating_sub(n))
+            });
+            if matches!(spent, Ok(left) if left <= n) {
+                state.cut.store(true, SeqCst);
+                break;
+            }
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}

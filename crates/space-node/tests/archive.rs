@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use space_archive::keys::NoAudit;
-use space_archive::testing::Garage;
+use space_archive::testing::{CutProxy, Garage};
 use space_archive::{Archive, Keyring, LocalMaster, MasterKey, StoreConfig};
 use space_node::{ArchiveConfig, NodeError, SandboxOptions, State, Wake};
 
@@ -326,6 +326,76 @@ fn a_store_that_goes_away_loses_nothing() {
             assert_eq!(guest_sha(&g, "/root/x.bin").await, sha);
         },
     );
+    drop(garage);
+}
+
+/// An upload cut in the middle (the store's connections closed after a few MiB of a
+/// suspend's packs, as a dying server or a broken network does): the suspend fails naming the
+/// store, the sandbox runs on with its files, and the store's head still names the last
+/// complete upload; once the store answers again, the suspend goes through and the sandbox
+/// comes back from the store whole.
+#[test]
+fn an_upload_cut_midway_loses_nothing() {
+    let garage = Garage::start();
+    let proxy = Arc::new(CutProxy::start(
+        garage.endpoint.trim_start_matches("http://"),
+    ));
+    let mut store = garage.config("cut");
+    if let StoreConfig::S3(c) = &mut store {
+        c.endpoint = Some(proxy.endpoint.clone());
+    }
+    let keys = tempfile::tempdir().unwrap();
+    let cfg = archive_config(&store, &keys.path().join("master.key"), Some(0));
+    let p2 = proxy.clone();
+    with_node(
+        Disk::Btrfs,
+        |c| c.archive = Some(cfg),
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let id = create(&node, SandboxOptions::default()).await;
+            let g = node.guest(&id).await.unwrap();
+            let small = write_random(&g, "/root/small.bin", 100_000).await;
+            sh(&g, "sync").await;
+            drop(g);
+            // The template and a first state of the sandbox go up whole.
+            let first = node.suspend(&id).await.unwrap();
+            assert!(first.remote.is_some());
+            node.restore(&id).await.unwrap();
+
+            // Enough new bytes that the next upload takes several packs.
+            let g = node.guest(&id).await.unwrap();
+            sh(&g, "head -c 24000000 /dev/urandom > /root/big.bin && sync").await;
+            let big = guest_sha(&g, "/root/big.bin").await;
+            drop(g);
+            p2.arm(4 << 20);
+            let err = node.suspend(&id).await.unwrap_err();
+            assert!(p2.was_cut(), "the upload finished inside the budget");
+            assert!(matches!(err, NodeError::Archive(_)), "{err:?}");
+            assert!(err.to_string().contains("object store"), "{err}");
+            let info = node.info(&id).await.unwrap();
+            assert_eq!(info.state, State::Running, "the sandbox runs on");
+            assert!(info.pending.is_none(), "{:?}", info.pending);
+            let g = node.guest(&id).await.unwrap();
+            assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
+            drop(g);
+
+            p2.heal();
+            let archive = node.archive().unwrap().archive.clone();
+            let head = archive.head(id.as_str()).await.unwrap().unwrap();
+            assert_eq!(
+                head.snapshot,
+                first.id.as_str(),
+                "the head moved past a cut upload"
+            );
+            let s = node.suspend(&id).await.unwrap();
+            assert!(s.remote.is_some());
+            node.restore(&id).await.unwrap();
+            let g = node.guest(&id).await.unwrap();
+            assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
+            assert_eq!(guest_sha(&g, "/root/small.bin").await, small);
+        },
+    );
+    drop(proxy);
     drop(garage);
 }
 
