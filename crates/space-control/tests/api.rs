@@ -39,18 +39,7 @@ fn api_end_to_end() {
             .to_owned();
         let api = Api::new(server.url());
         run_checks(&api, &admin).await;
-        let a = api
-            .ok(
-                "POST",
-                "/v1/sandboxes",
-                &admin,
-                Some(json!({"template": "minimal"})),
-                201,
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let a = api.create(&admin, "minimal").await;
         api.sh(&admin, &a, "echo survivor > /tmp/mark").await;
         server.shutdown().await;
 

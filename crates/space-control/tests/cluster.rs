@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::{env_path, node_config, with_data_dirs, Api};
-use serde_json::json;
+use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use space_control::replica::{Replica, ReplicaConfig};
 use space_control::vault::VaultKey;
@@ -81,6 +81,20 @@ async fn start_node(
     (node, member, secrets)
 }
 
+/// A join request with `token` for `node_id` and public key `key` (base64), answered as is.
+async fn join(api: &Api, token: &str, node_id: &str, key: &str) -> (u16, Value) {
+    api.call(
+        "POST",
+        "/v1/cluster/join",
+        None,
+        Some(
+            json!({"token": token, "node_id": node_id, "address": "127.0.0.1:1",
+                    "public_key": key}),
+        ),
+    )
+    .await
+}
+
 async fn token(api: &Api, admin: &str) -> String {
     api.ok(
         "POST",
@@ -127,17 +141,7 @@ fn two_replicas_two_nodes() {
             space_node::api::NodeKey::generate().unwrap().public_raw(),
         );
         let bogus = format!("spacejoin_{}_{}", "a".repeat(12), "b".repeat(32));
-        let (status, v) = a1
-            .call(
-                "POST",
-                "/v1/cluster/join",
-                None,
-                Some(
-                    json!({"token": bogus, "node_id": "node-x", "address": "127.0.0.1:1",
-                            "public_key": key}),
-                ),
-            )
-            .await;
+        let (status, v) = join(&a1, &bogus, "node-x", &key).await;
         assert_eq!(
             (status, v["error"]["code"].as_str()),
             (401, Some("unauthorized")),
@@ -147,17 +151,7 @@ fn two_replicas_two_nodes() {
         let t2 = token(&a2, &admin).await;
         // A key of the wrong form is the caller's fault (400), and the token still works.
         let short = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [4u8; 33]);
-        let (status, v) = a1
-            .call(
-                "POST",
-                "/v1/cluster/join",
-                None,
-                Some(
-                    json!({"token": t1, "node_id": "node-a", "address": "127.0.0.1:1",
-                            "public_key": short}),
-                ),
-            )
-            .await;
+        let (status, v) = join(&a1, &t1, "node-a", &short).await;
         assert_eq!(
             (status, v["error"]["code"].as_str()),
             (400, Some("invalid_request")),
@@ -172,17 +166,7 @@ fn two_replicas_two_nodes() {
         );
         let (node_a, member_a, secrets_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
         let (node_b, member_b, secrets_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
-        let (status, v) = a1
-            .call(
-                "POST",
-                "/v1/cluster/join",
-                None,
-                Some(
-                    json!({"token": t1, "node_id": "node-y", "address": "127.0.0.1:1",
-                            "public_key": key}),
-                ),
-            )
-            .await;
+        let (status, v) = join(&a1, &t1, "node-y", &key).await;
         assert_eq!(status, 401, "a used token: {v}");
         let nodes = a2.ok("GET", "/v1/nodes", &admin, None, 200).await;
         let live: Vec<&str> = nodes["nodes"]

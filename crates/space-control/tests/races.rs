@@ -12,20 +12,6 @@ mod common;
 
 use common::{server_config, with_data_dir, Api};
 
-async fn create(api: &Api, key: &str) -> String {
-    api.ok(
-        "POST",
-        "/v1/sandboxes",
-        key,
-        Some(json!({"template": "minimal"})),
-        201,
-    )
-    .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned()
-}
-
 /// The NDJSON lines of an exec started with `req`, read until `stop` holds for one of them
 /// (the rest stays unread); the exec must have been accepted (`200`).
 async fn exec_lines(
@@ -69,10 +55,10 @@ fn a_request_cut_short_by_another_says_what_happened() {
         let server = Server::start(server_config(&data)).await.expect("starting");
         let admin = server.bootstrap_key().unwrap().to_owned();
         let api = Api::new(server.url());
-        let bystander = create(&api, &admin).await;
+        let bystander = api.create(&admin, "minimal").await;
 
         // An exec running when another request kills its sandbox ends with a conflict line.
-        let a = create(&api, &admin).await;
+        let a = api.create(&admin, "minimal").await;
         let resp = api
             .request("POST", &format!("/v1/sandboxes/{a}/exec"), Some(&admin))
             .json(&json!({"cmd": ["sleep", "600"]}))
@@ -94,7 +80,7 @@ fn a_request_cut_short_by_another_says_what_happened() {
 
         // An upload whose sandbox is killed halfway through is refused the same way, and no
         // part of it lands (the sandbox is gone; the next request says so).
-        let b = create(&api, &admin).await;
+        let b = api.create(&admin, "minimal").await;
         let (tx, rx) = futures::channel::mpsc::channel::<Result<Vec<u8>, std::io::Error>>(1);
         let upload = {
             let rb = api

@@ -204,18 +204,7 @@ fn templates_of_tenants_builds_and_saves() {
         assert_eq!(b["state"], "succeeded", "{b}");
         assert_eq!(b["template"]["owner"], "acme");
         assert_eq!(b["template"]["workdir"], "/srv");
-        let sb = api
-            .ok(
-                "POST",
-                "/v1/sandboxes",
-                acme,
-                Some(json!({"template": "acme-df"})),
-                201,
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let sb = api.create(acme, "acme-df").await;
         assert_eq!(
             api.sh(acme, &sb, "cat out.txt; echo $WHO").await,
             "tester: hello from the context\ntester\n"
@@ -260,18 +249,7 @@ fn templates_of_tenants_builds_and_saves() {
             )
             .await;
         assert_eq!(web["template"]["start"]["ready"]["port"], 8000, "{web}");
-        let w = api
-            .ok(
-                "POST",
-                "/v1/sandboxes",
-                acme,
-                Some(json!({"template": "acme-web"})),
-                201,
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let w = api.create(acme, "acme-web").await;
         let resp = api
             .request(
                 "GET",
@@ -310,18 +288,7 @@ fn templates_of_tenants_builds_and_saves() {
             "sandbox_not_found",
         )
         .await;
-        let copy = api
-            .ok(
-                "POST",
-                "/v1/sandboxes",
-                acme,
-                Some(json!({"template": "acme-saved"})),
-                201,
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let copy = api.create(acme, "acme-saved").await;
         assert_eq!(api.sh(acme, &copy, "cat /srv/mark").await, "saved\n");
         for s in [&sb, &copy] {
             api.ok("DELETE", &format!("/v1/sandboxes/{s}"), acme, None, 200)

@@ -63,18 +63,7 @@ fn a_tenant_key_held_in_kms() {
             .await;
         assert_eq!(s, 400, "{bad}");
 
-        let id = api
-            .ok(
-                "POST",
-                "/v1/sandboxes",
-                key,
-                Some(json!({"template": "minimal"})),
-                201,
-            )
-            .await["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
+        let id = api.create(key, "minimal").await;
         api.sh(key, &id, "echo sealed > /root/kept && sync").await;
         api.ok(
             "POST",

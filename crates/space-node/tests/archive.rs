@@ -34,6 +34,18 @@ fn archive_config(store: &StoreConfig, key: &Path, cache_max: Option<u64>) -> Ar
     cfg
 }
 
+/// Runs `test` on a btrfs node archiving to `store` under a fresh master key, with no local
+/// copies kept (every restore comes from the store).
+fn with_store_node<F, Fut>(store: &StoreConfig, test: F)
+where
+    F: FnOnce(space_node::Node) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let keys = tempfile::tempdir().unwrap();
+    let cfg = archive_config(store, &keys.path().join("master.key"), Some(0));
+    with_node(Disk::Btrfs, |c| c.archive = Some(cfg), test);
+}
+
 fn snapshot_dir(node: &space_node::Node, id: &space_node::SandboxId, snap: &str) -> PathBuf {
     node.layout().snapshot_dir(id.as_str(), snap).unwrap()
 }
@@ -284,48 +296,42 @@ fn a_store_that_goes_away_loses_nothing() {
     let garage = Garage::start();
     let store = garage.config("outage");
     let garage = Arc::new(std::sync::Mutex::new(garage));
-    let keys = tempfile::tempdir().unwrap();
-    let cfg = archive_config(&store, &keys.path().join("master.key"), Some(0));
     let g2 = garage.clone();
-    with_node(
-        Disk::Btrfs,
-        |c| c.archive = Some(cfg),
-        |node| async move {
-            let stop = || g2.lock().unwrap().stop();
-            let restart = || g2.lock().unwrap().restart();
-            build_minimal(&node, "1").await;
-            let id = create(&node, SandboxOptions::default()).await;
-            let g = node.guest(&id).await.unwrap();
-            let sha = write_random(&g, "/root/x.bin", 100_000).await;
-            sh(&g, "sync").await;
-            drop(g);
-            // The template goes up with the first suspend; make that one work.
-            node.suspend(&id).await.unwrap();
-            node.restore(&id).await.unwrap();
+    with_store_node(&store, |node| async move {
+        let stop = || g2.lock().unwrap().stop();
+        let restart = || g2.lock().unwrap().restart();
+        build_minimal(&node, "1").await;
+        let id = create(&node, SandboxOptions::default()).await;
+        let g = node.guest(&id).await.unwrap();
+        let sha = write_random(&g, "/root/x.bin", 100_000).await;
+        sh(&g, "sync").await;
+        drop(g);
+        // The template goes up with the first suspend; make that one work.
+        node.suspend(&id).await.unwrap();
+        node.restore(&id).await.unwrap();
 
-            stop();
-            let err = node.suspend(&id).await.unwrap_err();
-            assert!(matches!(err, NodeError::Archive(_)), "{err}");
-            assert!(err.to_string().contains("object store"), "{err}");
-            let info = node.info(&id).await.unwrap();
-            assert_eq!(info.state, State::Running, "the sandbox runs on");
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/x.bin").await, sha);
-            drop(g);
+        stop();
+        let err = node.suspend(&id).await.unwrap_err();
+        assert!(matches!(err, NodeError::Archive(_)), "{err}");
+        assert!(err.to_string().contains("object store"), "{err}");
+        let info = node.info(&id).await.unwrap();
+        assert_eq!(info.state, State::Running, "the sandbox runs on");
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/x.bin").await, sha);
+        drop(g);
 
-            restart();
-            let s = node.suspend(&id).await.unwrap();
-            assert!(s.remote.is_some());
-            stop();
-            let err = node.restore(&id).await.unwrap_err();
-            assert!(matches!(err, NodeError::Archive(_)), "{err}");
-            assert_eq!(node.info(&id).await.unwrap().state, State::Suspended);
-            restart();
-            node.restore(&id).await.unwrap();
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/x.bin").await, sha);
-        },
-    );
+        restart();
+        let s = node.suspend(&id).await.unwrap();
+        assert!(s.remote.is_some());
+        stop();
+        let err = node.restore(&id).await.unwrap_err();
+        assert!(matches!(err, NodeError::Archive(_)), "{err}");
+        assert_eq!(node.info(&id).await.unwrap().state, State::Suspended);
+        restart();
+        node.restore(&id).await.unwrap();
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/x.bin").await, sha);
+    });
     drop(garage);
 }
 
@@ -344,57 +350,51 @@ fn an_upload_cut_midway_loses_nothing() {
     if let StoreConfig::S3(c) = &mut store {
         c.endpoint = Some(proxy.endpoint.clone());
     }
-    let keys = tempfile::tempdir().unwrap();
-    let cfg = archive_config(&store, &keys.path().join("master.key"), Some(0));
     let p2 = proxy.clone();
-    with_node(
-        Disk::Btrfs,
-        |c| c.archive = Some(cfg),
-        |node| async move {
-            build_minimal(&node, "1").await;
-            let id = create(&node, SandboxOptions::default()).await;
-            let g = node.guest(&id).await.unwrap();
-            let small = write_random(&g, "/root/small.bin", 100_000).await;
-            sh(&g, "sync").await;
-            drop(g);
-            // The template and a first state of the sandbox go up whole.
-            let first = node.suspend(&id).await.unwrap();
-            assert!(first.remote.is_some());
-            node.restore(&id).await.unwrap();
+    with_store_node(&store, |node| async move {
+        build_minimal(&node, "1").await;
+        let id = create(&node, SandboxOptions::default()).await;
+        let g = node.guest(&id).await.unwrap();
+        let small = write_random(&g, "/root/small.bin", 100_000).await;
+        sh(&g, "sync").await;
+        drop(g);
+        // The template and a first state of the sandbox go up whole.
+        let first = node.suspend(&id).await.unwrap();
+        assert!(first.remote.is_some());
+        node.restore(&id).await.unwrap();
 
-            // Enough new bytes that the next upload takes several packs.
-            let g = node.guest(&id).await.unwrap();
-            sh(&g, "head -c 24000000 /dev/urandom > /root/big.bin && sync").await;
-            let big = guest_sha(&g, "/root/big.bin").await;
-            drop(g);
-            p2.arm(4 << 20);
-            let err = node.suspend(&id).await.unwrap_err();
-            assert!(p2.was_cut(), "the upload finished inside the budget");
-            assert!(matches!(err, NodeError::Archive(_)), "{err:?}");
-            assert!(err.to_string().contains("object store"), "{err}");
-            let info = node.info(&id).await.unwrap();
-            assert_eq!(info.state, State::Running, "the sandbox runs on");
-            assert!(info.pending.is_none(), "{:?}", info.pending);
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
-            drop(g);
+        // Enough new bytes that the next upload takes several packs.
+        let g = node.guest(&id).await.unwrap();
+        sh(&g, "head -c 24000000 /dev/urandom > /root/big.bin && sync").await;
+        let big = guest_sha(&g, "/root/big.bin").await;
+        drop(g);
+        p2.arm(4 << 20);
+        let err = node.suspend(&id).await.unwrap_err();
+        assert!(p2.was_cut(), "the upload finished inside the budget");
+        assert!(matches!(err, NodeError::Archive(_)), "{err:?}");
+        assert!(err.to_string().contains("object store"), "{err}");
+        let info = node.info(&id).await.unwrap();
+        assert_eq!(info.state, State::Running, "the sandbox runs on");
+        assert!(info.pending.is_none(), "{:?}", info.pending);
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
+        drop(g);
 
-            p2.heal();
-            let archive = node.archive().unwrap().archive.clone();
-            let head = archive.head(id.as_str()).await.unwrap().unwrap();
-            assert_eq!(
-                head.snapshot,
-                first.id.as_str(),
-                "the head moved past a cut upload"
-            );
-            let s = node.suspend(&id).await.unwrap();
-            assert!(s.remote.is_some());
-            node.restore(&id).await.unwrap();
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
-            assert_eq!(guest_sha(&g, "/root/small.bin").await, small);
-        },
-    );
+        p2.heal();
+        let archive = node.archive().unwrap().archive.clone();
+        let head = archive.head(id.as_str()).await.unwrap().unwrap();
+        assert_eq!(
+            head.snapshot,
+            first.id.as_str(),
+            "the head moved past a cut upload"
+        );
+        let s = node.suspend(&id).await.unwrap();
+        assert!(s.remote.is_some());
+        node.restore(&id).await.unwrap();
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/big.bin").await, big);
+        assert_eq!(guest_sha(&g, "/root/small.bin").await, small);
+    });
     drop(proxy);
     drop(garage);
 }
@@ -544,50 +544,44 @@ fn a_corrupt_pack_fails_the_restore_and_leaves_nothing() {
     let store_dir = tempfile::tempdir().unwrap();
     let objects = store_dir.path().join("objects");
     let store = StoreConfig::Local(objects.clone());
-    let keys = tempfile::tempdir().unwrap();
-    let cfg = archive_config(&store, &keys.path().join("master.key"), Some(0));
-    with_node(
-        Disk::Btrfs,
-        |c| c.archive = Some(cfg),
-        |node| async move {
-            build_minimal(&node, "1").await;
-            let id = create(&node, SandboxOptions::default()).await;
-            let g = node.guest(&id).await.unwrap();
-            let data = write_random(&g, "/root/data.bin", 4 << 20).await;
-            sh(&g, "sync").await;
-            drop(g);
-            let s = node.suspend(&id).await.unwrap();
-            assert!(!snapshot_dir(&node, &id, s.id.as_str()).exists());
+    with_store_node(&store, |node| async move {
+        build_minimal(&node, "1").await;
+        let id = create(&node, SandboxOptions::default()).await;
+        let g = node.guest(&id).await.unwrap();
+        let data = write_random(&g, "/root/data.bin", 4 << 20).await;
+        sh(&g, "sync").await;
+        drop(g);
+        let s = node.suspend(&id).await.unwrap();
+        assert!(!snapshot_dir(&node, &id, s.id.as_str()).exists());
 
-            // Flip a byte in the middle of every pack of this sandbox's lineage.
-            let lineage = objects.join("lineages").join(id.as_str());
-            let packs = pack_files(&lineage);
-            assert!(!packs.is_empty(), "no packs under {}", lineage.display());
-            let originals: Vec<Vec<u8>> = packs.iter().map(|p| std::fs::read(p).unwrap()).collect();
-            for (p, bytes) in packs.iter().zip(&originals) {
-                let mut bad = bytes.clone();
-                let mid = bad.len() / 2;
-                bad[mid] ^= 0x5a;
-                std::fs::write(p, bad).unwrap();
-            }
-            let err = node.restore(&id).await.unwrap_err();
-            assert!(matches!(err, NodeError::Archive(_)), "{err}");
-            assert!(err.to_string().contains("pack"), "{err}");
-            assert_eq!(node.info(&id).await.unwrap().state, State::Suspended);
-            let sandbox_dir = node.layout().sandbox_dir(id.as_str()).unwrap();
-            for leftover in ["mem", "rootfs.ext4", ".incoming"] {
-                assert!(
-                    !sandbox_dir.join(leftover).exists(),
-                    "{leftover} is left in the sandbox directory"
-                );
-            }
+        // Flip a byte in the middle of every pack of this sandbox's lineage.
+        let lineage = objects.join("lineages").join(id.as_str());
+        let packs = pack_files(&lineage);
+        assert!(!packs.is_empty(), "no packs under {}", lineage.display());
+        let originals: Vec<Vec<u8>> = packs.iter().map(|p| std::fs::read(p).unwrap()).collect();
+        for (p, bytes) in packs.iter().zip(&originals) {
+            let mut bad = bytes.clone();
+            let mid = bad.len() / 2;
+            bad[mid] ^= 0x5a;
+            std::fs::write(p, bad).unwrap();
+        }
+        let err = node.restore(&id).await.unwrap_err();
+        assert!(matches!(err, NodeError::Archive(_)), "{err}");
+        assert!(err.to_string().contains("pack"), "{err}");
+        assert_eq!(node.info(&id).await.unwrap().state, State::Suspended);
+        let sandbox_dir = node.layout().sandbox_dir(id.as_str()).unwrap();
+        for leftover in ["mem", "rootfs.ext4", ".incoming"] {
+            assert!(
+                !sandbox_dir.join(leftover).exists(),
+                "{leftover} is left in the sandbox directory"
+            );
+        }
 
-            for (p, bytes) in packs.iter().zip(&originals) {
-                std::fs::write(p, bytes).unwrap();
-            }
-            node.restore(&id).await.unwrap();
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/data.bin").await, data);
-        },
-    );
+        for (p, bytes) in packs.iter().zip(&originals) {
+            std::fs::write(p, bytes).unwrap();
+        }
+        node.restore(&id).await.unwrap();
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/data.bin").await, data);
+    });
 }

@@ -71,104 +71,104 @@ fn free_bytes(dir: &Path) -> u64 {
     s.blocks_available() * s.fragment_size()
 }
 
+/// A 3 GiB data disk with a reserve of `reserve_mib`.
+fn small_disk(reserve_mib: u64) -> impl FnOnce(&mut space_node::NodeConfig) {
+    move |c| {
+        c.storage.loop_image_size = 3 << 30;
+        c.admission.disk_reserve_mib = reserve_mib;
+    }
+}
+
+/// A sandbox of `minimal` with a file written in it: its id, a guest client and the file's
+/// SHA-256.
+async fn sandbox_with_a_file(
+    node: &space_node::Node,
+) -> (space_node::SandboxId, space_runtime::GuestClient, String) {
+    build_minimal(node, "1").await;
+    let id = create(node, SandboxOptions::default()).await;
+    let g = node.guest(&id).await.unwrap();
+    let kept = write_random(&g, "/root/kept.bin", 200_000).await;
+    (id, g, kept)
+}
+
 /// The reserve: with less free than the node keeps, work that writes to the disk is refused
 /// before it starts, and the sandboxes already running go on untouched.
 #[test]
 fn under_the_reserve_snapshots_and_creates_are_refused() {
-    with_node(
-        Disk::Btrfs,
-        |c| {
-            c.storage.loop_image_size = 3 << 30;
-            c.admission.disk_reserve_mib = 512;
-        },
-        |node| async move {
-            build_minimal(&node, "1").await;
-            let id = create(&node, SandboxOptions::default()).await;
-            let g = node.guest(&id).await.unwrap();
-            let kept = write_random(&g, "/root/kept.bin", 200_000).await;
-            let root = node.layout().root().to_owned();
-            let filler = fill(&root, 256 << 20);
-            let free = free_bytes(&root);
-            assert!(free < 512 << 20, "{free} bytes free");
-            for e in [
-                node.snapshot(&id, SnapshotKind::Full).await.unwrap_err(),
-                node.snapshot(&id, SnapshotKind::Disk).await.unwrap_err(),
-                node.create(minimal()).await.unwrap_err(),
-                node.fork(&id).await.unwrap_err(),
-            ] {
-                assert!(e.is_disk_full() && e.is_refusal(), "{e:?}");
-                let fault = space_node::Fault::from(e);
-                assert_eq!(fault.code, space_node::FaultCode::DiskFull, "{fault:?}");
-                assert!(
-                    fault.message.contains("under the 512 MiB this node keeps"),
-                    "{fault:?}"
-                );
-            }
-            let info = node.info(&id).await.unwrap();
-            assert_eq!(info.state, State::Running);
-            assert!(info.snapshots.is_empty(), "{:?}", info.snapshots);
-            assert_eq!(node.list().await.unwrap().len(), 1);
-            assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
-            unfill(&root, filler);
-            node.snapshot(&id, SnapshotKind::Full).await.unwrap();
-            node.kill(&id).await.unwrap();
-        },
-    );
+    with_node(Disk::Btrfs, small_disk(512), |node| async move {
+        let (id, g, kept) = sandbox_with_a_file(&node).await;
+        let root = node.layout().root().to_owned();
+        let filler = fill(&root, 256 << 20);
+        let free = free_bytes(&root);
+        assert!(free < 512 << 20, "{free} bytes free");
+        for e in [
+            node.snapshot(&id, SnapshotKind::Full).await.unwrap_err(),
+            node.snapshot(&id, SnapshotKind::Disk).await.unwrap_err(),
+            node.create(minimal()).await.unwrap_err(),
+            node.fork(&id).await.unwrap_err(),
+        ] {
+            assert!(e.is_disk_full() && e.is_refusal(), "{e:?}");
+            let fault = space_node::Fault::from(e);
+            assert_eq!(fault.code, space_node::FaultCode::DiskFull, "{fault:?}");
+            assert!(
+                fault.message.contains("under the 512 MiB this node keeps"),
+                "{fault:?}"
+            );
+        }
+        let info = node.info(&id).await.unwrap();
+        assert_eq!(info.state, State::Running);
+        assert!(info.snapshots.is_empty(), "{:?}", info.snapshots);
+        assert_eq!(node.list().await.unwrap().len(), 1);
+        assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
+        unfill(&root, filler);
+        node.snapshot(&id, SnapshotKind::Full).await.unwrap();
+        node.kill(&id).await.unwrap();
+    });
 }
 
 /// No reserve, and the disk full to the last block under a full snapshot: whichever of its
-/// steps meets the full disk first (the record's intent, the volume, QEMU writing the device
-/// state), the snapshot fails as a full disk, a half-written volume goes, the record keeps no pending intent,
-/// and the (paused, so it touches no new memory) sandbox resumes with its files once there
-/// is room.
+/// steps meets the full disk first (the record's intent, the volume, QEMU writing the
+/// device state), the snapshot fails as a full disk, a half-written volume goes, the record
+/// keeps no pending intent, and the (paused, so it touches no new memory) sandbox resumes
+/// with its files once there is room.
 #[test]
 fn a_disk_full_under_a_snapshot_fails_it_and_loses_nothing() {
-    with_node(
-        Disk::Btrfs,
-        |c| {
-            c.storage.loop_image_size = 3 << 30;
-            c.admission.disk_reserve_mib = 0;
-        },
-        |node| async move {
-            build_minimal(&node, "1").await;
-            let id = create(&node, SandboxOptions::default()).await;
-            let g = node.guest(&id).await.unwrap();
-            let kept = write_random(&g, "/root/kept.bin", 200_000).await;
-            let earlier = node.snapshot(&id, SnapshotKind::Disk).await.unwrap();
-            let snapshots = node.layout().snapshots_of(id.as_str()).unwrap();
-            let volumes = |p: &Path| std::fs::read_dir(p).unwrap().count();
-            let before = volumes(&snapshots);
+    with_node(Disk::Btrfs, small_disk(0), |node| async move {
+        let (id, g, kept) = sandbox_with_a_file(&node).await;
+        let earlier = node.snapshot(&id, SnapshotKind::Disk).await.unwrap();
+        let snapshots = node.layout().snapshots_of(id.as_str()).unwrap();
+        let volumes = |p: &Path| std::fs::read_dir(p).unwrap().count();
+        let before = volumes(&snapshots);
 
-            let root = node.layout().root().to_owned();
-            node.pause(&id).await.unwrap();
-            let filler = fill(&root, 0);
-            assert!(free_bytes(&root) < 1 << 20, "{} free", free_bytes(&root));
-            for _ in 0..2 {
-                let e = node.snapshot(&id, SnapshotKind::Full).await.unwrap_err();
-                assert!(e.is_disk_full(), "{e:?}");
-                let fault = space_node::Fault::from(e);
-                assert_eq!(fault.code, space_node::FaultCode::DiskFull, "{fault:?}");
-                assert!(fault.message.contains("disk is full"), "{fault:?}");
-            }
-            let info = node.info(&id).await.unwrap();
-            assert_eq!(info.state, State::Paused);
-            assert!(info.pending.is_none(), "{:?}", info.pending);
-            assert_eq!(info.snapshots.len(), 1, "{:?}", info.snapshots);
-            assert_eq!(info.snapshots[0].id, earlier.id);
-            assert_eq!(volumes(&snapshots), before, "a half-made snapshot is left");
+        let root = node.layout().root().to_owned();
+        node.pause(&id).await.unwrap();
+        let filler = fill(&root, 0);
+        assert!(free_bytes(&root) < 1 << 20, "{} free", free_bytes(&root));
+        for _ in 0..2 {
+            let e = node.snapshot(&id, SnapshotKind::Full).await.unwrap_err();
+            assert!(e.is_disk_full(), "{e:?}");
+            let fault = space_node::Fault::from(e);
+            assert_eq!(fault.code, space_node::FaultCode::DiskFull, "{fault:?}");
+            assert!(fault.message.contains("disk is full"), "{fault:?}");
+        }
+        let info = node.info(&id).await.unwrap();
+        assert_eq!(info.state, State::Paused);
+        assert!(info.pending.is_none(), "{:?}", info.pending);
+        assert_eq!(info.snapshots.len(), 1, "{:?}", info.snapshots);
+        assert_eq!(info.snapshots[0].id, earlier.id);
+        assert_eq!(volumes(&snapshots), before, "a half-made snapshot is left");
 
-            // Room again: the guest goes on with its files, snapshots work, and a rollback
-            // to the new one has the files.
-            unfill(&root, filler);
-            node.resume(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
-            assert_eq!(sh(&g, "echo up").await, "up\n");
-            let snap = node.snapshot(&id, SnapshotKind::Full).await.unwrap();
-            sh(&g, "rm /root/kept.bin").await;
-            node.rollback(&id, &snap.id).await.unwrap();
-            let g = node.guest(&id).await.unwrap();
-            assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
-            node.kill(&id).await.unwrap();
-        },
-    );
+        // Room again: the guest goes on with its files, snapshots work, and a rollback
+        // to the new one has the files.
+        unfill(&root, filler);
+        node.resume(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
+        assert_eq!(sh(&g, "echo up").await, "up\n");
+        let snap = node.snapshot(&id, SnapshotKind::Full).await.unwrap();
+        sh(&g, "rm /root/kept.bin").await;
+        node.rollback(&id, &snap.id).await.unwrap();
+        let g = node.guest(&id).await.unwrap();
+        assert_eq!(guest_sha(&g, "/root/kept.bin").await, kept);
+        node.kill(&id).await.unwrap();
+    });
 }

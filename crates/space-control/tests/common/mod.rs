@@ -249,6 +249,23 @@ impl Api {
         v["error"]["message"].as_str().unwrap().to_owned()
     }
 
+    /// Creates a sandbox of `template` (answered `201`); returns its id.
+    pub async fn create(&self, key: &str, template: &str) -> String {
+        let sb = self
+            .ok(
+                "POST",
+                "/v1/sandboxes",
+                key,
+                Some(serde_json::json!({ "template": template })),
+                201,
+            )
+            .await;
+        sb["id"]
+            .as_str()
+            .expect("a create names the sandbox")
+            .to_owned()
+    }
+
     /// Runs an exec through the NDJSON route; returns (stdout, stderr, exit line).
     pub async fn exec(&self, key: &str, id: &str, req: Value) -> (String, String, Value) {
         let resp = self
