@@ -119,7 +119,7 @@ async fn a_driver_that_keeps_panicking_is_left_failing_fast_and_can_be_killed() 
     let tmp = tempfile::tempdir().unwrap();
     let (node, ids) = node_with_suspended(tmp.path(), 2).await;
     let (a, b) = (&ids[0], &ids[1]);
-    for _ in 0..=super::MAX_PANICS {
+    for _ in 0..=super::panics::MAX_PANICS {
         assert!(is_internal(&soon(node.inject_panic(a)).await));
     }
     // No more recovering: every request answers an internal error at once.
