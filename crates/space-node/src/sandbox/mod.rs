@@ -33,9 +33,10 @@
 //!   [`NodeError::Internal`], the VM is let go without being killed, and the sandbox is
 //!   recovered from its record on disk the way crash recovery does at start
 //!   ([`crate::recovery::recover_one`]); requests queued meanwhile are served after that.
-//!   After [`MAX_PANICS`](panics::MAX_PANICS) panics within [`PANIC_WINDOW`](panics::PANIC_WINDOW), or when that recovery fails, the
-//!   driver stops trying: every request but kill and shutdown is answered with an internal
-//!   error, and the VM is left running for the node's next start to adopt.
+//!   After [`MAX_PANICS`](panics::MAX_PANICS) panics within
+//!   [`PANIC_WINDOW`](panics::PANIC_WINDOW), or when that recovery fails, the driver stops
+//!   trying: every request but kill and shutdown is answered with an internal error, and
+//!   the VM is left running for the node's next start to adopt (`panics.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
