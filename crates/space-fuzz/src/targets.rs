@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 
 use space_archive::crypto::{Key, LineageKeys};
 use space_archive::Manifest as ArchiveManifest;
-use space_guestd::egress::LineScanner;
 use space_guestd::transport::{FrameTracker, Scan};
 use space_image::dockerfile::{self, ignore::Ignore};
 use space_image::spec;
 use space_node::gateway::{hello, http1};
 use space_proto::frame::FrameDecoder;
+use space_proto::sync::SyncScanner;
 
 use crate::{cuts, pieces};
 
@@ -80,21 +80,22 @@ pub fn h2_frame_tracker(data: &[u8]) {
     let _ = (t.mid_frame(), t.started());
 }
 
-/// The line the guest waits for on the egress port before it trusts the channel: what comes
-/// after it, or the refusal, must not depend on the reads.
+/// The synchronisation line of the egress port, as the guest looks for its own line and the
+/// host for any: what comes after it, or the refusal, must not depend on the reads.
 pub fn egress_sync_line(data: &[u8]) {
     let (seed, stream) = seed_and_stream(data);
-    let line = space_guestd::egress::handshake_line(&[0xab; 16]);
-    let run = |parts: &[&[u8]]| -> Result<Option<Vec<u8>>, String> {
-        let mut s = LineScanner::new(line.clone());
+    let line = space_proto::sync::sync_line(&[0xab; 16]);
+    type Found = Result<Option<(Vec<u8>, Vec<u8>)>, String>;
+    let run = |make: &dyn Fn() -> SyncScanner, parts: &[&[u8]]| -> Found {
+        let mut s = make();
         for (i, part) in parts.iter().enumerate() {
             match s.push(part) {
-                Ok(Some(rest)) => {
+                Ok(Some((found, rest))) => {
                     let mut rest = rest.to_vec();
                     for later in &parts[i + 1..] {
                         rest.extend_from_slice(later);
                     }
-                    return Ok(Some(rest));
+                    return Ok(Some((found, rest)));
                 }
                 Ok(None) => {}
                 Err(e) => return Err(e.to_string()),
@@ -102,9 +103,17 @@ pub fn egress_sync_line(data: &[u8]) {
         }
         Ok(None)
     };
-    let whole = run(&[stream]);
-    let cut = run(&pieces(stream, &cuts(seed, stream.len())));
-    assert_eq!(whole, cut, "the sync line depends on the reads");
+    let exact = || SyncScanner::exact(line.clone());
+    let scanners: [&dyn Fn() -> SyncScanner; 2] = [&exact, &SyncScanner::any_token];
+    let parts = pieces(stream, &cuts(seed, stream.len()));
+    for make in scanners {
+        let whole = run(make, &[stream]);
+        let cut = run(make, &parts);
+        assert_eq!(whole, cut, "the sync line depends on the reads");
+        if let Ok(Some((found, _))) = &whole {
+            assert_eq!(found.len(), space_proto::sync::SYNC_LINE_LEN);
+        }
+    }
 }
 
 /// The gateway's look at a TLS ClientHello (for the server name).

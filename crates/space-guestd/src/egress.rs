@@ -35,6 +35,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
+use space_proto::sync::{sync_line, SyncScanner};
+
 use crate::daemon::Daemon;
 use crate::sys::{raw_read, raw_write};
 use crate::transport::{find_port, Port};
@@ -44,10 +46,6 @@ pub const PORT_NAME: &str = "space.egress";
 /// Where the in-guest proxy listens by default (IPv4 loopback only).
 pub const DEFAULT_PROXY_ADDR: SocketAddr =
     SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 3128));
-/// Start of the synchronisation line; 32 hex digits and `\n` follow.
-pub const HANDSHAKE_PREFIX: &[u8] = space_proto::limits::EGRESS_SYNC_PREFIX;
-/// Most bytes discarded while waiting for the host's answer line.
-pub const MAX_DISCARD: usize = space_proto::limits::EGRESS_MAX_DISCARD;
 /// Longest a new connection may take: waiting for the host, the line, the HTTP/2 start.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a port without a host is re-checked while a connection waits for one.
@@ -63,68 +61,12 @@ pub enum EgressError {
     Io(#[from] io::Error),
     #[error("the host did not answer the synchronisation line within {0:?}")]
     Timeout(Duration),
-    #[error("more than {MAX_DISCARD} bytes arrived before the host's synchronisation line")]
-    TooMuchNoise,
+    #[error("waiting for the host's synchronisation line: {0}")]
+    TooMuchNoise(#[from] space_proto::sync::TooMuchNoise),
     #[error("the egress channel closed during synchronisation")]
     ClosedDuringHandshake,
     #[error("HTTP/2 to the egress gateway failed: {0}")]
     Http(#[from] hyper::Error),
-}
-
-/// The synchronisation line for `token`.
-pub fn handshake_line(token: &[u8; 16]) -> Vec<u8> {
-    let mut line = HANDSHAKE_PREFIX.to_vec();
-    for b in token {
-        line.extend_from_slice(format!("{b:02x}").as_bytes());
-    }
-    line.push(b'\n');
-    line
-}
-
-/// Looks for one exact line in a byte stream, discarding what comes before it (bounded).
-#[derive(Debug)]
-pub struct LineScanner {
-    line: Vec<u8>,
-    window: BytesMut,
-    discarded: usize,
-}
-
-impl LineScanner {
-    /// A scanner for `line` (which includes its `\n`).
-    pub fn new(line: Vec<u8>) -> LineScanner {
-        LineScanner {
-            line,
-            window: BytesMut::new(),
-            discarded: 0,
-        }
-    }
-
-    /// Feeds bytes. `Ok(Some(rest))` once the line was seen: `rest` are the bytes after it.
-    pub fn push(&mut self, data: &[u8]) -> Result<Option<BytesMut>, EgressError> {
-        self.window.extend_from_slice(data);
-        if let Some(pos) = self
-            .window
-            .windows(self.line.len())
-            .position(|w| w == self.line.as_slice())
-        {
-            self.discarded += pos;
-            if self.discarded > MAX_DISCARD {
-                return Err(EgressError::TooMuchNoise);
-            }
-            return Ok(Some(self.window.split_off(pos + self.line.len())));
-        }
-        // Only a tail shorter than the line can still be the start of it.
-        let keep = self.line.len() - 1;
-        if self.window.len() > keep {
-            let drop = self.window.len() - keep;
-            self.window.advance(drop);
-            self.discarded += drop;
-        }
-        if self.discarded > MAX_DISCARD {
-            return Err(EgressError::TooMuchNoise);
-        }
-        Ok(None)
-    }
 }
 
 /// Writes the line for a fresh token and reads until the host echoes it; returns the bytes
@@ -134,17 +76,17 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let token: [u8; 16] = rand::random();
-    let line = handshake_line(&token);
+    let line = sync_line(&token);
     io.write_all(&line).await?;
     io.flush().await?;
-    let mut scanner = LineScanner::new(line);
+    let mut scanner = SyncScanner::exact(line);
     let mut buf = vec![0u8; 16 * 1024];
     loop {
         let n = io.read(&mut buf).await?;
         if n == 0 {
             return Err(EgressError::ClosedDuringHandshake);
         }
-        if let Some(rest) = scanner.push(&buf[..n])? {
+        if let Some((_, rest)) = scanner.push(&buf[..n])? {
             return Ok(rest);
         }
     }
@@ -537,65 +479,5 @@ impl Egress {
         if let Uplink::Port(link) = &self.uplink {
             link.invalidate();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn line() -> Vec<u8> {
-        handshake_line(&[0xab; 16])
-    }
-
-    #[test]
-    fn line_format() {
-        let l = line();
-        assert_eq!(
-            l.len(),
-            HANDSHAKE_PREFIX.len() + space_proto::limits::EGRESS_SYNC_TOKEN_HEX + 1
-        );
-        assert!(l.starts_with(b"SPACE-EGRESS/1 abab"));
-        assert_eq!(*l.last().unwrap(), b'\n');
-    }
-
-    #[test]
-    fn scanner_discards_stale_bytes_and_keeps_what_follows() {
-        let mut s = LineScanner::new(line());
-        let mut input = b"stale bytes of an old connection\x00\xff".to_vec();
-        input.extend_from_slice(&handshake_line(&[0x11; 16])); // another token's line
-        input.extend_from_slice(&line());
-        input.extend_from_slice(b"h2 frames");
-        // Byte by byte: the line may straddle any read.
-        let mut found = None;
-        for b in &input {
-            if let Some(rest) = s.push(std::slice::from_ref(b)).unwrap() {
-                found = Some(rest);
-                break;
-            }
-        }
-        assert_eq!(found.unwrap(), BytesMut::new());
-        // All at once: the rest comes back.
-        let mut s = LineScanner::new(line());
-        assert_eq!(s.push(&input).unwrap().unwrap(), &b"h2 frames"[..]);
-    }
-
-    #[test]
-    fn scanner_gives_up_after_the_bound() {
-        let mut s = LineScanner::new(line());
-        let junk = vec![b'x'; 64 * 1024];
-        let mut result = Ok(None);
-        for _ in 0..=(MAX_DISCARD / junk.len()) {
-            result = s.push(&junk);
-            if result.is_err() {
-                break;
-            }
-        }
-        assert!(matches!(result, Err(EgressError::TooMuchNoise)));
-        // Just under the bound still succeeds.
-        let mut s = LineScanner::new(line());
-        let mut input = vec![b'y'; MAX_DISCARD - 1];
-        input.extend_from_slice(&line());
-        assert!(s.push(&input).unwrap().is_some());
     }
 }

@@ -11,6 +11,7 @@ pub mod frame;
 pub mod limits;
 pub mod query;
 pub mod routes;
+pub mod sync;
 pub mod types;
 
 #[cfg(feature = "client")]

@@ -25,11 +25,6 @@ use super::http1::{self, BodyLen, Scan};
 use super::policy::{private_reason, Decision, Host, MAX_HOST};
 use super::{EgressEvent, GatewayError, SandboxGateway, SecretBinding, SecretValue};
 
-/// The start of the guest's sync line; 32 hex digits and `\n` follow.
-const SYNC_PREFIX: &[u8] = space_proto::limits::EGRESS_SYNC_PREFIX;
-const SYNC_LEN: usize = SYNC_PREFIX.len() + space_proto::limits::EGRESS_SYNC_TOKEN_HEX + 1;
-/// The most bytes discarded while looking for the sync line.
-const MAX_DISCARD: usize = space_proto::limits::EGRESS_MAX_DISCARD;
 /// The most bytes of a refusal's text.
 const MAX_REASON: usize = 4096;
 /// How long a CONNECT may take to send its ClientHello.
@@ -92,24 +87,15 @@ async fn sync<S: AsyncRead + Unpin>(
     stream: &mut S,
     seed: Vec<u8>,
 ) -> Result<(Vec<u8>, Vec<u8>), GatewayError> {
-    let mut buf = seed;
-    let mut discarded = 0usize;
+    let mut scanner = space_proto::sync::SyncScanner::any_token();
     let mut chunk = vec![0u8; 8192];
+    let mut fed = seed;
     loop {
-        if let Some(at) = find_sync(&buf) {
-            let line = buf[at..at + SYNC_LEN].to_vec();
-            let rest = buf[at + SYNC_LEN..].to_vec();
-            return Ok((line, rest));
-        }
-        if buf.len() > SYNC_LEN {
-            let cut = buf.len() - (SYNC_LEN - 1);
-            buf.drain(..cut);
-            discarded += cut;
-            if discarded > MAX_DISCARD {
-                return Err(GatewayError::Stream(format!(
-                    "no sync line in the first {MAX_DISCARD} bytes"
-                )));
-            }
+        let found = scanner
+            .push(&fed)
+            .map_err(|e| GatewayError::Stream(format!("no sync line: {e}")))?;
+        if let Some((line, rest)) = found {
+            return Ok((line, rest.to_vec()));
         }
         let n = stream
             .read(&mut chunk)
@@ -120,20 +106,8 @@ async fn sync<S: AsyncRead + Unpin>(
                 "the stream ended before the sync line".into(),
             ));
         }
-        buf.extend_from_slice(&chunk[..n]);
+        fed = chunk[..n].to_vec();
     }
-}
-
-/// Where a complete sync line starts in `buf`.
-fn find_sync(buf: &[u8]) -> Option<usize> {
-    (0..buf.len().saturating_sub(SYNC_LEN - 1)).find(|&i| {
-        let w = &buf[i..i + SYNC_LEN];
-        w.starts_with(SYNC_PREFIX)
-            && w[SYNC_PREFIX.len()..SYNC_LEN - 1]
-                .iter()
-                .all(u8::is_ascii_hexdigit)
-            && w[SYNC_LEN - 1] == b'\n'
-    })
 }
 
 /// The stream under the HTTP/2 server: replays `prefix` first, keeps the last bytes read.
@@ -1089,7 +1063,7 @@ mod tests {
         // A line in the seed is found without reading.
         let seed = b"xxSPACE-EGRESS/1 00000000000000000000000000000000\nrest".to_vec();
         let (line, rest) = sync(&mut tokio::io::empty(), seed).await.unwrap();
-        assert_eq!(line.len(), SYNC_LEN);
+        assert_eq!(line.len(), space_proto::sync::SYNC_LINE_LEN);
         assert_eq!(rest, b"rest");
         assert!(sync(&mut tokio::io::empty(), Vec::new()).await.is_err());
     }
