@@ -297,7 +297,11 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
     let path = params.path.clone();
     let target = PathBuf::from(&path);
     let Some(name) = target.file_name().map(|n| n.to_os_string()) else {
-        return Err(ProtoError::invalid(format!("{path} does not name a file")));
+        // "/", "/." or "/x/..": a directory, as writing over an existing one would be.
+        return Err(ProtoError::new(
+            ErrorKind::IsADirectory,
+            format!("{path} names a directory, not a file"),
+        ));
     };
     let dir = target.parent().unwrap_or(Path::new("/")).to_path_buf();
 

@@ -175,6 +175,14 @@ async fn file_operations() {
     c.mkdir(&deep, true).await.unwrap();
     let (kind, msg) = guest_kind(c.mkdir(&deep, false).await);
     assert_eq!(kind, ErrorKind::AlreadyExists);
+    // A path that names a directory by its form is one to write to, like an existing one.
+    for path in ["/", "/.", &format!("{root}/a/..")] {
+        let write = c
+            .write_file(path, b"x".to_vec(), WriteOptions::default())
+            .await;
+        let (kind, msg) = guest_kind(write);
+        assert_eq!(kind, ErrorKind::IsADirectory, "{path}: {msg}");
+    }
     assert!(msg.contains(&deep));
 
     let file = format!("{root}/a/b/c/f.txt");
