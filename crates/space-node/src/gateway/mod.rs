@@ -18,6 +18,7 @@ pub mod http1;
 pub mod policy;
 pub mod resolve;
 pub mod serve;
+mod streams;
 pub mod upstream;
 
 use std::future::Future;
@@ -344,7 +345,7 @@ impl Gateway {
         policy: EgressPolicy,
         bindings: Vec<SecretBinding>,
     ) -> Arc<SandboxGateway> {
-        let bucket = |rate: Option<u64>| rate.filter(|r| *r > 0).map(serve::Bucket::new);
+        let bucket = |rate: Option<u64>| rate.filter(|r| *r > 0).map(streams::Bucket::new);
         Arc::new(SandboxGateway {
             gateway: self.clone(),
             id,
@@ -375,8 +376,8 @@ pub struct SandboxGateway {
     policy: RwLock<Arc<EgressPolicy>>,
     pub(crate) bindings: Arc<Vec<SecretBinding>>,
     pub(crate) connections: Arc<Semaphore>,
-    pub(crate) up: Option<serve::Bucket>,
-    pub(crate) down: Option<serve::Bucket>,
+    pub(crate) up: Option<streams::Bucket>,
+    pub(crate) down: Option<streams::Bucket>,
 }
 
 impl std::fmt::Debug for SandboxGateway {
