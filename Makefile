@@ -47,6 +47,8 @@ test: artifacts tools lint
 soak: artifacts tools
 	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
+	@echo "[soak] 1,000 mixed lifecycle operations on 10 sandboxes with a file ledger"
+	@source $(ENV) && source $(TOOLS) && SPACE_SOAK_OPS=1000 $(CARGO) test -p space-node --test soak -- --nocapture
 	@echo "[soak] 20 rounds of the server killed under 20 concurrent clients"
 	@source $(ENV) && source $(TOOLS) && SPACE_CHAOS_ROUNDS=20 $(CARGO) test -p space --test chaos
 	@echo "[soak] schemathesis against the API with 200 examples an operation"

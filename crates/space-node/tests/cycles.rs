@@ -12,10 +12,7 @@ use space_proto::WriteOptions;
 
 #[test]
 fn suspend_restore_cycles_lose_nothing() {
-    let cycles: usize = std::env::var("SPACE_CYCLES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let cycles = env_number("SPACE_CYCLES", 50) as usize;
     with_node(
         Disk::Btrfs,
         |_| {},

@@ -31,6 +31,18 @@ pub fn env_path(var: &str) -> PathBuf {
     }
 }
 
+/// The number in environment variable `var`, or `default` when it is unset or empty; a
+/// value that is not a number stops the test with a message naming it.
+pub fn env_number(var: &str, default: u64) -> u64 {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{var}={v:?} is not a number: {e}")),
+        _ => default,
+    }
+}
+
 /// Which storage a test node runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disk {
