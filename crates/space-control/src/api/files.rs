@@ -129,7 +129,9 @@ pub async fn upload(
                 return true;
             }
             if tx.send(Ok(chunk)).await.is_err() {
-                // The guest gave up (its error is the answer).
+                // The guest gave up (its error is the answer): read on (bounded) so that the
+                // answer is not lost to a reset while the client still sends.
+                drain(body).await;
                 return false;
             }
         }

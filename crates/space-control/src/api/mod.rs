@@ -798,8 +798,15 @@ pub(crate) async fn guest_failure(
     e: space_proto::ClientError,
 ) -> ApiError {
     use space_node::State as S;
-    use space_proto::ClientError as C;
-    if !matches!(e, C::Closed | C::Transport(_)) {
+    use space_proto::{ClientError as C, ErrorKind as K};
+    // The connection failing, here or (a node reached over the network) in the node's relay,
+    // which answers that as an HTTP error that is no guest's.
+    let cut = match &e {
+        C::Closed | C::Transport(_) => true,
+        C::Guest(p) => matches!(p.kind, K::Unreachable | K::Closed),
+        _ => false,
+    };
+    if !cut {
         return e.into();
     }
     let state = match node.info(id).await {
