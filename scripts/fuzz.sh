@@ -50,6 +50,7 @@ for t in "${targets[@]}"; do
         tail -n 30 "$out" >&2
     fi
     rows+=("$(printf '| %-18s | %12s | %8s | %8s | %-6s |' "$t" "${execs:-?}" "${cov:-?}" "$units" "$([[ $rc -eq 0 ]] && echo ok || echo FAIL)")")
+    log "$t: ${execs:-?} executions, coverage ${cov:-?}, corpus $units"
     rm -f "$out"
 done
 printf '\nFuzzing, %s s per target\n' "$seconds"
