@@ -161,7 +161,7 @@ async fn measure_on(plan: &HostilePlan, node: &Node) -> Result<()> {
         let (s, failed) =
             exec_latency(&quiet, window.saturating_sub(Duration::from_secs(2))).await?;
         notes.push(format!(
-            "{name}: p50 x{}, p99 x{}, {failed} quiet execs failed",
+            "{name}: p50 {}, p99 {}, {failed} quiet execs failed",
             fmt_ratio(ratio(s.percentile(50.0), b50)),
             fmt_ratio(ratio(s.percentile(99.0), b99)),
         ));
