@@ -28,7 +28,9 @@
 //! Orphans, at start only: sandbox directories without a record (their VMM killed), hidden
 //! partial volumes (`.<name>.partial-*`), snapshot directories of unknown sandboxes or not
 //! listed in their record, template versions without `template.json`, temporary record
-//! files. Then `sweep_cgroups()`, after every adoption and before any VM is started.
+//! files. Then `sweep_cgroups()`, after every adoption and before any VM is started: an empty
+//! cgroup of one of the node's sandbox directories goes whatever its age and whatever the
+//! record says (a kill finished up to its cgroup, a launch cut short before QEMU joined).
 //!
 //! A VM that dies while the node runs is noticed by its driver, which calls [`relaunch`]
 //! when [`crate::NodeConfig::auto_restore`] is on (the default): the same restore as above,
@@ -130,8 +132,8 @@ pub(crate) async fn run(
     }
     if at_start {
         sweep_orphans(ctx, &known, &mut report).await;
-        match ctx.runtime.sweep_cgroups() {
-            Ok(swept) => report.cgroups = swept,
+        match ctx.runtime.sweep_cgroups(&ctx.layout.sandboxes()) {
+            Ok(swept) => report.cgroups.extend(swept),
             Err(e) => tracing::error!(error = %e, "sweeping cgroups"),
         }
     }

@@ -124,7 +124,7 @@ impl Layout {
     }
 
     /// The directories that hold `parent`'s children, one per distinct hierarchy.
-    fn parents(&self, parent: &Path) -> Vec<PathBuf> {
+    pub fn parents(&self, parent: &Path) -> Vec<PathBuf> {
         let mut dirs: Vec<PathBuf> = match self {
             Layout::V2 { root } => vec![root.join(parent)],
             Layout::V1 { cpu, memory, pids } => {
@@ -342,8 +342,13 @@ impl Cgroup {
 pub const SWEEP_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Removes every empty VM cgroup under `parent` older than [`SWEEP_GRACE`] (those of VMs
-/// that exited while no node watched them). Returns the directories removed.
-pub fn sweep(layout: &Layout, parent: &Path) -> Result<Vec<PathBuf>, CgroupError> {
+/// that exited while no node watched them), and every empty one whose name `own` claims at
+/// any age (the caller's, none of which is being set up). Returns the directories removed.
+pub fn sweep(
+    layout: &Layout,
+    parent: &Path,
+    own: &dyn Fn(&str) -> bool,
+) -> Result<Vec<PathBuf>, CgroupError> {
     let mut removed = Vec::new();
     for p in layout.parents(parent) {
         let entries = match std::fs::read_dir(&p) {
@@ -364,7 +369,8 @@ pub fn sweep(layout: &Layout, parent: &Path) -> Result<Vec<PathBuf>, CgroupError
                 .and_then(|m| m.modified())
                 .ok()
                 .and_then(|t| t.elapsed().ok())
-                .is_none_or(|age| age < SWEEP_GRACE);
+                .is_none_or(|age| age < SWEEP_GRACE)
+                && !own(&entry.file_name().to_string_lossy());
             if entry.file_type().map(|t| t.is_dir()).unwrap_or(false)
                 && !young
                 && procs(&dir).is_empty()

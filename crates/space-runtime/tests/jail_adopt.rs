@@ -499,3 +499,53 @@ async fn unjailed_runtime_runs_qemu_as_the_caller() {
     let mut shell = wait_shell(&vm, BOOT_TIMEOUT).await;
     assert_eq!(shell.ok("echo plain again").await, "plain again\n");
 }
+
+/// The sweep at a node's start removes an empty cgroup of one of its own sandbox directories
+/// at any age (its VM was killed, or the launch was cut short before QEMU joined it), and
+/// leaves a young empty one of another directory (possibly another node's VM being set up).
+#[tokio::test]
+async fn the_start_sweep_removes_the_nodes_own_empty_cgroups_whatever_their_age() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let own = tmp.path().join("sandboxes");
+    let parent = PathBuf::from(format!("space-sweep-test-{}", std::process::id()));
+    let rt = runtime_with(
+        false,
+        Some(JailConfig {
+            cgroup_parent: parent.clone(),
+            ..JailConfig::default()
+        }),
+    )
+    .await;
+    let Some(layout) = rt.cgroup_layout() else {
+        eprintln!("skipped: no cgroup hierarchy to make cgroups in");
+        return;
+    };
+    let limits = space_runtime::cgroup::Limits {
+        cpus: None,
+        memory_bytes: 64 << 20,
+        pids: 16,
+    };
+    let make = |dir: &Path| {
+        space_runtime::cgroup::Cgroup::create(
+            layout,
+            &parent,
+            &space_runtime::jail::cgroup_name(dir),
+            &limits,
+        )
+        .unwrap()
+    };
+    let mine = make(&own.join("sbx-0123456789abcdef"));
+    let foreign = make(&tmp.path().join("elsewhere").join("sbx-0123456789abcdef"));
+    let swept = rt.sweep_cgroups(&own).unwrap();
+    assert_eq!(swept, mine.dirs, "the node's own empty cgroup goes at once");
+    assert!(mine.dirs.iter().all(|d| !d.exists()));
+    assert!(
+        foreign.dirs.iter().all(|d| d.is_dir()),
+        "a young cgroup of another directory stays"
+    );
+    foreign.remove(Duration::from_secs(5)).unwrap();
+    for p in layout.parents(&parent) {
+        let _ = std::fs::remove_dir(p);
+    }
+}

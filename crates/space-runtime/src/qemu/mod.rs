@@ -256,14 +256,23 @@ impl QemuRuntime {
 
     /// Removes the cgroups of VMs that are gone (empty ones under the jail's cgroup parent)
     /// and returns them. A node calls it at start, after adopting its VMs and before it
-    /// starts new ones.
-    pub fn sweep_cgroups(&self) -> Result<Vec<PathBuf>> {
-        match (&self.jail, &self.cgroups) {
-            (Some(jc), Some(layout)) => {
-                Ok(cgroup::sweep(layout, &jc.cgroup_parent).map_err(jail::JailError::from)?)
-            }
-            _ => Ok(Vec::new()),
-        }
+    /// starts new ones, with `own`, the directory its sandbox directories are in: the
+    /// cgroups of those are removed at any age (nothing of the node's is being set up then),
+    /// others only once they are old enough not to be another node's VM starting.
+    pub fn sweep_cgroups(&self, own: &Path) -> Result<Vec<PathBuf>> {
+        let (Some(jc), Some(layout)) = (&self.jail, &self.cgroups) else {
+            return Ok(Vec::new());
+        };
+        let own = std::path::absolute(own).map_err(|source| Error::Io {
+            op: "resolving",
+            path: own.to_owned(),
+            source,
+        })?;
+        let is_own = |name: &str| {
+            name.rsplit_once('-')
+                .is_some_and(|(leaf, _)| jail::cgroup_name(&own.join(leaf)) == name)
+        };
+        Ok(cgroup::sweep(layout, &jc.cgroup_parent, &is_own).map_err(jail::JailError::from)?)
     }
 
     /// Removes the cgroup of the VMs of sandbox directory `dir` when no process is left in
