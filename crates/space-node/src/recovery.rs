@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use space_runtime::{Manifest, QemuVm, Vm};
+use space_runtime::{Manifest, NodeVm};
 
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, SnapshotId, VersionReq};
@@ -440,7 +440,12 @@ async fn adopt(
 
 /// Brings an adopted VM to the record's state (or, `trust_vm`, the record to the VM's) and
 /// reconnects the guest when it runs. Dropping the VM on failure kills it.
-async fn take_over(ctx: &Ctx, r: &mut SandboxRecord, vm: QemuVm, trust_vm: bool) -> Result<Live> {
+async fn take_over(
+    ctx: &Ctx,
+    r: &mut SandboxRecord,
+    vm: Box<dyn NodeVm>,
+    trust_vm: bool,
+) -> Result<Live> {
     let status = vm.status().await?;
     if trust_vm {
         set_state(

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use space_runtime::manifest::ManifestError;
 use space_runtime::qmp::QemuVersion;
-use space_runtime::{Accel, BootSpec, QemuRuntime, Runtime, Vm};
+use space_runtime::{Accel, BootSpec, NodeRuntime};
 
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
@@ -212,7 +212,7 @@ impl Template {
     }
 
     /// Refuses a template this runtime cannot restore, with the reason.
-    pub fn check_runtime(&self, runtime: &QemuRuntime) -> Result<()> {
+    pub fn check_runtime(&self, runtime: &dyn NodeRuntime) -> Result<()> {
         let m = &self.manifest;
         let reason = if &m.qemu != runtime.version() {
             format!(
@@ -467,7 +467,7 @@ pub fn list(layout: &Layout) -> Result<Vec<Template>> {
 
 /// Builds a template (see the module docs). Leaves nothing behind on failure.
 pub async fn build(
-    runtime: &QemuRuntime,
+    runtime: &dyn NodeRuntime,
     storage: &Arc<dyn Storage>,
     layout: &Layout,
     spec: TemplateSpec,
@@ -532,7 +532,7 @@ pub async fn build(
 }
 
 async fn build_inner(
-    runtime: &QemuRuntime,
+    runtime: &dyn NodeRuntime,
     storage: &Arc<dyn Storage>,
     spec: &TemplateSpec,
     dir: &Path,

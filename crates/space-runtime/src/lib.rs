@@ -5,9 +5,11 @@
 //! (`boot`), or turns a full snapshot into one (`restore`). A VM handle pauses, resumes,
 //! snapshots and kills its VM, and opens the two host<->guest channels: `space.ctl` (the host
 //! drives `space-guestd` over it) and `space.egress` (the guest's way out, served by the
-//! gateway). The traits use `impl Future` returns rather than boxed futures: the node is generic
-//! over its runtime, and no caller needs two runtimes behind one pointer. Where QEMU is not the
-//! right VMM (Firecracker on KVM hosts), another implementation can sit behind the same traits.
+//! gateway). The traits use `impl Future` returns, for callers that know their backend's type;
+//! the node holds its runtime behind a pointer through the object-safe [`NodeRuntime`] and
+//! [`NodeVm`] ([`node`]), which add what only a node needs (adoption, cgroup sweeps, the
+//! VMM version for manifests). Where QEMU is not the right VMM (Firecracker on KVM hosts),
+//! another implementation can sit behind the same traits.
 //!
 //! Lifecycle of a VM handle (transitions are one request each; QEMU's exit ends every state):
 //!
@@ -34,6 +36,7 @@ pub mod console;
 pub mod cow;
 pub mod jail;
 pub mod manifest;
+pub mod node;
 pub mod priority;
 pub mod process;
 pub mod qemu;
@@ -44,6 +47,7 @@ pub use accel::Accel;
 pub use cow::CloneMethod;
 pub use jail::{JailConfig, JailUser};
 pub use manifest::Manifest;
+pub use node::{BoxFuture, NodeRuntime, NodeVm};
 pub use priority::Priority;
 pub use process::ExitInfo;
 pub use qemu::{QemuRuntime, QemuRuntimeConfig, QemuVm};

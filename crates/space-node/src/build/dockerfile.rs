@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use space_image::dockerfile::{self, ignore::Ignore, Command, Step};
 use space_proto::{ExecOutput, ExecSpec, GuestClient, Identity, WriteOptions};
-use space_runtime::{BootSpec, Runtime, Vm};
+use space_runtime::BootSpec;
 
 use super::cache::{Key, StepCache, StepState};
 use super::copy::{collect, hash_items, Item};
@@ -370,7 +370,7 @@ async fn resolve_base(env: &Env<'_>, from: &str, log: &BuildLog) -> Result<Base>
 /// The builder VM: booted on a clone of the root image so far, its network through the
 /// gateway.
 struct Builder {
-    vm: space_runtime::QemuVm,
+    vm: Box<dyn space_runtime::NodeVm>,
     client: GuestClient,
     dir: PathBuf,
     ctx: Arc<Ctx>,

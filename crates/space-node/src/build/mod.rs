@@ -263,7 +263,7 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
     if let Some(s) = &spec.start {
         log.line(format!("start command: {}", s.command));
     }
-    let t = template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await?;
+    let t = template::build(&*ctx.runtime, &ctx.storage, &ctx.layout, spec).await?;
     log.line(format!(
         "template {} ready ({:.1} s)",
         t.manifest.template,

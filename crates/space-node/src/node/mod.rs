@@ -6,16 +6,17 @@
 //! message and is answered when the driver has handled it. A background reconciler
 //! ([`Node::reconcile_timeouts`]) enforces idle timeouts and maximum lifetimes.
 //!
-//! The node drives [`QemuRuntime`] directly rather than being generic over
-//! [`space_runtime::Runtime`]: template manifests record the QEMU version and accelerator,
-//! which only the QEMU runtime knows. A second runtime would add those to the trait.
+//! The node drives its runtime through [`space_runtime::NodeRuntime`] (QEMU's by default,
+//! [`Node::open_with`] takes another): the lifecycle of [`space_runtime::Runtime`] plus what
+//! only a node needs, adoption, cgroup sweeps and the VMM version and accelerator that
+//! template manifests record. The node's unit tests run it on a fake runtime.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use space_runtime::{GuestClient, QemuRuntime, QemuRuntimeConfig};
+use space_runtime::{GuestClient, NodeRuntime, QemuRuntime, QemuRuntimeConfig};
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::archive::{ArchiveConfig, ArchiveReport};
@@ -71,10 +72,15 @@ impl Node {
     /// VMs adopted, lost ones restored, cut-short transitions finished or undone, orphans
     /// removed), and starts the timeout reconciler.
     pub async fn open(config: NodeConfig) -> Result<Node> {
+        let runtime = QemuRuntime::new(config.qemu.clone()).await?;
+        Node::open_with(config, Arc::new(runtime)).await
+    }
+
+    /// [`Node::open`] on a runtime of the caller's ([`NodeConfig::qemu`] is not used).
+    pub async fn open_with(config: NodeConfig, runtime: Arc<dyn NodeRuntime>) -> Result<Node> {
         let (data, opts) = (config.data_dir.clone(), config.storage.clone());
         let (storage, layout): (Arc<dyn Storage>, Layout) =
             blocking(move || Ok(storage::open(&data, &opts)?)).await?;
-        let runtime = QemuRuntime::new(config.qemu.clone()).await?;
         let records = RecordStore::open(layout.root().join("state").join("sandboxes"))?;
         let (ca_dir, gw) = (
             layout.root().join("state").join("ca"),
@@ -235,8 +241,8 @@ impl Node {
     }
 
     /// The runtime.
-    pub fn runtime(&self) -> &QemuRuntime {
-        &self.inner.ctx.runtime
+    pub fn runtime(&self) -> &dyn NodeRuntime {
+        &*self.inner.ctx.runtime
     }
 
     /// Runs crash recovery again ([`crate::recovery`]): sandboxes the node drives and
@@ -330,7 +336,7 @@ impl Node {
         self.check_open()?;
         let ctx = &self.inner.ctx;
         let t = template::resolve(&ctx.layout, &req.template, &req.version)?;
-        t.check_runtime(&ctx.runtime)?;
+        t.check_runtime(&*ctx.runtime)?;
         let opts = req.options;
         validate_options(&opts, &t, self.inner.max_disk_mib)?;
         let vcpus = opts.vcpus.unwrap_or(t.manifest.vcpus);

@@ -20,7 +20,7 @@ impl Node {
     /// Builds a template version (see [`crate::template`]).
     pub async fn build_template(&self, spec: TemplateSpec) -> Result<Template> {
         let ctx = &self.inner.ctx;
-        let built = template::build(&ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
+        let built = template::build(&*ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
         // A new version replaces the pool of the previous one.
         self.inner.pools.templates_changed();
         built

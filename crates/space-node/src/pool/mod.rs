@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use space_proto::ExecSpec;
-use space_runtime::{Priority, Vm};
+use space_runtime::Priority;
 use tokio::sync::{oneshot, Notify};
 
 use crate::error::{NodeError, Result};
@@ -437,7 +437,7 @@ impl Pools {
                     source,
                 })?;
             // Members have the template's disk; a larger one is grown now.
-            ensure_disk(&member.live.vm, client, &wanted).await?;
+            ensure_disk(&*member.live.vm, client, &wanted).await?;
             Ok::<_, NodeError>(())
         }
         .await;
@@ -711,7 +711,7 @@ impl Pools {
             .filter_map(|(name, t)| {
                 let floor = self.config.size_for(&name);
                 ((floor > 0 || self.config.ceiling > 0)
-                    && t.check_runtime(&self.ctx.runtime).is_ok())
+                    && t.check_runtime(&*self.ctx.runtime).is_ok())
                 .then(|| (t.template_ref().clone(), (t, floor)))
             })
             .collect())

@@ -142,7 +142,7 @@ pub(crate) async fn launch(
                 }
             }
         };
-        ensure_disk(&vm, &client, record).await?;
+        ensure_disk(&*vm, &client, record).await?;
         Ok::<_, NodeError>(client)
     }
     .await;
@@ -169,7 +169,7 @@ pub(crate) async fn launch(
 /// with, when its disk is smaller (a VM from the template's snapshot or image; a fork, restore
 /// or rollback starts from a disk that already has the size, and this does nothing).
 pub(crate) async fn ensure_disk(
-    vm: &QemuVm,
+    vm: &dyn NodeVm,
     client: &GuestClient,
     record: &SandboxRecord,
 ) -> Result<()> {

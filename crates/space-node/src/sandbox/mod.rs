@@ -47,7 +47,7 @@ use futures::FutureExt;
 use rand::RngCore;
 use space_proto::{ExecSpec, Identity};
 use space_runtime::{
-    BootSpec, ClientError, GuestClient, Priority, QemuRuntime, QemuVm, RestoreSpec, Runtime, Vm,
+    BootSpec, ClientError, GuestClient, NodeRuntime, NodeVm, Priority, RestoreSpec,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -75,7 +75,7 @@ use State::{Failed, Paused, Running, Suspended, Terminated};
 
 /// What the actors share with the node: the machinery, never another sandbox's state.
 pub(crate) struct Ctx {
-    pub runtime: QemuRuntime,
+    pub runtime: Arc<dyn NodeRuntime>,
     pub storage: Arc<dyn Storage>,
     pub layout: Layout,
     pub records: RecordStore,
@@ -225,7 +225,7 @@ pub(crate) struct Handle {
 
 /// A started VM and its ready guest, before the actor takes them.
 pub(crate) struct Live {
-    pub vm: QemuVm,
+    pub vm: Box<dyn NodeVm>,
     /// `None` for an adopted paused VM (the driver connects when the guest runs again).
     pub client: Option<GuestClient>,
 }
@@ -236,7 +236,7 @@ pub(crate) struct Sandbox {
     pub(crate) record: SandboxRecord,
     status: Arc<Status>,
     pub(crate) dir: PathBuf,
-    vm: Option<QemuVm>,
+    vm: Option<Box<dyn NodeVm>>,
     client: Option<GuestClient>,
     /// The disk image's fingerprint when its content was last known to be held by a snapshot
     /// or the VM's origin; the rolling scheduler compares it ([`crate::scheduler`]).
@@ -599,8 +599,8 @@ impl Sandbox {
     }
 
     /// The VM of a Running or Paused sandbox (one without is an internal fault).
-    fn vm(&self) -> Result<&QemuVm> {
-        self.vm.as_ref().ok_or_else(|| {
+    fn vm(&self) -> Result<&dyn NodeVm> {
+        self.vm.as_deref().ok_or_else(|| {
             NodeError::internal(format!(
                 "sandbox {} is {} but has no VM",
                 self.record.id, self.record.state
