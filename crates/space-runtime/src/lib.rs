@@ -34,6 +34,7 @@ pub mod cgroup;
 pub mod cmdline;
 pub mod console;
 pub mod cow;
+pub mod fake;
 pub mod jail;
 pub mod manifest;
 pub mod node;

@@ -61,6 +61,21 @@ where
     F: FnOnce(Node) -> Fut,
     Fut: Future<Output = ()>,
 {
+    with_node_opened(disk, config, Node::open, test)
+}
+
+/// [`with_node`] with the node opened by `open` (on a runtime of the test's, say).
+pub fn with_node_opened<O, OFut, F, Fut>(
+    disk: Disk,
+    config: impl FnOnce(&mut NodeConfig),
+    open: O,
+    test: F,
+) where
+    O: FnOnce(NodeConfig) -> OFut,
+    OFut: Future<Output = space_node::Result<Node>>,
+    F: FnOnce(Node) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
             std::env::var("RUST_LOG")
@@ -100,7 +115,7 @@ where
     let mut storage = None;
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rt.block_on(async {
-            let node = Node::open(cfg).await.expect("opening the node");
+            let node = open(cfg).await.expect("opening the node");
             storage = Some((node.storage().clone(), node.layout().clone()));
             test(node.clone()).await;
             node.shutdown().await;

@@ -57,6 +57,7 @@ mod tests;
 mod vm;
 
 use record::*;
+pub(crate) use record::{proc_start_ticks, proc_stat};
 use vm::Cleanup;
 pub use vm::QemuVm;
 

@@ -60,7 +60,7 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Field 22 of `/proc/<pid>/stat`, and the state (field 3).
-pub(super) fn proc_stat(pid: u32) -> Option<(char, u64)> {
+pub(crate) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain anything.
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -70,7 +70,7 @@ pub(super) fn proc_stat(pid: u32) -> Option<(char, u64)> {
     Some((state, start))
 }
 
-pub(super) fn proc_start_ticks(pid: u32) -> Option<u64> {
+pub(crate) fn proc_start_ticks(pid: u32) -> Option<u64> {
     proc_stat(pid).map(|(_, t)| t)
 }
 
