@@ -11,7 +11,7 @@ help:
 	@echo "make up      build everything and run space on its embedded defaults"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
-	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 20 chaos rounds, a long schemathesis run)"
+	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 5,000 fake-runtime requests, 20 chaos rounds, a long schemathesis run)"
 	@echo "make fuzz    coverage-guided fuzzing of every parser of hostile input (SPACE_FUZZ_SECONDS each, default 60)"
 
 deps:
@@ -49,6 +49,8 @@ soak: artifacts tools
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
 	@echo "[soak] 1,000 mixed lifecycle operations on 10 sandboxes with a file ledger"
 	@source $(ENV) && source $(TOOLS) && SPACE_SOAK_OPS=1000 $(CARGO) test -p space-node --test soak -- --nocapture
+	@echo "[soak] 5,000 random node requests on the fake runtime, one in eight with an injected failure"
+	@source $(ENV) && SPACE_FAKE_OPS=5000 $(CARGO) test -p space-node --test fake_runtime -- random_ --nocapture
 	@echo "[soak] 20 rounds of the server killed under 20 concurrent clients"
 	@source $(ENV) && source $(TOOLS) && SPACE_CHAOS_ROUNDS=20 $(CARGO) test -p space --test chaos
 	@echo "[soak] schemathesis against the API with 200 examples an operation"

@@ -460,3 +460,246 @@ fn chain(e: &dyn std::error::Error) -> String {
     }
     text
 }
+
+/// What a sandbox should be after the requests so far, by the rules of `docs/lifecycle.md`.
+#[derive(Debug, Clone)]
+struct Expected {
+    state: State,
+    snapshots: Vec<SnapshotId>,
+}
+
+/// Random requests (some of them illegal in the state they meet, some failed by the runtime)
+/// on a handful of sandboxes, each answer checked against a model of the state machine, and
+/// after each one the invariants every sandbox keeps: the record on disk says what `info`
+/// says with no intent left, a Running sandbox's daemon answers with its id, a Paused one's
+/// process is stopped, a Suspended or Terminated one has none, every listed snapshot is on
+/// disk. `SPACE_FAKE_OPS` (300) requests from `SPACE_FAKE_SEED` (time-based, printed).
+#[test]
+fn random_requests_keep_the_state_machine_and_its_invariants() {
+    let ops = env_number("SPACE_FAKE_OPS", 300);
+    let seed = env_number(
+        "SPACE_FAKE_SEED",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64,
+    );
+    println!("SPACE_FAKE_SEED={seed}");
+    with_fake(
+        |_| {},
+        move |node, fake, _data| async move {
+            let mut rng = Rng(seed | 1);
+            let mut model: Vec<(SandboxId, Expected)> = Vec::new();
+            for step in 0..ops {
+                let live = model
+                    .iter()
+                    .filter(|(_, e)| e.state != State::Terminated)
+                    .count();
+                if live < 2 || rng.below(20) == 0 {
+                    let id = create(&node, SandboxOptions::default()).await;
+                    model.push((
+                        id,
+                        Expected {
+                            state: State::Running,
+                            snapshots: Vec::new(),
+                        },
+                    ));
+                    continue;
+                }
+                let i = rng.below(model.len() as u64) as usize;
+                let (id, want) = model[i].clone();
+                let before = want.state;
+                let alive = matches!(before, State::Running | State::Paused);
+                // One request in eight meets a runtime that fails it.
+                let fault = (rng.below(8) == 0).then_some(match rng.below(4) {
+                    0 => FakeOp::Snapshot,
+                    1 => FakeOp::Pause,
+                    2 => FakeOp::Resume,
+                    _ => FakeOp::Restore,
+                });
+                // 0 pause, 1 resume, 2 disk snapshot, 3 full snapshot, 4 suspend, 5 restore,
+                // 6 rollback, 7 fork, 8 kill (rarer), 9 guest access.
+                let op = match rng.below(9) {
+                    6 if want.snapshots.is_empty() => 9,
+                    8 if rng.below(4) != 0 => 9,
+                    op => op,
+                };
+                let what = format!("step {step} (seed {seed}): request {op} on {id} in {before:?}");
+                let mut next = want.clone();
+                let mut forked = None;
+                let res: Result<(), space_node::NodeError> = {
+                    if let Some(f) = fault {
+                        fake.fail_next(f, 1);
+                    }
+                    match op {
+                        0 => node.pause(&id).await,
+                        1 => node.resume(&id).await,
+                        2 | 3 => {
+                            let kind = if op == 2 {
+                                SnapshotKind::Disk
+                            } else {
+                                SnapshotKind::Full
+                            };
+                            node.snapshot(&id, kind).await.map(drop)
+                        }
+                        4 => node.suspend(&id).await.map(drop),
+                        5 => node.restore(&id).await,
+                        6 => {
+                            let k = rng.below(want.snapshots.len() as u64) as usize;
+                            node.rollback(&id, &want.snapshots[k]).await
+                        }
+                        7 => node.fork(&id).await.map(|c| {
+                            forked = Some(c.id);
+                        }),
+                        8 => node.kill(&id).await,
+                        _ => node.guest(&id).await.map(|_| ()),
+                    }
+                };
+                // Whether the runtime failed an operation of this request.
+                let injected = fault.is_some_and(|f| fake.clear(f) == 0);
+                // What the model says the answer should have been.
+                let (legal, target) = match op {
+                    0 => (before == State::Running, State::Paused),
+                    1 => (before == State::Paused, State::Running),
+                    2..=3 | 7 => (alive, before),
+                    4 => (alive, State::Suspended),
+                    5 => (before == State::Suspended, State::Running),
+                    6 => (before != State::Terminated, State::Running),
+                    8 => (before != State::Terminated, State::Terminated),
+                    _ => (before == State::Running, before),
+                };
+                let info = node.info(&id).await.unwrap();
+                match &res {
+                    Err(space_node::NodeError::IllegalState { .. }) => {
+                        assert!(!legal, "{what}: refused as illegal");
+                    }
+                    Err(e) => {
+                        let text = chain(e);
+                        assert!(legal && injected, "{what}: {text}");
+                        assert!(text.contains("injected"), "{what}: {text}");
+                        // A rollback that failed after the VM was stopped falls back to
+                        // Suspended on its undo point (Failed without one); anything else is
+                        // as before.
+                        let states: &[State] = if op == 6 {
+                            &[before, State::Suspended, State::Failed]
+                        } else {
+                            &[before]
+                        };
+                        assert!(states.contains(&info.state), "{what}: {info:?}");
+                        next.state = info.state;
+                    }
+                    Ok(()) => {
+                        assert!(legal, "{what}: accepted");
+                        next.state = target;
+                    }
+                }
+                // A snapshot taken on the way (a fork's, one of a request that failed later)
+                // is listed after the ones before.
+                let listed: Vec<SnapshotId> = info.snapshots.iter().map(|s| s.id.clone()).collect();
+                if next.state != State::Terminated {
+                    assert!(
+                        listed.starts_with(&want.snapshots),
+                        "{what}: snapshots {listed:?} after {:?}",
+                        want.snapshots
+                    );
+                    if res.is_ok() {
+                        // A rollback of a VM takes an undo point first.
+                        let takes = usize::from(matches!(op, 2..=4 | 7) || (op == 6 && alive));
+                        assert_eq!(
+                            listed.len(),
+                            want.snapshots.len() + takes,
+                            "{what}: snapshots {listed:?}"
+                        );
+                    }
+                    next.snapshots = listed;
+                }
+                model[i].1 = next;
+                if let Some(child) = forked {
+                    model.push((
+                        child,
+                        Expected {
+                            state: State::Running,
+                            snapshots: Vec::new(),
+                        },
+                    ));
+                }
+                for (id, want) in &model {
+                    check(&node, id, want, &what).await;
+                }
+            }
+            let states: Vec<State> = model.iter().map(|(_, e)| e.state).collect();
+            println!("{} sandboxes, ended as {states:?}", model.len());
+        },
+    );
+}
+
+async fn check(node: &Node, id: &SandboxId, want: &Expected, what: &str) {
+    let info = node.info(id).await.unwrap();
+    assert_eq!(info.state, want.state, "{what}: {id} is {info:?}");
+    assert!(
+        info.pending.is_none(),
+        "{what}: an intent was left: {info:?}"
+    );
+    let record = on_disk(node, id);
+    assert_eq!(
+        record.state, info.state,
+        "{what}: the record on disk differs"
+    );
+    if want.state == State::Terminated {
+        assert!(vm_pid(node, id).and_then(proc_state).is_none(), "{what}");
+        return;
+    }
+    let listed: Vec<SnapshotId> = info.snapshots.iter().map(|s| s.id.clone()).collect();
+    assert_eq!(listed, want.snapshots, "{what}: snapshots of {id}");
+    for s in &info.snapshots {
+        let dir = node
+            .layout()
+            .snapshot_dir(id.as_str(), s.id.as_str())
+            .unwrap();
+        assert!(
+            dir.join("rootfs.ext4").is_file(),
+            "{what}: {dir:?} has no disk"
+        );
+        if s.kind == SnapshotKind::Full {
+            assert!(
+                dir.join("manifest.json").is_file(),
+                "{what}: {dir:?} has no manifest"
+            );
+        }
+    }
+    let pid = vm_pid(node, id);
+    match want.state {
+        State::Running => {
+            let g = node.guest(id).await.unwrap();
+            let health = g.health().await.unwrap();
+            assert_eq!(health.sandbox_id.as_deref(), Some(id.as_str()), "{what}");
+            assert!(proc_state(pid.unwrap()).is_some_and(|s| s != 'T'), "{what}");
+        }
+        State::Paused => {
+            assert_eq!(
+                proc_state(pid.unwrap()),
+                Some('T'),
+                "{what}: {id} is not stopped"
+            );
+        }
+        _ => {
+            let running = pid.and_then(proc_state);
+            assert!(
+                running.is_none(),
+                "{what}: {id} still has a process ({running:?})"
+            );
+        }
+    }
+}
+
+/// xorshift64: enough randomness to pick requests, reproducible from a seed.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n.max(1)
+    }
+}

@@ -106,6 +106,16 @@ impl FakeRuntime {
             .or_default() += times;
     }
 
+    /// Disarms failures of `op` still to come; returns how many there were.
+    pub fn clear(&self, op: FakeOp) -> u32 {
+        self.faults
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&op)
+            .unwrap_or(0)
+    }
+
     fn start(&self, dir: &Path, shape: Shape, paused: bool) -> Result<FakeVm> {
         let io = |op: &'static str, path: &Path| {
             let path = path.to_owned();
