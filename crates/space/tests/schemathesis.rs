@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{env_number, json, repo_root, run_suite, TestServer};
+use common::{env_number, json, repo_root, run_suite_unchecked, TestServer};
 
 /// Operations no run sends (see the module's documentation).
 const LEFT_OUT: &str = "^(mcp\\.|ingress\\.|port\\.proxy_|files\\.watch$)";
@@ -51,7 +51,13 @@ fn schemathesis() -> PathBuf {
 }
 
 /// One schemathesis run against `server` with `key`; `filters` select the operations.
-fn run(server: &TestServer, key: &str, filters: &[String], report: &std::path::Path) -> String {
+/// Answers what it found wrong (`None`: nothing), in a few lines a reader sees first.
+fn run(
+    server: &TestServer,
+    key: &str,
+    filters: &[String],
+    report: &std::path::Path,
+) -> Option<String> {
     let examples = env_number("SPACE_SCHEMATHESIS_EXAMPLES", 10);
     let seconds = env_number("SPACE_SCHEMATHESIS_SECONDS", 150);
     let mut cmd = Command::new(schemathesis());
@@ -77,7 +83,40 @@ fn run(server: &TestServer, key: &str, filters: &[String], report: &std::path::P
         .env("SCHEMATHESIS_HOOKS", "")
         .current_dir(report);
     // The runs' own budget plus the slowest requests (a create boots a VM under TCG).
-    run_suite(cmd, Duration::from_secs(seconds * 2 + 600))
+    let timeout = Duration::from_secs(seconds * 2 + 600);
+    let (status, output) = run_suite_unchecked(cmd, timeout);
+    println!("{output}");
+    match status {
+        Some(s) if s.success() => None,
+        Some(s) => Some(format!("schemathesis failed ({s}):\n{}", findings(&output))),
+        None => Some(format!(
+            "schemathesis did not finish within {timeout:?}:\n{}",
+            findings(&output)
+        )),
+    }
+}
+
+/// The part of schemathesis's output that says what failed: its FAILURES and ERRORS
+/// sections and its summary, or the last lines when it printed neither.
+fn findings(output: &str) -> String {
+    let lines: Vec<&str> = output.lines().collect();
+    let heading = |l: &str, name: &str| l.starts_with("===") && l.contains(&format!(" {name} "));
+    let mut kept = Vec::new();
+    let mut keep = false;
+    for line in &lines {
+        if line.starts_with("===") {
+            keep = ["FAILURES", "ERRORS", "SUMMARY"]
+                .iter()
+                .any(|name| heading(line, name));
+        }
+        if keep {
+            kept.push(*line);
+        }
+    }
+    if kept.is_empty() {
+        kept = lines[lines.len().saturating_sub(60)..].to_vec();
+    }
+    kept.join("\n")
 }
 
 #[test]
@@ -104,7 +143,8 @@ fn the_api_keeps_its_contract() {
         .as_str()
         .expect("the tenant's key")
         .to_owned();
-    run(&server, &tenant_key, &[], report.path());
+    let mut found = Vec::new();
+    found.extend(run(&server, &tenant_key, &[], report.path()).map(|f| format!("tenant run: {f}")));
 
     let mut admin_filters = vec![
         "--include-operation-id-regex".to_owned(),
@@ -114,11 +154,21 @@ fn the_api_keeps_its_contract() {
         admin_filters.push("--exclude-operation-id".to_owned());
         admin_filters.push((*op).to_owned());
     }
-    run(&server, &server.admin_key, &admin_filters, report.path());
+    found.extend(
+        run(&server, &server.admin_key, &admin_filters, report.path())
+            .map(|f| format!("admin run: {f}")),
+    );
 
     // Nothing the runs did took the admin key away or broke the server.
     let health: serde_json::Value =
         serde_json::from_str(&server.get("/v1/health")).expect("health is JSON");
     assert_eq!(health["status"], "ok");
     server.get("/v1/tenants");
+
+    // What was found goes last, after the server's log, where a reader of a long log looks.
+    if !found.is_empty() {
+        eprintln!("---- space up log (end) ----\n{}", server.log_tail());
+        drop(server);
+        panic!("{}", found.join("\n\n"));
+    }
 }

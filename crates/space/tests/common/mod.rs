@@ -462,7 +462,23 @@ pub fn repo_root() -> PathBuf {
 
 /// Runs a test suite (`cmd`, its stdin empty, its output to a log) to its end; answers the
 /// output, or panics with it when the suite failed or ran past `timeout` (then it is killed).
-pub fn run_suite(mut cmd: Command, timeout: Duration) -> String {
+pub fn run_suite(cmd: Command, timeout: Duration) -> String {
+    let what = format!("{:?}", cmd.get_program());
+    let (status, output) = run_suite_unchecked(cmd, timeout);
+    println!("{output}");
+    let Some(status) = status else {
+        panic!("{what} did not finish within {timeout:?}:\n{output}");
+    };
+    assert!(status.success(), "{what} failed ({status}):\n{output}");
+    output
+}
+
+/// Runs a suite like [`run_suite`] and hands back its exit status (`None`: it was killed at
+/// `timeout`) and everything it printed, for a caller that reports a failure its own way.
+pub fn run_suite_unchecked(
+    mut cmd: Command,
+    timeout: Duration,
+) -> (Option<std::process::ExitStatus>, String) {
     let out_dir = tempfile::tempdir().expect("a temporary directory");
     let log_path = out_dir.path().join("suite.log");
     let log = std::fs::File::create(&log_path).expect("creating the log");
@@ -487,12 +503,7 @@ pub fn run_suite(mut cmd: Command, timeout: Duration) -> String {
         }
     };
     let output = std::fs::read_to_string(&log_path).expect("reading the suite's output");
-    println!("{output}");
-    let Some(status) = status else {
-        panic!("{what} did not finish within {timeout:?}:\n{output}");
-    };
-    assert!(status.success(), "{what} failed ({status}):\n{output}");
-    output
+    (status, output)
 }
 
 /// Panics unless pytest's last line says tests passed and none was skipped or failed.
