@@ -97,7 +97,7 @@ fn run(
 }
 
 /// The part of schemathesis's output that says what failed: its FAILURES and ERRORS
-/// sections and its summary, or the last lines when it printed neither.
+/// sections, its summary and its closing count, or the last lines when it printed none.
 fn findings(output: &str) -> String {
     let lines: Vec<&str> = output.lines().collect();
     let heading = |l: &str, name: &str| l.starts_with("===") && l.contains(&format!(" {name} "));
@@ -115,6 +115,9 @@ fn findings(output: &str) -> String {
     }
     if kept.is_empty() {
         kept = lines[lines.len().saturating_sub(60)..].to_vec();
+    } else if let Some(last) = lines.iter().rev().find(|l| l.starts_with("===")) {
+        // The closing line counts the failures and warnings.
+        kept.push(last);
     }
     kept.join("\n")
 }
