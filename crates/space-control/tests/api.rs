@@ -15,21 +15,12 @@ use space_control::Server;
 
 mod common;
 
-use common::{server_config, with_data_dir, Api};
+use common::{server_config, with_data_dir, with_server, Api};
 
 /// What any caller meets first: authentication, tenants and keys, refusals of bad requests.
 #[test]
 fn open_routes_keys_tenants_and_bad_requests() {
-    with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
-        let admin = server
-            .bootstrap_key()
-            .expect("first start makes a key")
-            .to_owned();
-        let api = Api::new(server.url());
-        checks(&api, &admin).await;
-        server.shutdown().await;
-    });
+    with_server(|api, admin| async move { checks(&api, &admin).await });
 }
 
 #[test]

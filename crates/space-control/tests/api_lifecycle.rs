@@ -4,55 +4,21 @@
 //! suspended, fork, the audit of all of it, and kill. A real server over a real node with
 //! real guests.
 
-use serde_json::{json, Value};
-use space_control::Server;
+use serde_json::json;
 
 mod common;
 
-use common::{server_config, with_data_dir, Api};
+use common::{with_server, Api};
 
 /// One sandbox (and a fork of it) through every lifecycle operation.
 #[test]
 fn pause_snapshots_timeouts_suspend_fork_and_kill() {
-    with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
-        let admin = server
-            .bootstrap_key()
-            .expect("first start makes a key")
-            .to_owned();
-        let api = Api::new(server.url());
-        checks(&api, &admin).await;
-        server.shutdown().await;
-    });
+    with_server(|api, admin| async move { checks(&api, &admin).await });
 }
 
 async fn checks(api: &Api, admin: &str) {
     // ---- create ----------------------------------------------------------------------------------
-    let sb = api
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            admin,
-            Some(json!({
-                "template": "minimal",
-                "env": {"GREETING": "hello-env"},
-                "metadata": {"owner": "agent-7"},
-                "timeouts": {"idle_ms": null, "max_lifetime_ms": 3_600_000},
-            })),
-            201,
-        )
-        .await;
-    let a = sb["id"].as_str().unwrap().to_owned();
-    assert_eq!(sb["state"], "running");
-    assert_eq!(sb["tenant"], "default");
-    assert_eq!(sb["template"], "minimal");
-    assert_eq!(sb["template_version"], "1");
-    assert_eq!(sb["metadata"]["owner"], "agent-7");
-    assert_eq!(
-        sb["timeouts"],
-        json!({"idle_ms": null, "max_lifetime_ms": 3_600_000, "action": "suspend"})
-    );
-    assert_eq!(sb["forked_from"], Value::Null);
+    let a = api.create_described(admin).await;
     let sbp = format!("/v1/sandboxes/{a}");
 
     // ---- pause / resume, and wake on access --------------------------------------------------

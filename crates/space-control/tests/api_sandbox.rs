@@ -9,12 +9,11 @@ use base64::Engine as _;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use space_control::Server;
 use tokio_tungstenite::tungstenite::Message;
 
 mod common;
 
-use common::{server_config, with_data_dir, Api, MAX_UPLOAD};
+use common::{with_server, Api, MAX_UPLOAD};
 
 fn sha256(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
@@ -23,45 +22,12 @@ fn sha256(data: &[u8]) -> String {
 /// One sandbox through everything a client does with its guest.
 #[test]
 fn create_exec_pty_files_and_logs() {
-    with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
-        let admin = server
-            .bootstrap_key()
-            .expect("first start makes a key")
-            .to_owned();
-        let api = Api::new(server.url());
-        checks(&api, &admin).await;
-        server.shutdown().await;
-    });
+    with_server(|api, admin| async move { checks(&api, &admin).await });
 }
 
 async fn checks(api: &Api, admin: &str) {
     // ---- create ----------------------------------------------------------------------------------
-    let sb = api
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            admin,
-            Some(json!({
-                "template": "minimal",
-                "env": {"GREETING": "hello-env"},
-                "metadata": {"owner": "agent-7"},
-                "timeouts": {"idle_ms": null, "max_lifetime_ms": 3_600_000},
-            })),
-            201,
-        )
-        .await;
-    let a = sb["id"].as_str().unwrap().to_owned();
-    assert_eq!(sb["state"], "running");
-    assert_eq!(sb["tenant"], "default");
-    assert_eq!(sb["template"], "minimal");
-    assert_eq!(sb["template_version"], "1");
-    assert_eq!(sb["metadata"]["owner"], "agent-7");
-    assert_eq!(
-        sb["timeouts"],
-        json!({"idle_ms": null, "max_lifetime_ms": 3_600_000, "action": "suspend"})
-    );
-    assert_eq!(sb["forked_from"], Value::Null);
+    let a = api.create_described(admin).await;
     let sbp = format!("/v1/sandboxes/{a}");
 
     // ---- exec (NDJSON) ---------------------------------------------------------------------------
@@ -387,14 +353,7 @@ async fn checks(api: &Api, admin: &str) {
 
     // ---- kill, metrics -------------------------------------------------------------------------
     api.ok("DELETE", &sbp, admin, None, 200).await;
-    let metrics = api
-        .request("GET", "/metrics", None)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = api.metrics().await;
     let uploads_413 = format!(
         "space_api_requests_total{{operation=\"files.upload\",status=\"413\"}} {}",
         1 + u32::from(midstream_answered)

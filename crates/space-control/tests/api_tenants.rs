@@ -4,11 +4,10 @@
 //! metrics of it all. A real server over a real node with real guests.
 
 use serde_json::{json, Value};
-use space_control::Server;
 
 mod common;
 
-use common::{server_config, with_data_dir, Api};
+use common::{with_server, Api};
 
 /// The message and the id in it replaced, to compare the answers about two ids.
 fn shape(message: &str, id: &str) -> String {
@@ -18,16 +17,7 @@ fn shape(message: &str, id: &str) -> String {
 /// Two tenants side by side, and the templates they share.
 #[test]
 fn a_second_tenant_quotas_isolation_and_templates() {
-    with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
-        let admin = server
-            .bootstrap_key()
-            .expect("first start makes a key")
-            .to_owned();
-        let api = Api::new(server.url());
-        checks(&api, &admin).await;
-        server.shutdown().await;
-    });
+    with_server(|api, admin| async move { checks(&api, &admin).await });
 }
 
 async fn checks(api: &Api, admin: &str) {
@@ -54,31 +44,7 @@ async fn checks(api: &Api, admin: &str) {
     let acme_key2 = acme2["key"].as_str().unwrap().to_owned();
 
     // ---- create ----------------------------------------------------------------------------------
-    let sb = api
-        .ok(
-            "POST",
-            "/v1/sandboxes",
-            admin,
-            Some(json!({
-                "template": "minimal",
-                "env": {"GREETING": "hello-env"},
-                "metadata": {"owner": "agent-7"},
-                "timeouts": {"idle_ms": null, "max_lifetime_ms": 3_600_000},
-            })),
-            201,
-        )
-        .await;
-    let a = sb["id"].as_str().unwrap().to_owned();
-    assert_eq!(sb["state"], "running");
-    assert_eq!(sb["tenant"], "default");
-    assert_eq!(sb["template"], "minimal");
-    assert_eq!(sb["template_version"], "1");
-    assert_eq!(sb["metadata"]["owner"], "agent-7");
-    assert_eq!(
-        sb["timeouts"],
-        json!({"idle_ms": null, "max_lifetime_ms": 3_600_000, "action": "suspend"})
-    );
-    assert_eq!(sb["forked_from"], Value::Null);
+    let a = api.create_described(admin).await;
     let sbp = format!("/v1/sandboxes/{a}");
 
     api.sh(admin, &a, "echo before > /tmp/marker").await;
@@ -251,14 +217,7 @@ async fn checks(api: &Api, admin: &str) {
     }
     let gone = api.ok("GET", "/v1/sandboxes", admin, None, 200).await;
     assert_eq!(gone["sandboxes"], json!([]));
-    let metrics = api
-        .request("GET", "/metrics", None)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = api.metrics().await;
     for needle in [
         // Two sandboxes, and one create answered again under its idempotency key.
         "space_api_requests_total{operation=\"sandbox.create\",status=\"201\"} 3",

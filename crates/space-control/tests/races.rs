@@ -6,11 +6,10 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use space_control::Server;
 
 mod common;
 
-use common::{server_config, with_data_dir, Api};
+use common::with_server;
 
 /// The NDJSON lines of an exec started with `req`, read until `stop` holds for one of them
 /// (the rest stays unread); the exec must have been accepted (`200`).
@@ -51,10 +50,7 @@ async fn last_line(resp: reqwest::Response) -> Value {
 
 #[test]
 fn a_request_cut_short_by_another_says_what_happened() {
-    with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
-        let admin = server.bootstrap_key().unwrap().to_owned();
-        let api = Api::new(server.url());
+    with_server(|api, admin| async move {
         let bystander = api.create(&admin, "minimal").await;
 
         // An exec running when another request kills its sandbox ends with a conflict line.
@@ -148,6 +144,5 @@ fn a_request_cut_short_by_another_says_what_happened() {
             200,
         )
         .await;
-        server.shutdown().await;
     });
 }

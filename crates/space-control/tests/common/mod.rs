@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde_json::{json, Value};
-use space_control::ServerConfig;
+use space_control::{Server, ServerConfig};
 use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{Node, NodeConfig};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -94,6 +94,24 @@ where
     Fut: Future<Output = ()>,
 {
     with_data_dirs(1, |mut dirs| test(dirs.remove(0)));
+}
+
+/// [`with_data_dir`] with a server started on it: `test` gets a client of the server and the
+/// admin key its first start made; the server is shut down after it.
+pub fn with_server<F, Fut>(test: F)
+where
+    F: FnOnce(Api, String) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    with_data_dir(|data| async move {
+        let server = Server::start(server_config(&data)).await.expect("starting");
+        let admin = server
+            .bootstrap_key()
+            .expect("first start makes a key")
+            .to_owned();
+        test(Api::new(server.url()), admin).await;
+        server.shutdown().await;
+    });
 }
 
 /// [`with_data_dir`] for `count` data directories (several nodes in one test).
@@ -264,6 +282,48 @@ impl Api {
             .as_str()
             .expect("a create names the sandbox")
             .to_owned()
+    }
+
+    /// Creates, with the admin key `admin`, the sandbox the end-to-end checks work on (`minimal`
+    /// with an environment variable, metadata `owner=agent-7` and an hour's lifetime), and
+    /// checks that the answer says all of it back; returns its id.
+    pub async fn create_described(&self, admin: &str) -> String {
+        let sb = self
+            .ok(
+                "POST",
+                "/v1/sandboxes",
+                admin,
+                Some(json!({
+                    "template": "minimal",
+                    "env": {"GREETING": "hello-env"},
+                    "metadata": {"owner": "agent-7"},
+                    "timeouts": {"idle_ms": null, "max_lifetime_ms": 3_600_000},
+                })),
+                201,
+            )
+            .await;
+        assert_eq!(sb["state"], "running");
+        assert_eq!(sb["tenant"], "default");
+        assert_eq!(sb["template"], "minimal");
+        assert_eq!(sb["template_version"], "1");
+        assert_eq!(sb["metadata"]["owner"], "agent-7");
+        assert_eq!(
+            sb["timeouts"],
+            json!({"idle_ms": null, "max_lifetime_ms": 3_600_000, "action": "suspend"})
+        );
+        assert_eq!(sb["forked_from"], Value::Null);
+        sb["id"].as_str().unwrap().to_owned()
+    }
+
+    /// The server's `/metrics` text (no key needed).
+    pub async fn metrics(&self) -> String {
+        self.request("GET", "/metrics", None)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     /// Runs an exec through the NDJSON route; returns (stdout, stderr, exit line).
