@@ -10,6 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use common::*;
 use space_node::record::{Intent, Pending};
 use space_node::storage::{DriverKind, StorageOptions};
@@ -488,7 +491,7 @@ fn random_requests_keep_the_state_machine_and_its_invariants() {
     with_fake(
         |_| {},
         move |node, fake, _data| async move {
-            let mut rng = Rng(seed | 1);
+            let mut rng = StdRng::seed_from_u64(seed);
             let mut model: Vec<(SandboxId, Expected)> = Vec::new();
             for step in 0..ops {
                 let live = model
@@ -498,7 +501,7 @@ fn random_requests_keep_the_state_machine_and_its_invariants() {
                 // Past MAX_LIVE forks become kills and nothing is created, so a long run
                 // stays within what the node admits.
                 let crowded = live >= MAX_LIVE;
-                if live < 2 || (!crowded && rng.below(20) == 0) {
+                if live < 2 || (!crowded && rng.gen_range(0..20) == 0) {
                     let id = create(&node, SandboxOptions::default()).await;
                     model.push((
                         id,
@@ -509,12 +512,12 @@ fn random_requests_keep_the_state_machine_and_its_invariants() {
                     ));
                     continue;
                 }
-                let i = rng.below(model.len() as u64) as usize;
+                let i = rng.gen_range(0..model.len());
                 let (id, want) = model[i].clone();
                 let before = want.state;
                 let alive = matches!(before, State::Running | State::Paused);
                 // One request in eight meets a runtime that fails it.
-                let fault = (rng.below(8) == 0).then_some(match rng.below(4) {
+                let fault = (rng.gen_range(0..8) == 0).then_some(match rng.gen_range(0..4) {
                     0 => FakeOp::Snapshot,
                     1 => FakeOp::Pause,
                     2 => FakeOp::Resume,
@@ -522,10 +525,10 @@ fn random_requests_keep_the_state_machine_and_its_invariants() {
                 });
                 // 0 pause, 1 resume, 2 disk snapshot, 3 full snapshot, 4 suspend, 5 restore,
                 // 6 rollback, 7 fork, 8 kill (rarer), 9 guest access.
-                let op = match rng.below(9) {
+                let op = match rng.gen_range(0..9) {
                     6 if want.snapshots.is_empty() => 9,
                     7 if crowded => 8,
-                    8 if !crowded && rng.below(4) != 0 => 9,
+                    8 if !crowded && rng.gen_range(0..4) != 0 => 9,
                     op => op,
                 };
                 let what = format!("step {step} (seed {seed}): request {op} on {id} in {before:?}");
@@ -549,7 +552,7 @@ fn random_requests_keep_the_state_machine_and_its_invariants() {
                         4 => node.suspend(&id).await.map(drop),
                         5 => node.restore(&id).await,
                         6 => {
-                            let k = rng.below(want.snapshots.len() as u64) as usize;
+                            let k = rng.gen_range(0..want.snapshots.len());
                             node.rollback(&id, &want.snapshots[k]).await
                         }
                         7 => node.fork(&id).await.map(|c| {
@@ -696,17 +699,5 @@ async fn check(node: &Node, id: &SandboxId, want: &Expected, what: &str) {
                 "{what}: {id} still has a process ({running:?})"
             );
         }
-    }
-}
-
-/// xorshift64: enough randomness to pick requests, reproducible from a seed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
     }
 }
