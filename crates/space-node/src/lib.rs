@@ -22,7 +22,7 @@ pub mod build;
 pub mod error;
 pub mod fence;
 pub mod gateway;
-pub mod ids;
+pub use space_node_api::ids;
 pub mod member;
 pub mod node;
 pub mod pool;

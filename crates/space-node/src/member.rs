@@ -28,7 +28,7 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
-use crate::api::{Identity, LocalNode, NodeApi, NodeKey, NodeServer, TemplateBuild};
+use crate::api::{Gate, Gated, Identity, LocalNode, NodeApi, NodeKey, NodeServer, TemplateBuild};
 use crate::fence::Watchdog;
 use crate::ids::SandboxId;
 
@@ -233,9 +233,9 @@ impl Member {
             watchdog: std::sync::Mutex::new(Arc::new(watchdog)),
         });
         fence.raise();
-        let api: Arc<dyn NodeApi> = Arc::new(Fenced {
+        let api: Arc<dyn NodeApi> = Arc::new(Gated {
             inner: local.clone(),
-            fenced: fenced.clone(),
+            gate: FenceGate(fenced.clone()),
         });
         let server = NodeServer::start(api, config.listen, &identity)
             .await
@@ -563,15 +563,13 @@ async fn heartbeats(
     }
 }
 
-/// The node API of a member: refuses every call while the node is fenced.
-struct Fenced {
-    inner: LocalNode,
-    fenced: Arc<AtomicBool>,
-}
+/// What a member's node API asks before every call: that the node is not fenced (the flag is
+/// up while it is).
+pub struct FenceGate(pub Arc<AtomicBool>);
 
-impl Fenced {
-    fn check(&self) -> crate::api::NodeResult<()> {
-        if self.fenced.load(Ordering::SeqCst) {
+impl Gate for FenceGate {
+    fn admit(&self, _call: &'static str) -> crate::api::NodeResult<()> {
+        if self.0.load(Ordering::SeqCst) {
             Err(crate::api::Fault::new(
                 crate::api::FaultCode::Unavailable,
                 "this node is fenced: it could not renew its lease",
@@ -580,51 +578,4 @@ impl Fenced {
             Ok(())
         }
     }
-}
-
-macro_rules! fenced_calls {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        #[async_trait::async_trait]
-        impl NodeApi for Fenced {
-            $(async fn $name(&self, $($arg: $ty),*) -> crate::api::NodeResult<$ret> {
-                self.check()?;
-                self.inner.$name($($arg),*).await
-            })*
-        }
-    };
-}
-
-fenced_calls! {
-    status() -> crate::api::NodeStatus;
-    create(req: crate::sandbox::CreateRequest) -> crate::api::Sandbox;
-    fork(id: &SandboxId) -> crate::api::Sandbox;
-    info(id: &SandboxId) -> crate::api::Sandbox;
-    list() -> Vec<crate::api::Sandbox>;
-    usage() -> Vec<crate::api::Usage>;
-    pause(id: &SandboxId) -> ();
-    resume(id: &SandboxId) -> ();
-    suspend(id: &SandboxId) -> crate::api::Snapshot;
-    restore(id: &SandboxId) -> ();
-    kill(id: &SandboxId) -> ();
-    touch(id: &SandboxId) -> ();
-    snapshot(id: &SandboxId, kind: crate::record::SnapshotKind) -> crate::api::Snapshot;
-    rollback(id: &SandboxId, snapshot: &crate::ids::SnapshotId) -> ();
-    set_timeouts(id: &SandboxId, timeouts: crate::record::TimeoutPolicy) -> crate::api::Sandbox;
-    set_egress(id: &SandboxId, policy: crate::gateway::EgressPolicy) -> crate::api::Sandbox;
-    console_tail(id: &SandboxId, max_bytes: usize) -> Vec<u8>;
-    guest(id: &SandboxId) -> (space_proto::GuestClient, Option<crate::api::Woke>);
-    templates() -> Vec<crate::api::TemplateInfo>;
-    template(name: &crate::ids::TemplateName, version: &crate::ids::VersionReq) -> crate::api::TemplateInfo;
-    images() -> Vec<String>;
-    build_template(build: crate::api::TemplateBuild) -> crate::api::TemplateInfo;
-    delete_template(template: &crate::ids::TemplateRef) -> ();
-    pools() -> Vec<crate::api::Pool>;
-    ca_pem() -> String;
-    configure(settings: crate::settings::NodeSettings) -> ();
-    adopt(id: &SandboxId, tenant: &str, epoch: u64) -> crate::api::Sandbox;
-    discard(id: &SandboxId) -> ();
-    publish_template(template: &crate::ids::TemplateRef) -> ();
-    fetch_template(template: &crate::ids::TemplateRef) -> crate::api::TemplateInfo;
-    set_secrets(id: &SandboxId, values: crate::settings::SecretMap) -> ();
-    forget_secret(name: &str) -> ();
 }

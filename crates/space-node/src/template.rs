@@ -21,7 +21,6 @@
 //! rebuild on its own: a template's sources may have changed or gone since, and a silent rebuild
 //! would hand out sandboxes that differ from what the version promised.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -73,59 +72,7 @@ pub struct TemplateSpec {
     pub source: String,
 }
 
-/// The defaults of a template's sandboxes from its image's config (`ENV`, `USER`,
-/// `WORKDIR`), and what the image says about itself (its command, its ports).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GuestDefaults {
-    /// Environment of every exec and PTY, under the sandbox's own.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    /// Who commands run as when they name nobody (`user`, `uid`, `user:group`, `uid:gid`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Their working directory when they name none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workdir: Option<String>,
-    /// The image's entrypoint and command (kept and shown; a template runs only its start
-    /// command).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub command: Vec<String>,
-    /// The ports the image exposes.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<u16>,
-}
-
-impl GuestDefaults {
-    /// Nothing set.
-    pub fn is_empty(&self) -> bool {
-        self == &GuestDefaults::default()
-    }
-}
-
-/// A template's start command and ready check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StartSpec {
-    /// Run under `/bin/sh -c` as the template's default user, in its working directory.
-    pub command: String,
-    /// When the process counts as serving; `None`: as soon as it started.
-    #[serde(default)]
-    pub ready: Option<ReadyCheck>,
-    /// How long the check may take to pass, milliseconds.
-    pub timeout_ms: u64,
-}
-
-/// When a template's start command counts as serving.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReadyCheck {
-    /// This shell command exits 0.
-    Command(String),
-    /// This TCP port of the guest accepts a connection.
-    Port(u16),
-}
-
-/// How long a start command's ready check may take when the request names no time.
-pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(120);
+pub use space_node_api::template::{GuestDefaults, ReadyCheck, StartSpec, DEFAULT_START_TIMEOUT};
 
 /// Identity of a file a template was built from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -721,7 +721,7 @@ pub async fn logs(
         .map_err(node_error(&id))?;
     Ok((
         [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-        String::from_utf8_lossy(&bytes).into_owned(),
+        String::from_utf8_lossy(&bytes.0).into_owned(),
     )
         .into_response())
 }

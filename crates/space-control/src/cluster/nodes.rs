@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use space_node::api::{
-    Fault, FaultCode, NodeApi, NodeResult, NodeStatus, Pool, RemoteNode, Sandbox, Snapshot,
-    TemplateBuild, TemplateInfo, Usage, Woke,
+    Blob, Fault, FaultCode, NodeApi, NodeResult, NodeSettings, NodeStatus, Pool, RemoteNode,
+    Sandbox, SecretMap, Snapshot, TemplateBuild, TemplateInfo, Usage, Woke,
 };
 use space_node::gateway::EgressPolicy;
 use space_node::{
@@ -30,6 +30,13 @@ const CANDIDATES: usize = 3;
 
 fn internal(e: StoreError) -> Fault {
     Fault::new(FaultCode::Internal, format!("state store: {e}"))
+}
+
+fn one_node(call: &str) -> Fault {
+    Fault::new(
+        FaultCode::Invalid,
+        format!("{call} is a call to one node, not to the cluster"),
+    )
 }
 
 fn not_found(id: &SandboxId) -> Fault {
@@ -358,8 +365,40 @@ impl NodeApi for ClusterNodes {
         self.owner(id).await?.set_egress(id, policy).await
     }
 
-    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>> {
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {
         self.owner(id).await?.console_tail(id, max_bytes).await
+    }
+
+    async fn wake(&self, id: &SandboxId) -> NodeResult<Option<Woke>> {
+        self.owner(id).await?.wake(id).await
+    }
+
+    // The calls below are a replica's to one node (configuring it, moving sandboxes to and
+    // from it, sharing template builds through the object store, sending secret values):
+    // the cluster as a whole refuses them.
+
+    async fn configure(&self, _settings: NodeSettings) -> NodeResult<()> {
+        Err(one_node("configure"))
+    }
+
+    async fn adopt(&self, _id: &SandboxId, _tenant: &str, _epoch: u64) -> NodeResult<Sandbox> {
+        Err(one_node("adopt"))
+    }
+
+    async fn discard(&self, _id: &SandboxId) -> NodeResult<()> {
+        Err(one_node("discard"))
+    }
+
+    async fn publish_template(&self, _template: &TemplateRef) -> NodeResult<()> {
+        Err(one_node("publish_template"))
+    }
+
+    async fn fetch_template(&self, _template: &TemplateRef) -> NodeResult<TemplateInfo> {
+        Err(one_node("fetch_template"))
+    }
+
+    async fn set_secrets(&self, _id: &SandboxId, _values: SecretMap) -> NodeResult<()> {
+        Err(one_node("set_secrets"))
     }
 
     async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)> {

@@ -1,13 +1,13 @@
-//! The node API: everything the control plane asks of a node, and the only way it reaches
-//! one. Two implementations: [`LocalNode`], in process (what `space up` uses; a call is a
-//! function call), and the network client, which speaks the same calls to a `space node`
-//! over mutual TLS.
+//! The node API as this node serves it: [`LocalNode`], the in-process implementation of
+//! [`NodeApi`] (what `space up` uses; a call is a function call), which a `space node` also
+//! serves over mutual TLS. The contract itself (the calls, their types, the network client
+//! and server) is `space-node-api`, re-exported here.
 //!
-//! Calls take and return the API's own types ([`wire`]), never the node's records, and fail
-//! with a [`Fault`] that keeps the difference between a refusal (the node understood and
-//! declined; nothing changed) and a failure. Guest traffic (exec, PTY, files, watch, TCP to a
-//! port) goes through [`NodeApi::guest`]: a client of the guest protocol whose requests the
-//! node serves on the sandbox's behalf, waking it first when it sleeps.
+//! Calls take and return the API's own types, never the node's records, and fail with a
+//! [`Fault`] that keeps the difference between a refusal (the node understood and declined;
+//! nothing changed) and a failure. Guest traffic (exec, PTY, files, watch, TCP to a port) goes
+//! through [`NodeApi::guest`]: a client of the guest protocol whose requests the node serves on
+//! the sandbox's behalf, waking it first when it sleeps.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -16,191 +16,29 @@ use std::time::Duration;
 use async_trait::async_trait;
 use space_proto::GuestClient;
 
-use crate::build::{BuildLog, BuildPlan, LogChunk, TemplateSource};
+use crate::build::{BuildLog, BuildPlan, LogChunk};
 use crate::gateway::EgressPolicy;
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
 use crate::node::Node;
 use crate::record::{SnapshotKind, TimeoutPolicy};
 use crate::sandbox::CreateRequest;
-use crate::template::{StartSpec, Template};
+use crate::template::Template;
 
-pub mod remote;
-pub mod rpc;
-pub mod serve;
-pub mod tls;
-pub mod wire;
+mod convert;
 
 pub use crate::settings::{NodeSettings, SecretMap};
-pub use remote::RemoteNode;
-pub use serve::NodeServer;
-pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
-pub use wire::{
-    Fault, FaultCode, NodeReport, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke,
+pub use space_node_api::calls::{self as rpc, NodeResult};
+pub use space_node_api::{remote, serve, tls, wire};
+pub use space_node_api::{
+    Blob, Call, ClusterCa, Fault, FaultCode, Gate, Gated, Identity, Leaf, NodeApi, NodeKey,
+    NodeReport, NodeServer, NodeStatus, Pool, RemoteNode, Sandbox, Snapshot, TemplateBuild,
+    TemplateInfo, TlsError, Usage, Woke,
 };
-
-/// What a node API call returns.
-pub type NodeResult<T> = Result<T, Fault>;
-
-/// A template build request: what from ([`TemplateSource`]), the shape of the snapshot, the
-/// start command.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct TemplateBuild {
-    /// Name and version of the build; the version must not exist yet.
-    pub template: TemplateRef,
-    /// What the root image is made of.
-    pub source: TemplateSource,
-    /// vCPUs of the snapshot.
-    pub vcpus: u32,
-    /// Guest RAM of the snapshot in MiB.
-    pub memory_mib: u64,
-    /// The root disk's size at least, MiB (default: what the source needs).
-    #[serde(default)]
-    pub disk_mib: Option<u64>,
-    /// A process to start before the snapshot, and its ready check.
-    #[serde(default)]
-    pub start: Option<StartSpec>,
-    /// How long the build VM may take to report ready, in milliseconds.
-    pub ready_timeout_ms: u64,
-    /// Names the build's log ([`NodeApi::build_log`]).
-    #[serde(default)]
-    pub build_id: Option<String>,
-    /// What a Dockerfile's builder may reach (default: the default policy).
-    #[serde(default)]
-    pub egress: Option<EgressPolicy>,
-}
-
-impl TemplateBuild {
-    /// A build of one of the node's stock images, no start command.
-    pub fn stock(template: TemplateRef, image: &str, vcpus: u32, memory_mib: u64) -> Self {
-        TemplateBuild {
-            template,
-            source: TemplateSource::Stock {
-                image: image.to_owned(),
-            },
-            vcpus,
-            memory_mib,
-            disk_mib: None,
-            start: None,
-            ready_timeout_ms: 120_000,
-            build_id: None,
-            egress: None,
-        }
-    }
-}
-
-/// Everything the control plane asks of a node.
-#[async_trait]
-pub trait NodeApi: Send + Sync + 'static {
-    /// The accelerator and QEMU build.
-    async fn status(&self) -> NodeResult<NodeStatus>;
-
-    /// Creates a sandbox. The template is named by its exact build (the caller resolved it
-    /// once, with [`NodeApi::template`]).
-    async fn create(&self, req: CreateRequest) -> NodeResult<Sandbox>;
-    /// Forks a running sandbox.
-    async fn fork(&self, id: &SandboxId) -> NodeResult<Sandbox>;
-    /// One sandbox.
-    async fn info(&self, id: &SandboxId) -> NodeResult<Sandbox>;
-    /// Every sandbox of the node, terminated ones included.
-    async fn list(&self) -> NodeResult<Vec<Sandbox>>;
-    /// The sandboxes the node holds now and what they use.
-    async fn usage(&self) -> NodeResult<Vec<Usage>>;
-
-    /// Pauses the vCPUs.
-    async fn pause(&self, id: &SandboxId) -> NodeResult<()>;
-    /// Resumes paused vCPUs.
-    async fn resume(&self, id: &SandboxId) -> NodeResult<()>;
-    /// Takes a full snapshot and stops the VM.
-    async fn suspend(&self, id: &SandboxId) -> NodeResult<Snapshot>;
-    /// Restores a suspended sandbox.
-    async fn restore(&self, id: &SandboxId) -> NodeResult<()>;
-    /// Stops the VM for good.
-    async fn kill(&self, id: &SandboxId) -> NodeResult<()>;
-    /// Counts as activity for the idle timeout.
-    async fn touch(&self, id: &SandboxId) -> NodeResult<()>;
-    /// Takes a snapshot.
-    async fn snapshot(&self, id: &SandboxId, kind: SnapshotKind) -> NodeResult<Snapshot>;
-    /// Rolls back to one of the sandbox's snapshots.
-    async fn rollback(&self, id: &SandboxId, snapshot: &SnapshotId) -> NodeResult<()>;
-    /// Replaces the timeouts.
-    async fn set_timeouts(&self, id: &SandboxId, timeouts: TimeoutPolicy) -> NodeResult<Sandbox>;
-    /// Replaces the egress policy.
-    async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> NodeResult<Sandbox>;
-    /// The last `max_bytes` of the guest's console.
-    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>>;
-
-    /// A client of the sandbox's guest, waking the sandbox first when it is paused or
-    /// suspended and its `auto_resume` is on; says whether it did.
-    async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)>;
-
-    /// Every complete template build.
-    async fn templates(&self) -> NodeResult<Vec<TemplateInfo>>;
-    /// The build `version` of `name` resolves to.
-    async fn template(&self, name: &TemplateName, version: &VersionReq)
-        -> NodeResult<TemplateInfo>;
-    /// The root images templates can be built from.
-    async fn images(&self) -> NodeResult<Vec<String>>;
-    /// Builds a template.
-    async fn build_template(&self, build: TemplateBuild) -> NodeResult<TemplateInfo>;
-    /// Deletes a template build nothing uses.
-    async fn delete_template(&self, template: &TemplateRef) -> NodeResult<()>;
-    /// The log of build `build` (a [`TemplateBuild::build_id`]) from byte `from`, waiting a
-    /// few seconds for more when there is none yet.
-    async fn build_log(&self, _build: &str, _from: u64) -> NodeResult<LogChunk> {
-        Err(not_here("build_log"))
-    }
-    /// Makes a template of a running sandbox, its processes included.
-    async fn save_template(
-        &self,
-        _id: &SandboxId,
-        _template: &TemplateRef,
-    ) -> NodeResult<TemplateInfo> {
-        Err(not_here("save_template"))
-    }
-    /// The template pools.
-    async fn pools(&self) -> NodeResult<Vec<Pool>>;
-    /// The PEM of the CA the node's gateway signs intercepted TLS with.
-    async fn ca_pem(&self) -> NodeResult<String>;
-
-    /// Gives the node what it gets from the control plane rather than from its disk (object
-    /// store, master keys; [`crate::settings`]).
-    async fn configure(&self, _settings: NodeSettings) -> NodeResult<()> {
-        Err(not_here("configure"))
-    }
-    /// Takes sandbox `id` of `tenant` from the object store under ownership `epoch`
-    /// ([`Node::adopt`]): it is Suspended here on its newest archived snapshot.
-    async fn adopt(&self, _id: &SandboxId, _tenant: &str, _epoch: u64) -> NodeResult<Sandbox> {
-        Err(not_here("adopt"))
-    }
-    /// Forgets a sandbox that belongs to another node now ([`Node::discard`]).
-    async fn discard(&self, _id: &SandboxId) -> NodeResult<()> {
-        Err(not_here("discard"))
-    }
-    /// Publishes a template build of this node's to the object store
-    /// ([`Node::publish_template`]).
-    async fn publish_template(&self, _template: &TemplateRef) -> NodeResult<()> {
-        Err(not_here("publish_template"))
-    }
-    /// Fetches a published template build from the object store ([`Node::fetch_template`]).
-    async fn fetch_template(&self, _template: &TemplateRef) -> NodeResult<TemplateInfo> {
-        Err(not_here("fetch_template"))
-    }
-    /// Gives sandbox `id` the values of the secrets it is bound to, in memory
-    /// ([`crate::settings::SecretValues`]).
-    async fn set_secrets(&self, _id: &SandboxId, _values: SecretMap) -> NodeResult<()> {
-        Err(not_here("set_secrets"))
-    }
-    /// Secret `name` changed in the vault: sandboxes that have its old value forget their
-    /// values and ask again. A node that reads the vault itself has nothing to forget.
-    async fn forget_secret(&self, _name: &str) -> NodeResult<()> {
-        Ok(())
-    }
-}
 
 fn not_here(call: &str) -> Fault {
     Fault::new(
         FaultCode::Invalid,
-        format!("{call} is a call to one node, not to the cluster"),
+        format!("{call} is a call to a node of a cluster, not to this one"),
     )
 }
 
@@ -452,8 +290,17 @@ impl NodeApi for LocalNode {
             .map_err(fault)
     }
 
-    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Vec<u8>> {
-        self.node.console_tail(id, max_bytes).await.map_err(fault)
+    async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {
+        self.node
+            .console_tail(id, max_bytes)
+            .await
+            .map(Blob)
+            .map_err(fault)
+    }
+
+    async fn wake(&self, id: &SandboxId) -> NodeResult<Option<Woke>> {
+        let (_client, woke) = self.node.guest_waking(id).await.map_err(fault)?;
+        Ok(woke.map(Woke::from))
     }
 
     async fn guest(&self, id: &SandboxId) -> NodeResult<(GuestClient, Option<Woke>)> {

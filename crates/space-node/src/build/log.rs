@@ -3,21 +3,10 @@
 
 use std::sync::Mutex;
 
-use serde::{Deserialize, Serialize};
+pub use space_node_api::template::LogChunk;
 
 /// The most of a log kept; older bytes are dropped (a reader is told how many).
 pub const MAX_LOG_BYTES: usize = 4 << 20;
-
-/// A piece of a log, from [`BuildLog::read`].
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LogChunk {
-    /// The text from the asked offset (or from the oldest byte kept, when that is later).
-    pub text: String,
-    /// The offset of the next byte to ask for.
-    pub next: u64,
-    /// The build ended: nothing more will be written.
-    pub done: bool,
-}
 
 #[derive(Default)]
 struct Inner {

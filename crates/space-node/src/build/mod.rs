@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-pub use log::{BuildLog, LogChunk};
+pub use log::BuildLog;
+pub use space_node_api::template::LogChunk;
 
 use crate::error::{NodeError, Result};
 use crate::gateway::EgressPolicy;
@@ -38,68 +37,7 @@ pub const BUILDER_MIN_MEMORY_MIB: u64 = 1024;
 /// Disk of a Dockerfile's builder VM (and so of the template) unless the build asks more.
 pub const BUILDER_DISK_MIB: u64 = 2048;
 
-/// Credentials for a registry. Never printed.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .finish_non_exhaustive()
-    }
-}
-
-/// What a template is built from.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum TemplateSource {
-    /// One of the node's stock root images.
-    Stock { image: String },
-    /// An image of a registry (`reference` as `docker pull` reads it; a digest pins it).
-    Image {
-        reference: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        credentials: Option<Credentials>,
-        /// Speak HTTP, not HTTPS, to the registry.
-        #[serde(default)]
-        plain_http: bool,
-    },
-    /// An OCI or Docker archive file on the node.
-    Archive {
-        path: PathBuf,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tag: Option<String>,
-    },
-    /// A Dockerfile, with its build context: a directory or a tar file on the node.
-    Dockerfile {
-        dockerfile: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        context: Option<PathBuf>,
-        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-        build_args: BTreeMap<String, String>,
-        /// For a `FROM` image.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        credentials: Option<Credentials>,
-        #[serde(default)]
-        plain_http: bool,
-    },
-}
-
-impl TemplateSource {
-    /// For people (no credentials).
-    pub fn describe(&self) -> String {
-        match self {
-            TemplateSource::Stock { image } => format!("stock image {image}"),
-            TemplateSource::Image { reference, .. } => format!("image {reference}"),
-            TemplateSource::Archive { path, .. } => format!("archive {}", path.display()),
-            TemplateSource::Dockerfile { .. } => "Dockerfile".to_owned(),
-        }
-    }
-}
+pub use space_node_api::template::{Credentials, TemplateSource};
 
 /// A build as the node runs it.
 #[derive(Debug, Clone)]

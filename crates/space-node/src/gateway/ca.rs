@@ -9,10 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, SanType,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
+    KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+use space_node_api::tls::{named_ca_params, ymd};
 
 use super::policy::Host;
 use super::GatewayError;
@@ -54,26 +56,6 @@ fn ca_err(what: &str) -> impl FnOnce(rcgen::Error) -> GatewayError + '_ {
 /// `ca.key` (the subject names the key's identifier).
 fn ca_params(key: &KeyPair) -> CertificateParams {
     named_ca_params(key, "space deployment CA")
-}
-
-/// The parameters of a space CA called `name`: derived from its key alone (the subject
-/// names the key's identifier), so its issuer can be rebuilt from the key. The gateway's
-/// CA and the cluster CA both are made so.
-pub(crate) fn named_ca_params(key: &KeyPair, name: &str) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    let id = params.key_identifier(key);
-    let short: String = id.iter().take(6).map(|b| format!("{b:02x}")).collect();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::OrganizationName, "space");
-    dn.push(DnType::CommonName, format!("{name} {short}"));
-    params.distinguished_name = dn;
-    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
 }
 
 impl Authority {
@@ -305,33 +287,9 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The civil date (UTC) of a Unix time: year, month, day.
-pub(crate) fn ymd(secs: u64) -> (i32, u8, u8) {
-    let days = (secs / 86_400) as i64;
-    // Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = (doy - (153 * mp + 2) / 5 + 1) as u8;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
-    let year = (yoe + era * 400 + i64::from(month <= 2)) as i32;
-    (year, month, day)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn civil_dates() {
-        assert_eq!(ymd(0), (1970, 1, 1));
-        assert_eq!(ymd(951_782_400), (2000, 2, 29));
-        assert_eq!(ymd(1_709_251_199), (2024, 2, 29));
-        assert_eq!(ymd(4_102_444_800), (2100, 1, 1));
-    }
 
     #[test]
     fn ca_is_made_once_and_reloaded() {

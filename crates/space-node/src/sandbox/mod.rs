@@ -53,7 +53,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NodeError, Result};
 use crate::gateway::{spawn_vm_loop, EgressPolicy, Gateway, SandboxGateway, VmLoop};
-use crate::ids::{SnapshotId, TemplateName, VersionReq};
+use crate::ids::{SnapshotId, VersionReq};
 use crate::record::{
     now_ms, Intent, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
     SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
@@ -632,30 +632,7 @@ impl Drop for Sandbox {
     }
 }
 
-/// What [`crate::Node::create`] asks for.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct CreateRequest {
-    /// Template name.
-    pub template: TemplateName,
-    /// Which build (`latest` by default).
-    pub version: VersionReq,
-    /// Shape, environment, metadata, timeouts.
-    pub options: crate::record::SandboxOptions,
-    /// The owning tenant (its keys seal the sandbox's archive).
-    pub tenant: String,
-}
-
-impl CreateRequest {
-    /// The newest build of `template`, default options.
-    pub fn new(template: TemplateName) -> Self {
-        CreateRequest {
-            template,
-            version: VersionReq::Latest,
-            options: Default::default(),
-            tenant: crate::record::DEFAULT_TENANT.to_owned(),
-        }
-    }
-}
+pub use space_node_api::sandbox::CreateRequest;
 
 /// Public view of a sandbox: its record.
 pub type SandboxInfo = SandboxRecord;

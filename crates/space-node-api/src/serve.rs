@@ -1,7 +1,7 @@
 //! The node's side of the network API: HTTP/2 over mutual TLS, for control replicas only.
 //!
 //! A connection must present a leaf of the cluster CA named `control`; another node's leaf is
-//! refused at once, so a node can never drive another. Calls go to [`rpc::dispatch`]; guest
+//! refused at once, so a node can never drive another. Calls go to [`calls::dispatch`]; guest
 //! traffic for a sandbox is served with that sandbox's guest client (waking it first), on an
 //! allowlist of guest routes: health, exec, processes (list, signal, attach, stdin, resize),
 //! PTY, files, watch and buffered watches, accounts and TCP to a port (whose query the guest checks, as it checks
@@ -25,10 +25,10 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::rpc::{self, Call, FaultBody};
-use super::tls::{Identity, TlsError};
-use super::{Fault, FaultCode, NodeApi};
+use crate::calls::{self, Call, FaultBody, NodeApi};
 use crate::ids::SandboxId;
+use crate::tls::{Identity, TlsError};
+use crate::wire::{Fault, FaultCode};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -61,7 +61,7 @@ fn answer(status: u16, json: Vec<u8>) -> Response<Body> {
 }
 
 fn fault_answer(f: Fault) -> Response<Body> {
-    let status = rpc::status_of(&f);
+    let status = calls::status_of(&f);
     let json = serde_json::to_vec(&FaultBody { fault: f }).unwrap_or_default();
     answer(status, json)
 }
@@ -91,11 +91,11 @@ fn forwardable(path: &str) -> bool {
 
 async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
-    if path == rpc::CALL_PATH {
+    if path == calls::CALL_PATH {
         if req.method() != Method::POST {
             return fault_answer(Fault::new(FaultCode::Invalid, "calls are POSTed"));
         }
-        let bytes = match Limited::new(req.into_body(), rpc::MAX_CALL_BYTES)
+        let bytes = match Limited::new(req.into_body(), calls::MAX_CALL_BYTES)
             .collect()
             .await
         {
@@ -114,7 +114,7 @@ async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body>
             }
         };
         let name = call.name();
-        return match rpc::dispatch(api.as_ref(), call).await {
+        return match calls::dispatch(api.as_ref(), call).await {
             Ok(v) => answer(200, serde_json::to_vec(&v).unwrap_or_default()),
             Err(f) => {
                 tracing::debug!(call = name, code = ?f.code, "node API call refused");
@@ -122,7 +122,7 @@ async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body>
             }
         };
     }
-    let Some(rest) = path.strip_prefix(rpc::SANDBOXES_PREFIX) else {
+    let Some(rest) = path.strip_prefix(calls::SANDBOXES_PREFIX) else {
         return fault_answer(Fault::new(
             FaultCode::Invalid,
             format!("no route {}", truncate(&path)),
@@ -132,7 +132,7 @@ async fn handle(api: Arc<dyn NodeApi>, req: Request<Incoming>) -> Response<Body>
         Some((id, tail)) => (id, format!("/{tail}")),
         None => (rest, String::new()),
     };
-    let Some(guest_path) = guest_path.strip_prefix(rpc::GUEST_SEGMENT) else {
+    let Some(guest_path) = guest_path.strip_prefix(calls::GUEST_SEGMENT) else {
         return fault_answer(Fault::new(
             FaultCode::Invalid,
             format!("no route {}", truncate(&path)),

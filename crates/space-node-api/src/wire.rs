@@ -4,13 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::NodeError;
 use crate::ids::{SandboxId, SnapshotId, TemplateRef};
-use crate::node::{SandboxUsage, Wake};
-use crate::pool::PoolStats;
-use crate::record::{
-    RemoteCopy, SandboxOptions, SandboxRecord, SnapshotKind, SnapshotReason, SnapshotRecord, State,
-};
+use crate::sandbox::{RemoteCopy, SandboxOptions, SnapshotKind, SnapshotReason, State};
 
 /// A sandbox as the node reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,35 +51,6 @@ impl Sandbox {
     }
 }
 
-impl From<&SandboxRecord> for Sandbox {
-    fn from(r: &SandboxRecord) -> Self {
-        Sandbox {
-            id: r.id.clone(),
-            tenant: r.tenant.clone(),
-            template: r.template.clone(),
-            options: r.options.clone(),
-            vcpus: r.vcpus,
-            memory_mib: r.memory_mib,
-            disk_mib: r.disk_mib,
-            state: r.state,
-            restore_point: r.restore_point.clone(),
-            forked_from: r.forked_from.clone(),
-            snapshots: r.snapshots.iter().map(Snapshot::from).collect(),
-            failure: r.failure.clone(),
-            created_unix_ms: r.created_unix_ms,
-            state_since_unix_ms: r.state_since_unix_ms,
-            started_unix_ms: r.started_unix_ms,
-            last_activity_unix_ms: r.last_activity_unix_ms,
-        }
-    }
-}
-
-impl From<SandboxRecord> for Sandbox {
-    fn from(r: SandboxRecord) -> Self {
-        Sandbox::from(&r)
-    }
-}
-
 /// A snapshot of a sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -116,27 +82,6 @@ impl Snapshot {
             (false, true) => "remote",
             (false, false) => "lost",
         }
-    }
-}
-
-impl From<&SnapshotRecord> for Snapshot {
-    fn from(s: &SnapshotRecord) -> Self {
-        Snapshot {
-            id: s.id.clone(),
-            kind: s.kind,
-            reason: s.reason,
-            created_unix_ms: s.created_unix_ms,
-            size_bytes: s.size_bytes,
-            paused_for_us: s.paused_for_us,
-            local: s.local,
-            remote: s.remote.clone(),
-        }
-    }
-}
-
-impl From<SnapshotRecord> for Snapshot {
-    fn from(s: SnapshotRecord) -> Self {
-        Snapshot::from(&s)
     }
 }
 
@@ -193,18 +138,6 @@ pub struct Usage {
     pub epoch: u64,
 }
 
-impl From<SandboxUsage> for Usage {
-    fn from(u: SandboxUsage) -> Self {
-        Usage {
-            id: u.id,
-            state: u.state,
-            vcpus: u.vcpus,
-            memory_mib: u.memory_mib,
-            epoch: u.epoch,
-        }
-    }
-}
-
 /// A template pool's numbers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pool {
@@ -227,21 +160,6 @@ pub struct Pool {
     pub waits: u64,
     /// Creates that found it empty.
     pub misses: u64,
-}
-
-impl From<PoolStats> for Pool {
-    fn from(p: PoolStats) -> Self {
-        Pool {
-            template: p.template,
-            target: p.target,
-            floor: p.floor,
-            ready: p.ready,
-            making: p.making,
-            hits: p.hits,
-            waits: p.waits,
-            misses: p.misses,
-        }
-    }
 }
 
 /// What a node is and runs on (the inputs of placement's hard filters).
@@ -284,6 +202,25 @@ pub struct NodeReport {
     pub secrets_wanted: Vec<crate::settings::SecretsWanted>,
 }
 
+/// Bytes that cross as a base64 string (a console's tail).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Blob(pub Vec<u8>);
+
+impl Serialize for Blob {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::calls::encode_bytes(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for Blob {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::calls::decode_bytes(&text)
+            .map(Blob)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// Why a sandbox was woken on access.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -300,15 +237,6 @@ impl Woke {
         match self {
             Woke::Resume => "resume",
             Woke::Restore => "restore",
-        }
-    }
-}
-
-impl From<Wake> for Woke {
-    fn from(w: Wake) -> Self {
-        match w {
-            Wake::Resumed => Woke::Resume,
-            Wake::Restored => Woke::Restore,
         }
     }
 }
@@ -344,7 +272,7 @@ pub enum FaultCode {
     Archive,
     /// A key needed for the archive is unavailable.
     Key,
-    /// The node's disk is full (see [`NodeError::is_disk_full`]).
+    /// The node's disk is full (see the node's disk-full check).
     DiskFull,
     /// The guest failed to answer.
     Guest,
@@ -384,95 +312,5 @@ impl Fault {
     /// Whether the node declined the request (as opposed to failing or being unreachable).
     pub fn is_refusal(&self) -> bool {
         !matches!(self.code, FaultCode::Internal | FaultCode::Unavailable)
-    }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
-}
-
-impl From<NodeError> for Fault {
-    fn from(e: NodeError) -> Self {
-        let code = match &e {
-            _ if e.is_disk_full() => FaultCode::DiskFull,
-            NodeError::NotFound(_) => FaultCode::NotFound,
-            NodeError::IllegalState { .. } => FaultCode::IllegalState,
-            NodeError::SnapshotNotFound { .. } => FaultCode::SnapshotNotFound,
-            NodeError::TemplateNotFound(_) => FaultCode::TemplateNotFound,
-            NodeError::TemplateExists(_) => FaultCode::TemplateExists,
-            NodeError::TemplateInUse { .. } => FaultCode::TemplateInUse,
-            NodeError::TemplateStale { .. } => FaultCode::TemplateStale,
-            NodeError::InvalidId(_) => FaultCode::InvalidId,
-            NodeError::Invalid(_) => FaultCode::Invalid,
-            NodeError::ShuttingDown => FaultCode::ShuttingDown,
-            NodeError::Capacity(_) => FaultCode::Capacity,
-            NodeError::Archive(_) => FaultCode::Archive,
-            NodeError::Key(_) => FaultCode::Key,
-            NodeError::Guest { .. } => FaultCode::Guest,
-            NodeError::Internal(_) => FaultCode::Internal,
-            _ => FaultCode::Internal,
-        };
-        let message = match &e {
-            NodeError::DiskFull(_) => e.to_string(),
-            _ if e.is_disk_full() => format!("the node's disk is full: {}", chain(&e)),
-            NodeError::Invalid(m) | NodeError::Capacity(m) | NodeError::Archive(m) => m.clone(),
-            NodeError::Key(m) | NodeError::Internal(m) => m.clone(),
-            // Never the note naming the snapshot's real owner: it may be another tenant's.
-            NodeError::SnapshotNotFound {
-                sandbox, snapshot, ..
-            } => format!("sandbox {sandbox} has no snapshot {snapshot}"),
-            _ => chain(&e),
-        };
-        let mut f = Fault::new(code, message);
-        match e {
-            NodeError::NotFound(id) => f.sandbox = Some(id),
-            NodeError::SnapshotNotFound {
-                sandbox, snapshot, ..
-            } => {
-                f.sandbox = Some(sandbox);
-                f.snapshot = Some(snapshot);
-            }
-            _ => {}
-        }
-        f
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// What a remote node's caller decodes from the wire.
-    fn over_the_wire(e: NodeError) -> Fault {
-        let json = serde_json::to_vec(&super::super::rpc::FaultBody {
-            fault: Fault::from(e),
-        })
-        .unwrap();
-        serde_json::from_slice::<super::super::rpc::FaultBody>(&json)
-            .unwrap()
-            .fault
-    }
-
-    #[test]
-    fn internal_faults_cross_the_wire_as_internal() {
-        let f = over_the_wire(NodeError::internal("a rollback without a target snapshot"));
-        assert_eq!(f.code, FaultCode::Internal);
-        assert_eq!(f.message, "a rollback without a target snapshot");
-        assert!(!f.is_refusal());
-        assert_eq!(super::super::rpc::status_of(&f), 500);
-        let f = over_the_wire(NodeError::Invalid("vcpus must be 1..=16, not 0".into()));
-        assert_eq!(f.code, FaultCode::Invalid);
-        assert!(f.is_refusal());
-        assert_eq!(super::super::rpc::status_of(&f), 400);
     }
 }
