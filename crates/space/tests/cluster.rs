@@ -12,7 +12,8 @@
 //!   sandboxes came back on the other nodes from their last uploaded snapshot (the audit says
 //!   how old) with memory (the counter runs on) and files intact; SIGCONT: it finds its
 //!   incarnation stale, discards what moved and rejoins;
-//! - SIGKILL of a node: its running sandboxes come back on the others;
+//! - SIGKILL of a node: its running sandboxes come back on the others, once each, while
+//!   clients retry execs on them through both replicas at once;
 //! - a sandbox suspended on one node is restored on another, and a drain empties a node
 //!   without losing a byte;
 //! - a replica killed in the middle of a request fails that request cleanly, and the other
@@ -698,6 +699,34 @@ fn failover_fencing_drain_and_replicas() {
         c.wait_uploaded(id, written);
     }
     c.nodes[y].proc.kill();
+    // Clients retry at once, three to a sandbox, through both replicas (the
+    // `node_unavailable` answer tells them to): each move happens once, and every client
+    // ends with the sandbox's file as it was.
+    std::thread::scope(|s| {
+        let c = &c;
+        for id in &on_y {
+            for k in 0..3 {
+                let want = blobs[id].clone();
+                s.spawn(move || {
+                    let until = Instant::now() + FAILOVER + Duration::from_secs(60);
+                    loop {
+                        let out = c.exec(k % 2, id, "sha256sum /root/blob | cut -d' ' -f1");
+                        if out.status.success() {
+                            let got = String::from_utf8_lossy(&out.stdout);
+                            assert_eq!(got.trim(), want, "{id}'s file, client {k}");
+                            return;
+                        }
+                        assert!(
+                            Instant::now() < until,
+                            "client {k} of {id} never got an answer: {}",
+                            String::from_utf8_lossy(&out.stderr)
+                        );
+                        std::thread::sleep(Duration::from_millis(300));
+                    }
+                });
+            }
+        }
+    });
     for id in &on_y {
         let now_on = c.wait_elsewhere(0, id, y);
         homes.insert(id.clone(), now_on);

@@ -1,18 +1,23 @@
 //! Moving sandboxes between nodes through the object store (`docs/cluster.md`): failover of
 //! a lost node's running sandboxes, wake on access of the sleeping ones, and drain.
 //!
-//! A move of sandbox S from node A (at epoch e) to node B: B adopts S from the store under
-//! epoch e+1 (its newest archived snapshot becomes its restore point there), then the
-//! database gives S to B only if it still belongs to A at epoch e. Whoever loses that race
-//! (another replica moved S first) has B discard what it adopted. Only then is S restored on
-//! B, if it is to run. A from then on can commit nothing for S: its commits to the store are
-//! refused against the newer epoch of B's head, and its next heartbeat names S as foreign.
+//! A move of sandbox S from node A (at epoch e) to node B happens once. The mover first
+//! claims the move of S at epoch e in the database (`move:<S>@<e>`); a replica that does not
+//! get the claim never asks any node to adopt S, and waits for the move to land instead. The
+//! holder has B adopt S from the store under epoch e+1 (its newest archived snapshot becomes
+//! its restore point there), then the database gives S to B only if it still belongs to A at
+//! epoch e (a node that rejoined in between keeps it; B then discards its copy, which no
+//! other mover can have made). Only then is S restored on B, if it is to run and its restore
+//! point is not the snapshot of an acknowledged suspend: a suspend that was answered stays a
+//! suspend, whatever the lost node last reported (a drain's own suspend excepted). A from then on can commit nothing for S: its
+//! commits to the store are refused against the newer epoch of B's head, and its next
+//! heartbeat names S as foreign.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use space_node::api::{Fault, FaultCode, NodeApi, Sandbox};
-use space_node::{SandboxId, State};
+use space_node::{SandboxId, SnapshotReason, State};
 
 use super::{report_of, Cluster, RESERVATION};
 use crate::store::{NewAuditEvent, NodeRow, NodeState, StoreError, TenantName};
@@ -98,6 +103,68 @@ pub async fn relocate(
         .collect();
     candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
     let new_epoch = u64::try_from(epoch + 1).unwrap_or(0);
+    // One move per sandbox and epoch, decided here before any node adopts.
+    let claim = move_claim(id, epoch);
+    if !store
+        .claim(&claim, cluster.holder(), ms(MOVE_CLAIM))
+        .await
+        .map_err(internal)?
+    {
+        return Err(being_moved(id));
+    }
+    let result = adopt_elsewhere(
+        cluster, id, from_node, epoch, new_epoch, &tenant, candidates, memory_mib, run, why,
+    )
+    .await;
+    let _ = store.release_claim(&claim, cluster.holder()).await;
+    result
+}
+
+/// The claim of moving `id` away from ownership `epoch`.
+fn move_claim(id: &SandboxId, epoch: i64) -> String {
+    format!("move:{id}@{epoch}")
+}
+
+/// How long a mover holds the move of one sandbox at most (an adopt and a restore).
+pub const MOVE_CLAIM: Duration = Duration::from_secs(120);
+
+/// The fault of a move another replica is making: nothing was done here.
+pub fn being_moved(id: &SandboxId) -> Fault {
+    Fault::new(
+        FaultCode::Unavailable,
+        format!("sandbox {id} is being moved to another node by another replica; try again"),
+    )
+}
+
+/// Whether `f` is [`being_moved`]'s.
+pub fn is_being_moved(f: &Fault) -> bool {
+    f.code == FaultCode::Unavailable && f.message.contains("is being moved to another node")
+}
+
+/// Whether the snapshot `sb` restores from was taken by a suspend (one that was answered:
+/// a suspend whose upload failed is refused, and its snapshot stays an ordinary one).
+fn suspended(sb: &Sandbox) -> bool {
+    sb.restore_point
+        .as_ref()
+        .and_then(|p| sb.snapshot(p))
+        .is_some_and(|s| s.reason == SnapshotReason::Suspend)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn adopt_elsewhere(
+    cluster: &Arc<Cluster>,
+    id: &SandboxId,
+    from_node: &NodeRow,
+    epoch: i64,
+    new_epoch: u64,
+    tenant: &TenantName,
+    candidates: Vec<(u64, NodeRow)>,
+    memory_mib: u64,
+    run: bool,
+    why: Why,
+) -> Result<Moved, Fault> {
+    let store = cluster.store();
+    let from = from_node.id.as_str();
     let mut last = Fault::new(
         FaultCode::Capacity,
         format!("no other live node can take sandbox {id} (memory {memory_mib} MiB)"),
@@ -138,8 +205,13 @@ pub async fn relocate(
         };
         match moved {
             Ok(Some(e)) => {
-                audit(cluster, &tenant, id, from, &row.id, e, &adopted, why).await;
-                if run {
+                audit(cluster, tenant, id, from, &row.id, e, &adopted, why).await;
+                // A drain suspended it itself to move it; any other suspend was a client's.
+                let stay = why != Why::Drain && suspended(&adopted);
+                if run && stay {
+                    tracing::info!(%id, "its newest snapshot is a suspend's: it stays suspended");
+                }
+                if run && !stay {
                     if let Err(f) = client.restore(id).await {
                         let _ = store.release(&reservation).await;
                         return Err(f);
@@ -152,8 +224,12 @@ pub async fn relocate(
                 });
             }
             Ok(None) => {
-                // Another replica moved it first, or its node came back first.
-                let _ = client.discard(id).await;
+                // Its node came back first (the move claim keeps other movers out). What
+                // the database gives to this node is never discarded here.
+                let owner = store.sandbox_node(id.as_str()).await.map_err(internal)?;
+                if owner.is_some_and(|(n, _)| n != row.id) {
+                    let _ = client.discard(id).await;
+                }
                 let _ = store.release(&reservation).await;
                 return Err(Fault::new(
                     FaultCode::IllegalState,
@@ -161,7 +237,14 @@ pub async fn relocate(
                 ));
             }
             Err(e) => {
-                let _ = client.discard(id).await;
+                // Whether the move was recorded is unknown: the copy is discarded only when
+                // the database says it is another node's (otherwise this node's heartbeats
+                // sort it out).
+                if let Ok(Some((n, _))) = store.sandbox_node(id.as_str()).await {
+                    if n != row.id {
+                        let _ = client.discard(id).await;
+                    }
+                }
                 let _ = store.release(&reservation).await;
                 return Err(internal(e));
             }
@@ -276,7 +359,7 @@ pub async fn failover_pass(cluster: &Arc<Cluster>) {
             .await
             {
                 Ok(m) => tracing::info!(id = %u.id, to = %m.node.id, "failed over"),
-                Err(f) if f.code == FaultCode::IllegalState => {}
+                Err(f) if f.code == FaultCode::IllegalState || is_being_moved(&f) => {}
                 Err(f) => {
                     failed += 1;
                     tracing::error!(id = %u.id, node = %node.id, error = %f, "failover of a sandbox");

@@ -21,7 +21,7 @@ use space_node::{
 };
 use space_proto::GuestClient;
 
-use super::moves::{relocate, Why};
+use super::moves::{is_being_moved, relocate, Why, MOVE_CLAIM};
 use super::{report_of, Cluster, RESERVATION};
 use crate::store::{NodeRow, NodeState, StoreError, TenantName};
 
@@ -66,6 +66,26 @@ impl ClusterNodes {
     /// The client of the node that owns `id`. A sandbox of a lost or removed node is moved
     /// to a live one first (it wakes anywhere), from its newest archived snapshot.
     async fn owner(&self, id: &SandboxId) -> NodeResult<Arc<RemoteNode>> {
+        match self.owner_once(id).await {
+            Err(f) if is_being_moved(&f) => {
+                // Another replica is moving it: its new node answers once the move lands.
+                let store = self.cluster.store();
+                let before = store.sandbox_node(id.as_str()).await.map_err(internal)?;
+                let until = tokio::time::Instant::now() + MOVE_CLAIM;
+                while tokio::time::Instant::now() < until {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    let now = store.sandbox_node(id.as_str()).await.map_err(internal)?;
+                    if now != before {
+                        return self.owner_once(id).await;
+                    }
+                }
+                Err(f)
+            }
+            other => other,
+        }
+    }
+
+    async fn owner_once(&self, id: &SandboxId) -> NodeResult<Arc<RemoteNode>> {
         let store = self.cluster.store();
         let (node, epoch) = store
             .sandbox_node(id.as_str())
