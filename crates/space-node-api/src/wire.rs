@@ -76,12 +76,18 @@ pub struct Snapshot {
 impl Snapshot {
     /// Where it lives: `local`, `local+remote`, `remote` (or `lost`).
     pub fn location(&self) -> &'static str {
-        match (self.local, self.remote.is_some()) {
-            (true, false) => "local",
-            (true, true) => "local+remote",
-            (false, true) => "remote",
-            (false, false) => "lost",
-        }
+        location(self.local, self.remote.is_some())
+    }
+}
+
+/// Where a snapshot lives, from whether its files are on the node and whether the object
+/// store has a copy: `local`, `local+remote`, `remote` (or `lost`).
+pub fn location(local: bool, remote: bool) -> &'static str {
+    match (local, remote) {
+        (true, false) => "local",
+        (true, true) => "local+remote",
+        (false, true) => "remote",
+        (false, false) => "lost",
     }
 }
 

@@ -51,12 +51,7 @@ pub struct SnapshotRecord {
 impl SnapshotRecord {
     /// Where the snapshot lives: `local`, `local+remote`, `remote`.
     pub fn location(&self) -> &'static str {
-        match (self.local, self.remote.is_some()) {
-            (true, false) => "local",
-            (true, true) => "local+remote",
-            (false, true) => "remote",
-            (false, false) => "lost",
-        }
+        space_node_api::wire::location(self.local, self.remote.is_some())
     }
 }
 

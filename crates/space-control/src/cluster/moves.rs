@@ -81,28 +81,6 @@ pub async fn relocate(
     why: Why,
 ) -> Result<Moved, Fault> {
     let store = cluster.store();
-    let from = from_node.id.as_str();
-    let tenant = store
-        .sandbox_tenant(id.as_str())
-        .await
-        .map_err(internal)?
-        .ok_or_else(|| Fault::new(FaultCode::NotFound, format!("no sandbox {id}")))?;
-    let reserved = store.reserved().await.map_err(internal)?;
-    let mut candidates: Vec<(u64, NodeRow)> = cluster
-        .live_nodes()
-        .await
-        .map_err(internal)?
-        .into_iter()
-        .filter(|r| r.state == NodeState::Active && r.id != from)
-        .map(|r| {
-            let free = report_of(&r)
-                .memory_free_mib
-                .saturating_sub(reserved.get(&r.id).copied().unwrap_or(0));
-            (free, r)
-        })
-        .collect();
-    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
-    let new_epoch = u64::try_from(epoch + 1).unwrap_or(0);
     // One move per sandbox and epoch, decided here before any node adopts.
     let claim = move_claim(id, epoch);
     if !store
@@ -112,10 +90,7 @@ pub async fn relocate(
     {
         return Err(being_moved(id));
     }
-    let result = adopt_elsewhere(
-        cluster, id, from_node, epoch, new_epoch, &tenant, candidates, memory_mib, run, why,
-    )
-    .await;
+    let result = relocate_claimed(cluster, id, from_node, epoch, memory_mib, run, why).await;
     let _ = store.release_claim(&claim, cluster.holder()).await;
     result
 }
@@ -150,21 +125,39 @@ fn suspended(sb: &Sandbox) -> bool {
         .is_some_and(|s| s.reason == SnapshotReason::Suspend)
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn adopt_elsewhere(
+/// [`relocate`] once its caller holds the move's claim.
+async fn relocate_claimed(
     cluster: &Arc<Cluster>,
     id: &SandboxId,
     from_node: &NodeRow,
     epoch: i64,
-    new_epoch: u64,
-    tenant: &TenantName,
-    candidates: Vec<(u64, NodeRow)>,
     memory_mib: u64,
     run: bool,
     why: Why,
 ) -> Result<Moved, Fault> {
     let store = cluster.store();
     let from = from_node.id.as_str();
+    let tenant = store
+        .sandbox_tenant(id.as_str())
+        .await
+        .map_err(internal)?
+        .ok_or_else(|| Fault::new(FaultCode::NotFound, format!("no sandbox {id}")))?;
+    let reserved = store.reserved().await.map_err(internal)?;
+    let mut candidates: Vec<(u64, NodeRow)> = cluster
+        .live_nodes()
+        .await
+        .map_err(internal)?
+        .into_iter()
+        .filter(|r| r.state == NodeState::Active && r.id != from)
+        .map(|r| {
+            let free = report_of(&r)
+                .memory_free_mib
+                .saturating_sub(reserved.get(&r.id).copied().unwrap_or(0));
+            (free, r)
+        })
+        .collect();
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+    let new_epoch = u64::try_from(epoch + 1).unwrap_or(0);
     let mut last = Fault::new(
         FaultCode::Capacity,
         format!("no other live node can take sandbox {id} (memory {memory_mib} MiB)"),
@@ -205,7 +198,7 @@ async fn adopt_elsewhere(
         };
         match moved {
             Ok(Some(e)) => {
-                audit(cluster, tenant, id, from, &row.id, e, &adopted, why).await;
+                audit(cluster, &tenant, id, from, &row.id, e, &adopted, why).await;
                 // A drain suspended it itself to move it; any other suspend was a client's.
                 let stay = why != Why::Drain && suspended(&adopted);
                 if run && stay {
