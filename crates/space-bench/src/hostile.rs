@@ -44,7 +44,7 @@ fn attacks(secs: u64) -> Vec<(&'static str, String)> {
         ),
         (
             "fork flood (until the guest can fork no more)",
-            format!("timeout -s KILL {secs} sh -c 'while :; do sleep 600 & done' >/dev/null 2>&1; kill -9 -1"),
+            format!("echo -1000 > /proc/self/oom_score_adj; timeout -s KILL {secs} sh -c 'echo 0 > /proc/self/oom_score_adj; while :; do sleep 600 & done' >/dev/null 2>&1; kill -9 -1"),
         ),
         (
             "memory exhausted (tail /dev/zero, OOM-killed, again)",

@@ -114,10 +114,15 @@ fn hostile_guests_are_contained_and_the_others_keep_working() {
             }
             assert_eq!(sh(&hostile, "rm /root/fill && echo freed").await, "freed\n");
 
-            // The process table: forks until nothing more can be made, for 20 s.
+            // The process table: forks until nothing more can be made, for 20 s. The guest
+            // runs out of memory before it runs out of pids, so its OOM killer picks among the
+            // flood's processes; `timeout` is kept off its list (and the loop put back on), or
+            // a killed `timeout` would leave the loop forking for ever.
             hostile
                 .exec(ExecSpec::shell(
-                    "timeout -s KILL 20 sh -c 'while :; do sleep 25 & done' >/dev/null 2>&1",
+                    "echo -1000 > /proc/self/oom_score_adj; exec timeout -s KILL 20 \
+                     sh -c 'echo 0 > /proc/self/oom_score_adj; while :; do sleep 25 & done' \
+                     >/dev/null 2>&1",
                 ))
                 .await
                 .unwrap();
