@@ -4,6 +4,9 @@ SHELL := /bin/bash
 CARGO ?= cargo
 ENV := target/space/env.sh
 TOOLS := target/space/tools.sh
+# The tests that run the API server in process (`crates/space/tests/in_process`), whose
+# state store and path to the node are chosen by SPACE_TEST_STORE and SPACE_TEST_NODE.
+IN_PROCESS_TESTS := --test 'api*' --test races --test templates --test tenant_archive --test cluster_in_process
 
 .PHONY: help deps artifacts tools up test soak fuzz lint unit bench clean-cache
 
@@ -40,8 +43,8 @@ test: artifacts tools lint
 	@scripts/mcp-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
-	@echo "[test] the control plane's integration tests again: state in PostgreSQL, node over mutual TLS"
-	@source $(ENV) && source $(TOOLS) && SPACE_TEST_STORE=postgres SPACE_TEST_NODE=remote $(CARGO) test -p space-control --test '*'
+	@echo "[test] the in-process server's tests again: state in PostgreSQL, node over mutual TLS"
+	@source $(ENV) && source $(TOOLS) && SPACE_TEST_STORE=postgres SPACE_TEST_NODE=remote $(CARGO) test -p space $(IN_PROCESS_TESTS)
 
 # Long runs kept out of `make test`, which runs a short version of each.
 soak: artifacts tools

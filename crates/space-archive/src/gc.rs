@@ -17,6 +17,25 @@ use crate::keys::Keyring;
 use crate::manifest::{Manifest, MAX_MANIFEST_BYTES};
 use crate::store::{Archive, StoreError};
 
+/// How often a deployment collects garbage, and the grace a pack gets before it counts as
+/// garbage: an upload older than this has written its manifest or failed.
+pub const GC_EVERY: Duration = Duration::from_secs(3600);
+
+/// Collects the store's garbage older than [`GC_EVERY`] and logs what went (a node's hourly
+/// pass; a cluster's replicas run it for the shared store).
+pub async fn collect_and_log(archive: &Archive, keyring: &Keyring) {
+    match collect(archive, keyring, GC_EVERY).await {
+        Ok(r) => tracing::info!(
+            packs = r.packs_deleted,
+            bytes = r.bytes_deleted,
+            shredded = r.shredded_removed.len(),
+            skipped = r.skipped.len(),
+            "object store garbage collected"
+        ),
+        Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
+    }
+}
+
 /// What one collection did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {

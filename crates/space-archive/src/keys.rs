@@ -27,6 +27,10 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::{self, Key, LineageKeys};
 use crate::store::{Archive, StoreError};
 
+/// The tenant whose keys seal template archives (templates are the deployment's, not a
+/// tenant's).
+pub const TEMPLATE_TENANT: &str = "_templates";
+
 /// A boxed future, for the provider traits.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 

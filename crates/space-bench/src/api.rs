@@ -21,7 +21,8 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use space_control::server::{Server, ServerConfig};
+use space::host::{Host, HostConfig};
+use space_control::server::ServerConfig;
 use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{CreateRequest, Node, NodeConfig, PoolConfig, SandboxId, TemplateName};
 use space_proto::ExecSpec;
@@ -63,7 +64,7 @@ pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>
         DataDir::with_prefix("space-bench-api-")?,
         DataDir::with_prefix("space-bench-api-net-")?,
     ];
-    let mut slots: [Option<Server>; 2] = [None, None];
+    let mut slots: [Option<Host>; 2] = [None, None];
     let result = tokio::select! {
         r = measure(plan, &dirs, &mut slots) => r,
         s = interrupted => Err(anyhow!("interrupted by {s}")),
@@ -81,7 +82,7 @@ pub async fn run(plan: &ApiPlan, interrupted: impl Future<Output = &'static str>
 }
 
 /// Kills a benchmark server's sandboxes, stops it (within 2 minutes) and its node.
-pub(crate) async fn stop_server(server: Server) {
+pub(crate) async fn stop_server(server: Host) {
     progress("shutting a server down");
     let node = server.node().clone();
     kill_all(&node).await;
@@ -109,7 +110,7 @@ fn template_name() -> TemplateName {
     TEMPLATE.parse().expect("the template name is valid")
 }
 
-fn server_config(plan: &ApiPlan, dir: &DataDir, node_over_network: bool) -> ServerConfig {
+fn server_config(plan: &ApiPlan, dir: &DataDir, node_over_network: bool) -> HostConfig {
     let served = Served {
         template: TEMPLATE,
         rootfs: &plan.rootfs,
@@ -135,7 +136,7 @@ pub(crate) struct Served<'a> {
 
 impl Served<'_> {
     /// A server on a fresh loop-mounted btrfs data directory, rolling snapshots off.
-    pub(crate) fn config(&self, dir: &DataDir, node_over_network: bool) -> ServerConfig {
+    pub(crate) fn config(&self, dir: &DataDir, node_over_network: bool) -> HostConfig {
         let template: TemplateName = self.template.parse().expect("a valid template name");
         let mut node = NodeConfig::new(dir.data());
         node.storage = StorageOptions {
@@ -157,17 +158,18 @@ impl Served<'_> {
             pools.refills = 1;
         }
         node.pools = pools;
-        ServerConfig {
-            archive: None,
+        HostConfig {
+            server: ServerConfig {
+                listen: "127.0.0.1:0".parse().expect("a valid address"),
+                max_upload_bytes: 1 << 30,
+                max_body_bytes: 1 << 20,
+                ..ServerConfig::new(dir.data())
+            },
             node,
-            listen: "127.0.0.1:0".parse().expect("a valid address"),
             kernel: self.kernel.to_path_buf(),
             images: BTreeMap::from([(self.template.to_owned(), self.rootfs.to_path_buf())]),
             stock_templates: vec![self.template.to_owned()],
             guestd: std::env::var_os("SPACE_GUESTD").map(std::path::PathBuf::from),
-            max_upload_bytes: 1 << 30,
-            max_body_bytes: 1 << 20,
-            database: None,
             node_over_network,
         }
     }
@@ -178,9 +180,9 @@ async fn start(
     plan: &ApiPlan,
     dir: &DataDir,
     node_over_network: bool,
-    slot: &mut Option<Server>,
+    slot: &mut Option<Host>,
 ) -> Result<ApiBench> {
-    let server = Server::start(server_config(plan, dir, node_over_network))
+    let server = Host::start(server_config(plan, dir, node_over_network))
         .await
         .context("starting the server (needs root for the loop-mounted btrfs image)")?;
     let key = server
@@ -199,11 +201,7 @@ async fn start(
     Ok(bench)
 }
 
-async fn measure(
-    plan: &ApiPlan,
-    dirs: &[DataDir; 2],
-    slots: &mut [Option<Server>; 2],
-) -> Result<()> {
+async fn measure(plan: &ApiPlan, dirs: &[DataDir; 2], slots: &mut [Option<Host>; 2]) -> Result<()> {
     progress("starting the server (builds the minimal template)");
     let bench = start(plan, &dirs[0], false, &mut slots[0]).await?;
     println!(

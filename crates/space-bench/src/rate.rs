@@ -28,7 +28,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context as _, Result};
-use space_control::server::Server;
+use space::host::Host;
 use space_node::PoolStats;
 
 use crate::api::{ApiBench, Served};
@@ -71,7 +71,7 @@ pub async fn run(plan: &RatePlan, interrupted: impl Future<Output = &'static str
         DataDir::with_prefix("space-bench-rate-demand-")?,
         DataDir::with_prefix("space-bench-rate-fixed-")?,
     ];
-    let mut slots: [Option<Server>; 2] = [None, None];
+    let mut slots: [Option<Host>; 2] = [None, None];
     let result = tokio::select! {
         r = measure(plan, &dirs, &mut slots) => r,
         s = interrupted => Err(anyhow!("interrupted by {s}")),
@@ -98,7 +98,7 @@ async fn start(
     plan: &RatePlan,
     dir: &DataDir,
     follow_demand: bool,
-    slot: &mut Option<Server>,
+    slot: &mut Option<Host>,
 ) -> Result<ApiBench> {
     let served = Served {
         template: TEMPLATE,
@@ -112,7 +112,7 @@ async fn start(
     if follow_demand {
         config.node.pools.ceiling = plan.pool_max;
     }
-    let server = Server::start(config)
+    let server = Host::start(config)
         .await
         .context("starting the server (needs root for the loop-mounted btrfs image)")?;
     let key = server
@@ -257,7 +257,7 @@ fn report(title: String, results: &[(&str, &Phase)], summary: &mut Summary, what
 async fn measure(
     plan: &RatePlan,
     dirs: &[DataDir; 2],
-    slots: &mut [Option<Server>; 2],
+    slots: &mut [Option<Host>; 2],
 ) -> Result<()> {
     progress("starting the demand-following server (builds the minimal template)");
     let (first, second) = slots.split_at_mut(1);

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use space_control::server::Server;
+use space::host::Host;
 
 use crate::api::Served;
 use crate::bench::progress;
@@ -56,7 +56,7 @@ pub async fn run(plan: &ScriptPlan, interrupted: impl Future<Output = &'static s
         );
     }
     let mut dir = DataDir::with_prefix(&format!("space-bench-{}-", plan.group))?;
-    let mut slot: Option<Server> = None;
+    let mut slot: Option<Host> = None;
     let result = tokio::select! {
         r = measure(plan, &dir, &mut slot) => r,
         s = interrupted => Err(anyhow!("interrupted by {s}")),
@@ -68,7 +68,7 @@ pub async fn run(plan: &ScriptPlan, interrupted: impl Future<Output = &'static s
     crate::bench::with_cleanup(result, cleaned)
 }
 
-async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Server>) -> Result<()> {
+async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Host>) -> Result<()> {
     progress(&format!(
         "starting the server (builds the {} template)",
         plan.template
@@ -81,7 +81,7 @@ async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Server>) ->
         pool_size: plan.pool_size,
         follow_demand: false,
     };
-    let server = Server::start(served.config(dir, false))
+    let server = Host::start(served.config(dir, false))
         .await
         .context("starting the server (needs root for the loop-mounted btrfs image)")?;
     let key = server

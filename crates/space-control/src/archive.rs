@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use space_archive::{Archive, FileMaster, KeyAudit, KeyEvent, Keyring, MasterKey, StoreConfig};
-use space_node::{ArchiveConfig, Node};
+use space_node_api::SandboxId;
 
 use crate::masters::TenantMasters;
 use crate::store::{NewAuditEvent, Quotas, Store, TenantName};
@@ -44,13 +44,13 @@ impl ArchiveSettings {
         }
     }
 
-    /// The node's configuration: the store client, the master key (made if absent) and a
-    /// keyring whose unwraps go to `audit`.
-    pub fn node_config(
+    /// The store client, a keyring whose unwraps go to `audit`, and the deployment's master
+    /// key (made on first use) behind each tenant's.
+    pub fn open(
         &self,
         data_dir: &std::path::Path,
         audit: Arc<KeyAuditSink>,
-    ) -> anyhow::Result<(ArchiveConfig, Arc<TenantMasters>)> {
+    ) -> anyhow::Result<(Archive, Arc<Keyring>, Arc<TenantMasters>)> {
         let archive = Archive::new(&self.store).context("the object store")?;
         let key_file = self
             .master_key_file
@@ -72,10 +72,7 @@ impl ArchiveSettings {
             audit,
             Duration::from_secs(300),
         ));
-        let mut cfg = ArchiveConfig::new(archive, keyring);
-        cfg.cache_max_bytes = self.cache_max_bytes;
-        cfg.upload_interval = self.upload_interval;
-        Ok((cfg, masters))
+        Ok((archive, keyring, masters))
     }
 }
 
@@ -105,7 +102,7 @@ impl KeyAuditSink {
             }
             return;
         };
-        let event = key_audit_event(&space_node::settings::KeyEventReport {
+        let event = key_audit_event(&space_node_api::settings::KeyEventReport {
             tenant: e.tenant,
             lineage: e.lineage,
             master: e.master,
@@ -133,7 +130,7 @@ impl KeyAuditSink {
 }
 
 /// The audit event of a key event (here or on a node).
-pub fn key_audit_event(e: &space_node::settings::KeyEventReport) -> NewAuditEvent {
+pub fn key_audit_event(e: &space_node_api::settings::KeyEventReport) -> NewAuditEvent {
     let what = match &e.lineage {
         Some(l) => format!("lineage {l}, master key {}", e.master),
         None => format!("master key {}", e.master),
@@ -157,14 +154,15 @@ impl KeyAudit for KeyAuditSink {
     }
 }
 
-/// Records who owns the sandboxes the node found in the object store (their tenant is in
-/// their sealed record); a tenant the database does not have yet is made, without keys.
-pub async fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
-    for r in node.take_adopted() {
-        let tenant: TenantName = match r.tenant.parse() {
+/// Records who owns the sandboxes the node found in the object store (`(id, tenant)`, the
+/// tenant from their sealed record); a tenant the database does not have yet is made, without
+/// keys.
+pub async fn own_adopted(adopted: Vec<(SandboxId, String)>, store: &Store) -> anyhow::Result<()> {
+    for (id, tenant) in adopted {
+        let tenant: TenantName = match tenant.parse() {
             Ok(t) => t,
             Err(e) => {
-                tracing::warn!(id = %r.id, tenant = %r.tenant, error = %e, "an archived sandbox names an invalid tenant");
+                tracing::warn!(%id, %tenant, error = %e, "an archived sandbox names an invalid tenant");
                 continue;
             }
         };
@@ -172,13 +170,10 @@ pub async fn own_adopted(node: &Node, store: &Store) -> anyhow::Result<()> {
             store.create_tenant(&tenant, Quotas::default()).await?;
             eprintln!("[up] tenant {tenant} made again from the object store (it has no API keys)");
         }
-        if store.sandbox_tenant(r.id.as_str()).await?.is_none() {
-            store.add_sandbox(r.id.as_str(), &tenant).await?;
+        if store.sandbox_tenant(id.as_str()).await?.is_none() {
+            store.add_sandbox(id.as_str(), &tenant).await?;
         }
-        eprintln!(
-            "[up] found suspended sandbox {} of tenant {tenant} in the object store",
-            r.id
-        );
+        eprintln!("[up] found suspended sandbox {id} of tenant {tenant} in the object store");
     }
     Ok(())
 }

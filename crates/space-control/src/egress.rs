@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 
-use space_node::gateway::{EgressAudit, EgressEvent, SecretSource, SecretValue};
-use space_node::SandboxId;
+use space_node_api::secrets::{EgressAudit, EgressEvent, SecretSource, SecretValue};
+use space_node_api::SandboxId;
 
 use crate::metrics::Metrics;
 use crate::store::{NewAuditEvent, Store};

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use space_node::{Fault, FaultCode, NodeError, SandboxId};
+use space_node_api::{Fault, FaultCode, SandboxId};
 use space_proto::{ClientError, ErrorKind};
 
 use crate::store::{AuthError, StoreError};
@@ -168,55 +168,6 @@ fn disk_full(message: String) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "disk_full", message)
 }
 
-impl From<NodeError> for ApiError {
-    fn from(e: NodeError) -> Self {
-        match &e {
-            NodeError::DiskFull(_) => disk_full(e.to_string()),
-            _ if e.is_disk_full() => disk_full(format!("the node's disk is full: {}", chain(&e))),
-            NodeError::NotFound(id) => ApiError::sandbox_not_found(id.as_str()),
-            NodeError::IllegalState { .. } => {
-                ApiError::new(StatusCode::CONFLICT, "illegal_state", e.to_string())
-            }
-            NodeError::SnapshotNotFound {
-                sandbox, snapshot, ..
-            } => {
-                // Never the owner note: the owner may be another tenant's sandbox.
-                ApiError::snapshot_not_found(sandbox.as_str(), snapshot.as_str())
-            }
-            NodeError::TemplateNotFound(_) => {
-                ApiError::new(StatusCode::NOT_FOUND, "template_not_found", e.to_string())
-            }
-            NodeError::TemplateExists(_)
-            | NodeError::TemplateStale { .. }
-            | NodeError::TemplateInUse { .. } => ApiError::conflict(e.to_string()),
-            NodeError::InvalidId(_) => ApiError::invalid_id(e.to_string()),
-            NodeError::Invalid(m) => ApiError::invalid(m.clone()),
-            NodeError::Capacity(m) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "capacity", m.clone())
-            }
-            NodeError::ShuttingDown => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "shutting_down",
-                e.to_string(),
-            ),
-            NodeError::Guest { .. } => ApiError::guest(chain(&e)),
-            NodeError::Archive(m) => {
-                ApiError::new(StatusCode::BAD_GATEWAY, "archive_unavailable", m.clone())
-            }
-            NodeError::Key(m) => ApiError::new(StatusCode::FORBIDDEN, "key_unavailable", m.clone()),
-            NodeError::Internal(m) => {
-                tracing::error!(cause = %m, "internal fault of the node");
-                ApiError::internal(format!("node: {m}"))
-            }
-            _ => {
-                let cause = chain(&e);
-                tracing::error!(%cause, "node failure");
-                ApiError::internal(format!("node: {cause}"))
-            }
-        }
-    }
-}
-
 impl From<Fault> for ApiError {
     fn from(f: Fault) -> Self {
         let m = f.message.clone();
@@ -367,48 +318,50 @@ mod tests {
     #[test]
     fn node_refusals_map_to_client_errors() {
         let id: SandboxId = "sbx-0011223344556677".parse().unwrap();
-        let e: ApiError = NodeError::NotFound(id.clone()).into();
+        let fault = |code, message: &str| Fault {
+            sandbox: Some(id.clone()),
+            ..Fault::new(code, message)
+        };
+        let e = ApiError::from(fault(FaultCode::NotFound, "no sandbox here"));
         assert_eq!((e.status.as_u16(), e.code), (404, "sandbox_not_found"));
         assert_eq!(e.message, "no sandbox sbx-0011223344556677 in this tenant");
-        let e: ApiError = NodeError::IllegalState {
-            id: id.clone(),
-            request: "pause",
-            state: space_node::State::Suspended,
-            legal: &[space_node::State::Running],
-        }
-        .into();
+        let e = ApiError::from(fault(
+            FaultCode::IllegalState,
+            "cannot pause: the sandbox is suspended (legal only when running)",
+        ));
         assert_eq!((e.status.as_u16(), e.code), (409, "illegal_state"));
         assert!(e.message.contains("running"), "{}", e.message);
-        let e: ApiError = NodeError::SnapshotNotFound {
-            sandbox: id.clone(),
-            snapshot: "1-disk-abcd".parse().unwrap(),
-            owner: Some("sbx-other".parse().unwrap()),
-        }
-        .into();
+        let e = ApiError::from(Fault {
+            snapshot: Some("1-disk-abcd".parse().unwrap()),
+            ..fault(
+                FaultCode::SnapshotNotFound,
+                "snapshot 1-disk-abcd belongs to sbx-other",
+            )
+        });
         assert_eq!(e.code, "snapshot_not_found");
         assert!(!e.message.contains("sbx-other"), "{}", e.message);
-        let e: ApiError = NodeError::Capacity("full".into()).into();
+        let e = ApiError::from(Fault::new(FaultCode::Capacity, "full"));
         assert_eq!((e.status.as_u16(), e.code), (503, "capacity"));
-        let e: ApiError = NodeError::Invalid("vcpus".into()).into();
+        let e = ApiError::from(Fault::new(FaultCode::Invalid, "vcpus"));
         assert_eq!((e.status.as_u16(), e.code), (400, "invalid_request"));
+        let e = ApiError::from(Fault::new(
+            FaultCode::Unavailable,
+            "node-a is not answering",
+        ));
+        assert_eq!((e.status.as_u16(), e.code), (503, "node_unavailable"));
     }
 
     #[test]
     fn internal_node_faults_map_to_500() {
-        let e: ApiError = NodeError::Internal("a rollback without a target snapshot".into()).into();
+        let f = Fault::new(FaultCode::Internal, "a rollback without a target snapshot");
+        let e = ApiError::from(f.clone());
         assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
         assert!(
             e.message.contains("without a target snapshot"),
             "{}",
             e.message
         );
-        // The same fault from a remote node, decoded from the node API.
-        let f = Fault::from(NodeError::Internal("the state driver failed".into()));
-        assert_eq!(f.code, FaultCode::Internal);
-        let e: ApiError = f.into();
-        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
         let id: SandboxId = "sbx-0011223344556677".parse().unwrap();
-        let f = Fault::from(NodeError::Internal("the state driver failed".into()));
         let e = node_error(&id)(f);
         assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
     }

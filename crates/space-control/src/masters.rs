@@ -157,8 +157,8 @@ struct AwsCredentials {
 }
 
 /// The AWS credentials of this process's environment, as nodes of a cluster get them.
-pub fn aws_for_nodes() -> Option<space_node::settings::AwsCredentials> {
-    AwsCredentials::from_env().map(|c| space_node::settings::AwsCredentials {
+pub fn aws_for_nodes() -> Option<space_node_api::settings::AwsCredentials> {
+    AwsCredentials::from_env().map(|c| space_node_api::settings::AwsCredentials {
         access_key_id: c.access_key_id,
         secret_access_key: c.secret_access_key,
         session_token: c.session_token,

@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use space_node::api::Pool;
+use space_node_api::Pool;
 
 /// Upper bounds of the duration buckets, in seconds: 1 ms to 60 s.
 pub const BUCKETS: [f64; 15] = [

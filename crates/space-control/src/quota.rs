@@ -11,7 +11,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use space_node::{NodeApi, State};
+use space_node_api::{NodeApi, State};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::error::{ApiError, ApiResult};

@@ -21,7 +21,7 @@ use crate::store::{KeyCreated, NewAuditEvent, Store, TenantName};
 use crate::vault::{Vault, VaultKey};
 
 /// How often the shared store's garbage is collected (the node's own period).
-use space_node::archive::GC_EVERY;
+use space_archive::gc::GC_EVERY;
 
 /// How often a replica looks for nodes whose lease ran out.
 const LOST_TICK: Duration = Duration::from_secs(1);
@@ -105,7 +105,7 @@ impl Replica {
                 .context("opening the cluster CA")?,
         );
         if let Some(a) = cluster.archive() {
-            for tenant in [space_node::archive::TEMPLATE_TENANT, DEFAULT_TENANT] {
+            for tenant in [space_archive::keys::TEMPLATE_TENANT, DEFAULT_TENANT] {
                 a.ensure_tenant_key(&store, cluster.holder(), tenant)
                     .await
                     .with_context(|| format!("the object store key of {tenant}"))?;
@@ -119,7 +119,7 @@ impl Replica {
             .ok()
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
-        let nodes: Arc<dyn space_node::NodeApi> = Arc::new(ClusterNodes::new(cluster.clone()));
+        let nodes: Arc<dyn space_node_api::NodeApi> = Arc::new(ClusterNodes::new(cluster.clone()));
         let state = Arc::new(AppState {
             node: nodes.clone(),
             store: store.clone(),
@@ -306,5 +306,5 @@ async fn collect_garbage(cluster: &Cluster) {
             return;
         }
     }
-    space_node::archive::collect_garbage(a.keyring().archive(), a.keyring()).await;
+    space_archive::gc::collect_and_log(a.keyring().archive(), a.keyring()).await;
 }

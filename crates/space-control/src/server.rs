@@ -1,24 +1,26 @@
-//! The API server: opens the node and the state store, reconciles the two, builds missing
-//! stock templates, and serves the API until shut down.
+//! The API server of a single host (`space up`): opens the state store, reconciles it with
+//! the node the process runs, and serves the API until shut down.
+//!
+//! The node itself is the caller's ([`HostedNode`]): this crate knows nodes only through the
+//! node API. Before the node opens, [`Server::hooks`] gives what it needs from the control
+//! plane (the gateway's secrets and audit sink, the object store's keyring); once it is open,
+//! [`Server::start`] takes it.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
-use space_node::api::{ClusterCa, Identity, NodeServer, RemoteNode};
-use space_node::{LocalNode, NodeApi};
-use space_node::{
-    Node, NodeConfig, NodeError, State, TemplateName, TemplateRef, TemplateSpec, VersionReq,
-};
+use space_archive::{Archive, Keyring};
+use space_node_api::{FaultCode, NodeApi, SandboxId, State};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::api::{self, AppState};
 use crate::archive::{own_adopted, ArchiveSettings, KeyAuditSink};
 use crate::egress::{AuditSink, AuditWriter, VaultSecrets};
+use crate::masters::TenantMasters;
 use crate::metrics::Metrics;
 use crate::quota::QuotaLocks;
 use crate::store::{KeyCreated, Store, TenantName};
@@ -34,23 +36,20 @@ pub const MAX_TEMPLATE_UPLOAD_BYTES: u64 = 16 << 30;
 pub const DEFAULT_TENANT: &str = "default";
 /// How long a shutdown waits for requests in flight.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// How long a sandbox may take to answer its first request, unless configured.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How to run a server.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// The node (data directory, storage, QEMU, pools, ...).
-    pub node: NodeConfig,
+    /// The data directory: the state database (`state/control.db`), the vault and master
+    /// keys (`state/`) and template uploads (`uploads/`) live under it.
+    pub data_dir: PathBuf,
+    /// How long a new sandbox may take to answer (the node's setting, for the answers that
+    /// mention it).
+    pub ready_timeout: Duration,
     /// Where to listen; port 0 picks a free one ([`Server::local_addr`] says which).
     pub listen: SocketAddr,
-    /// The kernel templates are built with.
-    pub kernel: PathBuf,
-    /// Root images templates can be built from: image name -> rootfs file.
-    pub images: BTreeMap<String, PathBuf>,
-    /// The `space-guestd` binary put into templates made of OCI images and Dockerfiles
-    /// (default: `$SPACE_GUESTD`).
-    pub guestd: Option<PathBuf>,
-    /// Images to build as same-named templates at start when no build of them exists.
-    pub stock_templates: Vec<String>,
     /// Largest file upload in bytes.
     pub max_upload_bytes: u64,
     /// Largest JSON request body in bytes.
@@ -61,10 +60,6 @@ pub struct ServerConfig {
     /// The state database: a PostgreSQL URL or a SQLite file; `None`:
     /// `<data dir>/state/control.db`.
     pub database: Option<String>,
-    /// Reach the node through the network node API (mutual TLS on loopback, from a cluster
-    /// CA made for the process) instead of in process: every call and guest stream then
-    /// takes the path a control replica's takes to a remote node. For tests and benchmarks.
-    pub node_over_network: bool,
 }
 
 /// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
@@ -72,38 +67,62 @@ pub struct ServerConfig {
 pub const PUBLIC_URL_ENV: &str = "SPACE_PUBLIC_URL";
 
 impl ServerConfig {
-    /// Defaults around a node configuration: listen on 127.0.0.1:7070, no images.
-    pub fn new(node: NodeConfig, kernel: impl Into<PathBuf>) -> Self {
+    /// Defaults around a data directory: listen on 127.0.0.1:7070, no object store.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         ServerConfig {
-            node,
+            data_dir: data_dir.into(),
+            ready_timeout: DEFAULT_READY_TIMEOUT,
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
-            kernel: kernel.into(),
-            images: BTreeMap::new(),
-            guestd: std::env::var_os("SPACE_GUESTD").map(PathBuf::from),
-            stock_templates: Vec::new(),
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             archive: None,
             database: None,
-            node_over_network: false,
         }
     }
 }
 
-/// What [`Server::start`] prepared before the node opened.
-struct Parts {
-    store: Arc<Store>,
-    vault: Arc<Vault>,
+/// The node a server runs in its own process: the node API in front of it, what it found in
+/// the object store when it opened, and how it stops. `space up` implements it around a
+/// `space_node::Node`.
+#[async_trait::async_trait]
+pub trait HostedNode: Send + Sync + 'static {
+    /// The node's calls.
+    fn api(&self) -> Arc<dyn NodeApi>;
+    /// The sandboxes the node found in the object store when it opened, each with the tenant
+    /// its sealed record names; given once.
+    fn take_adopted(&self) -> Vec<(SandboxId, String)>;
+    /// Stops the node's drivers and leaves the VMs running for the next start to adopt.
+    async fn shutdown(&self);
+}
+
+/// What the node of a server needs from the control plane before it opens, from
+/// [`Server::hooks`]: its gateway's credentials and audit log, and the object store with the
+/// keyring whose unwraps are audited. Given back to [`Server::start`].
+pub struct NodeHooks {
+    /// Credential values for the gateway, from the vault (connected once it opens).
+    pub secrets: Arc<VaultSecrets>,
+    /// The gateway's audit events, into the audit log.
+    pub audit: Arc<AuditSink>,
+    /// The object store and its keyring, when the server has one.
+    pub archive: Option<(Archive, Arc<Keyring>)>,
+    writer: AuditWriter,
+    key_audit: Arc<KeyAuditSink>,
+    masters: Option<Arc<TenantMasters>>,
     metrics: Arc<Metrics>,
-    bootstrap: Option<KeyCreated>,
-    masters: Option<Arc<crate::masters::TenantMasters>>,
+}
+
+impl std::fmt::Debug for NodeHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeHooks")
+            .field("archive", &self.archive.as_ref().map(|(a, _)| a.name()))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A running API server.
 pub struct Server {
-    node: Node,
+    node: Arc<dyn HostedNode>,
     api: Arc<dyn NodeApi>,
-    node_server: Option<NodeServer>,
     store: Arc<Store>,
     metrics: Arc<Metrics>,
     addr: SocketAddr,
@@ -119,73 +138,72 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Opens the node (crash recovery runs there) and the store at
-    /// `<data_dir>/state/control.db`, makes the default tenant and its admin key on the first
-    /// start, kills sandboxes no tenant owns, builds missing stock templates (progress on
-    /// stderr), binds and serves in a spawned task.
-    ///
-    ///
-    /// The node's egress gateway takes its secrets ([`VaultSecrets`]) and audit sink
-    /// ([`AuditSink`]) from here; both are connected to the store and the vault once those are
-    /// open, right after the node (which may mount the data directory first). A vault key that
-    /// does not match the database stops the start with a clear error.
-    pub async fn start(mut config: ServerConfig) -> anyhow::Result<Server> {
+    /// What the node needs before it opens (see [`NodeHooks`]); the master key file is made
+    /// on its first use, which may be after the node mounts the data directory.
+    pub fn hooks(config: &ServerConfig) -> anyhow::Result<NodeHooks> {
         let metrics = Arc::new(Metrics::new());
-        let secrets = Arc::new(VaultSecrets::new());
         let (sink, writer) = AuditSink::new(metrics.clone());
-        let writer = if config.node.gateway.audit.is_none() {
-            config.node.gateway.audit = Some(Arc::new(sink));
-            Some(writer)
-        } else {
-            None
-        };
-        if config.node.gateway.secrets.is_none() {
-            config.node.gateway.secrets = Some(secrets.clone());
-        }
         let key_audit = Arc::new(KeyAuditSink::default());
-        let mut masters = None;
-        if let (Some(a), None) = (&config.archive, &config.node.archive) {
-            let (cfg, m) = a.node_config(&config.node.data_dir, key_audit.clone())?;
-            config.node.archive = Some(cfg);
-            masters = Some(m);
-        }
-        let node = Node::open(config.node.clone())
-            .await
-            .context("opening the node")?;
-        match Self::prepare(&node, &config, &secrets, writer, &key_audit).await {
+        let (archive, masters) = match &config.archive {
+            Some(a) => {
+                let (archive, keyring, masters) = a.open(&config.data_dir, key_audit.clone())?;
+                (Some((archive, keyring)), Some(masters))
+            }
+            None => (None, None),
+        };
+        Ok(NodeHooks {
+            secrets: Arc::new(VaultSecrets::new()),
+            audit: Arc::new(sink),
+            archive,
+            writer,
+            key_audit,
+            masters,
+            metrics,
+        })
+    }
+
+    /// Opens the store at `<data_dir>/state/control.db` (or the configured database), makes
+    /// the default tenant and its admin key on the first start, records who owns what the
+    /// node found in the object store, kills sandboxes no tenant owns, binds and serves in a
+    /// spawned task. The hooks' secrets and audit sink are connected to the store and the
+    /// vault once those are open. A vault key that does not match the database stops the
+    /// start with a clear error; a start that fails shuts the node down.
+    pub async fn start(
+        config: ServerConfig,
+        hooks: NodeHooks,
+        node: Arc<dyn HostedNode>,
+    ) -> anyhow::Result<Server> {
+        match Self::prepare(node.as_ref(), &config, &hooks).await {
             Ok((store, vault, bootstrap)) => {
-                if let Some(m) = &masters {
+                if let Some(m) = &hooks.masters {
                     m.connect(store.clone());
                 }
-                let parts = Parts {
-                    store,
-                    vault,
-                    metrics,
-                    bootstrap,
-                    masters,
-                };
-                Self::serve(node, parts, config).await
+                match Self::serve(node.clone(), store, vault, bootstrap, hooks, config).await {
+                    Ok(s) => Ok(s),
+                    Err(e) => {
+                        node.shutdown().await;
+                        Err(e)
+                    }
+                }
             }
             Err(e) => {
-                node.shutdown_detach().await;
+                node.shutdown().await;
                 Err(e)
             }
         }
     }
 
     async fn prepare(
-        node: &Node,
+        node: &dyn HostedNode,
         config: &ServerConfig,
-        secrets: &VaultSecrets,
-        writer: Option<AuditWriter>,
-        key_audit: &KeyAuditSink,
+        hooks: &NodeHooks,
     ) -> anyhow::Result<(Arc<Store>, Arc<Vault>, Option<KeyCreated>)> {
-        let state_dir = config.node.data_dir.join("state");
+        let state_dir = config.data_dir.join("state");
         std::fs::create_dir_all(&state_dir)
             .with_context(|| format!("creating {}", state_dir.display()))?;
         let database = match &config.database {
             Some(d) => d.clone(),
-            None => sqlite_file(&config.node.data_dir).display().to_string(),
+            None => sqlite_file(&config.data_dir).display().to_string(),
         };
         let store = Arc::new(
             Store::open_database(&database)
@@ -213,62 +231,47 @@ impl Server {
                 .context("opening the vault")?,
         );
         drop(key);
-        secrets.connect(store.clone(), vault.clone());
-        if let Some(w) = writer {
-            w.start(store.clone())
-                .context("starting the egress audit writer")?;
-        }
+        hooks.secrets.connect(store.clone(), vault.clone());
         let tenant: TenantName = DEFAULT_TENANT.parse()?;
         let bootstrap = store
             .bootstrap(&tenant)
             .await
             .context("making the default tenant")?;
-        key_audit.connect(store.clone());
-        own_adopted(node, &store)
+        hooks.key_audit.connect(store.clone());
+        own_adopted(node.take_adopted(), &store)
             .await
             .context("recording sandboxes found in the object store")?;
-        kill_unowned(node, &store).await?;
-        for name in &config.stock_templates {
-            build_stock(node, config, name).await?;
-        }
+        kill_unowned(node.api().as_ref(), &store).await?;
         Ok((store, vault, bootstrap))
     }
 
-    async fn serve(node: Node, parts: Parts, config: ServerConfig) -> anyhow::Result<Server> {
-        let Parts {
-            store,
-            vault,
-            metrics,
-            bootstrap,
+    async fn serve(
+        node: Arc<dyn HostedNode>,
+        store: Arc<Store>,
+        vault: Arc<Vault>,
+        bootstrap: Option<KeyCreated>,
+        hooks: NodeHooks,
+        config: ServerConfig,
+    ) -> anyhow::Result<Server> {
+        let NodeHooks {
+            archive,
+            writer,
             masters,
-        } = parts;
-        let listener = match tokio::net::TcpListener::bind(config.listen).await {
-            Ok(l) => l,
-            Err(e) => {
-                node.shutdown_detach().await;
-                return Err(e).with_context(|| format!("listening on {}", config.listen));
-            }
-        };
+            metrics,
+            ..
+        } = hooks;
+        writer
+            .start(store.clone())
+            .context("starting the egress audit writer")?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("listening on {}", config.listen))?;
         let addr = listener.local_addr()?;
         let public_url = std::env::var(PUBLIC_URL_ENV)
             .ok()
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
-        let local: Arc<dyn NodeApi> = Arc::new(
-            LocalNode::new(node.clone(), config.kernel.clone(), config.images.clone())
-                .with_guestd(config.guestd.clone()),
-        );
-        let (api, node_server) = if config.node_over_network {
-            match loopback_node(local).await {
-                Ok((api, server)) => (api, Some(server)),
-                Err(e) => {
-                    node.shutdown_detach().await;
-                    return Err(e.context("serving the node API on loopback"));
-                }
-            }
-        } else {
-            (local, None)
-        };
+        let api = node.api();
         let state = Arc::new(AppState {
             e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
             vault,
@@ -278,12 +281,12 @@ impl Server {
             metrics: metrics.clone(),
             quotas: QuotaLocks::new(),
             max_upload_bytes: config.max_upload_bytes,
-            ready_timeout: config.node.ready_timeout,
+            ready_timeout: config.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
-            uploads_dir: config.node.data_dir.join("uploads"),
+            uploads_dir: config.data_dir.join("uploads"),
             max_template_upload_bytes: MAX_TEMPLATE_UPLOAD_BYTES,
             masters,
-            keyring: node.archive().map(|a| a.keyring.clone()),
+            keyring: archive.map(|(_, k)| k),
             cluster: None,
         });
         let app = api::router(state, config.max_body_bytes);
@@ -322,7 +325,6 @@ impl Server {
         Ok(Server {
             node,
             api,
-            node_server,
             store,
             metrics,
             addr,
@@ -353,9 +355,9 @@ impl Server {
         self.bootstrap.as_ref().map(|k| k.key.as_str())
     }
 
-    /// The node.
-    pub fn node(&self) -> &Node {
-        &self.node
+    /// The node API the server calls.
+    pub fn node_api(&self) -> &Arc<dyn NodeApi> {
+        &self.api
     }
 
     /// The state store.
@@ -369,8 +371,8 @@ impl Server {
     }
 
     /// Stops accepting connections, lets requests in flight finish for up to
-    /// [`SHUTDOWN_GRACE`] (streams still open then are cut), then stops the node's drivers
-    /// and leaves the VMs running for the next start to adopt.
+    /// [`SHUTDOWN_GRACE`] (streams still open then are cut), then stops the node
+    /// ([`HostedNode::shutdown`]).
     pub async fn shutdown(mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -384,39 +386,30 @@ impl Server {
             abort.abort();
             let _ = (&mut self.task).await;
         }
-        if let Some(s) = self.node_server.take() {
-            s.stop().await;
-        }
-        self.node.shutdown_detach().await;
+        self.node.shutdown().await;
     }
-}
-
-/// Serves `local` on a loopback port with mutual TLS and returns the network client of it.
-async fn loopback_node(local: Arc<dyn NodeApi>) -> anyhow::Result<(Arc<dyn NodeApi>, NodeServer)> {
-    let ca = ClusterCa::generate()?;
-    let node_id = "local";
-    let node_identity = Identity::new(&ca.issue_node(node_id, 1)?, ca.cert_pem())?;
-    let server = NodeServer::start(local, "127.0.0.1:0".parse()?, &node_identity).await?;
-    let control = Identity::new(&ca.issue_control(1)?, ca.cert_pem())?;
-    let remote = RemoteNode::new(node_id, &server.local_addr().to_string(), &control)?;
-    Ok((Arc::new(remote), server))
 }
 
 /// Kills every sandbox no tenant owns: left by a crash between the node's create and the
 /// ownership write, nobody could reach it through the API.
-async fn kill_unowned(node: &Node, store: &Store) -> anyhow::Result<()> {
-    for r in node.list().await.context("listing the node's sandboxes")? {
-        if r.state == State::Terminated || store.sandbox_tenant(r.id.as_str()).await?.is_some() {
+async fn kill_unowned(node: &dyn NodeApi, store: &Store) -> anyhow::Result<()> {
+    let all = node
+        .list()
+        .await
+        .map_err(|f| anyhow::anyhow!("listing the node's sandboxes: {f}"))?;
+    for sb in all {
+        if sb.state == State::Terminated || store.sandbox_tenant(sb.id.as_str()).await?.is_some() {
             continue;
         }
-        tracing::warn!(id = %r.id, state = %r.state, "killing a sandbox no tenant owns");
+        tracing::warn!(id = %sb.id, state = %sb.state, "killing a sandbox no tenant owns");
         eprintln!(
             "[up] killing sandbox {} ({}): no tenant owns it (left by a crash during create)",
-            r.id, r.state
+            sb.id, sb.state
         );
-        match node.kill(&r.id).await {
-            Ok(()) | Err(NodeError::IllegalState { .. }) | Err(NodeError::NotFound(_)) => {}
-            Err(e) => tracing::error!(id = %r.id, error = %e, "killing an unowned sandbox"),
+        match node.kill(&sb.id).await {
+            Ok(()) => {}
+            Err(f) if matches!(f.code, FaultCode::IllegalState | FaultCode::NotFound) => {}
+            Err(f) => tracing::error!(id = %sb.id, error = %f, "killing an unowned sandbox"),
         }
     }
     Ok(())
@@ -447,7 +440,7 @@ pub async fn expire_suspended(node: &dyn NodeApi, store: &Store) -> usize {
             continue;
         };
         for id in store.sandboxes_of(&t.name).await.unwrap_or_default() {
-            let Ok(id) = id.parse::<space_node::SandboxId>() else {
+            let Ok(id) = id.parse::<SandboxId>() else {
                 continue;
             };
             let Ok(info) = node.info(&id).await else {
@@ -458,7 +451,7 @@ pub async fn expire_suspended(node: &dyn NodeApi, store: &Store) -> usize {
                 continue;
             }
             let result = node.kill(&id).await;
-            if matches!(&result, Err(f) if f.code == space_node::FaultCode::IllegalState) {
+            if matches!(&result, Err(f) if f.code == FaultCode::IllegalState) {
                 // Killed meanwhile (by another replica's pass, or by its owner).
                 continue;
             }
@@ -486,59 +479,6 @@ pub async fn expire_suspended(node: &dyn NodeApi, store: &Store) -> usize {
         }
     }
     killed
-}
-
-/// Builds image `name` as template `name` version 1 when no build of it exists.
-async fn build_stock(node: &Node, config: &ServerConfig, name: &str) -> anyhow::Result<()> {
-    let tname: TemplateName = name.parse()?;
-    match node.template(&tname, &VersionReq::Latest) {
-        Ok(_) => return Ok(()),
-        Err(NodeError::TemplateNotFound(_)) => {}
-        Err(e) => return Err(e).with_context(|| format!("looking up template {name}")),
-    }
-    // A node on a new disk over an existing store: the build its archived sandboxes were
-    // made from is the store's, not a new one.
-    let tref = TemplateRef::new(name, "1")?;
-    if node.archive().is_some() {
-        match node.fetch_template(&tref).await {
-            Ok(Some(_)) => {
-                eprintln!("[up] template {tref} fetched from the object store");
-                return Ok(());
-            }
-            Ok(None) => {}
-            Err(e) => eprintln!("[up] template {tref} not fetched from the object store: {e}"),
-        }
-    }
-    let rootfs = config
-        .images
-        .get(name)
-        .with_context(|| format!("stock template {name}: no image of that name is configured"))?;
-    eprintln!(
-        "[up] building template {name} from {} ...",
-        rootfs.display()
-    );
-    let started = Instant::now();
-    let t = node
-        .build_template(TemplateSpec {
-            template: tref,
-            kernel: config.kernel.clone(),
-            rootfs: rootfs.clone(),
-            vcpus: api::templates::DEFAULT_TEMPLATE_VCPUS,
-            memory_mib: api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
-            kernel_cmdline: None,
-            ready_timeout: config.node.ready_timeout,
-            guest: Default::default(),
-            start: None,
-            source: String::new(),
-        })
-        .await
-        .with_context(|| format!("building template {name}"))?;
-    eprintln!(
-        "[up] template {name} {} ready ({:.1} s)",
-        t.manifest.template.version,
-        started.elapsed().as_secs_f64()
-    );
-    Ok(())
 }
 
 /// The SQLite state database of a single-host deployment on `data_dir` (the one used when no

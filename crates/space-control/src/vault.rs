@@ -9,7 +9,7 @@
 //! not open is an error, never garbage.
 //!
 //! No method returns a value except [`Vault::value`], which the gateway's
-//! [`space_node::gateway::SecretSource`] uses per request.
+//! [`space_node_api::policy::SecretSource`] uses per request.
 
 use std::fmt;
 use std::fs::OpenOptions;

@@ -28,6 +28,12 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 
+use serde::de::DeserializeOwned;
+use space_node_api::cluster::{
+    report_json, Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join, Membership as Granted,
+    Rejoin, CLAIM_PATH, HEARTBEAT_PATH, JOIN_PATH, REJOIN_PATH,
+};
+
 use crate::api::{Gate, Gated, Identity, LocalNode, NodeApi, NodeKey, NodeServer, TemplateBuild};
 use crate::fence::Watchdog;
 use crate::ids::SandboxId;
@@ -63,22 +69,18 @@ pub struct MemberConfig {
     pub listen: std::net::SocketAddr,
 }
 
+/// The control plane's refusal of a request: its status and message.
+#[derive(Debug)]
+struct Refused {
+    status: u16,
+    message: String,
+}
+
 /// What a node keeps of its membership across restarts (mode 0600).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Membership {
     node_id: String,
     secret: String,
-}
-
-#[derive(Debug, Clone, Deserialize)]
-struct Granted {
-    incarnation: i64,
-    cert_pem: String,
-    not_after_unix: u64,
-    ca_pem: String,
-    secret: String,
-    lease_ms: u64,
-    heartbeat_ms: u64,
 }
 
 /// A node taking part in a cluster.
@@ -108,24 +110,38 @@ struct Session {
 }
 
 impl Session {
-    async fn post(
+    /// Sends `body` to `route` of the control plane: its answer, or the refusal's message.
+    async fn post<B: Serialize, A: DeserializeOwned>(
         &self,
         route: &str,
-        body: serde_json::Value,
-    ) -> Result<(u16, serde_json::Value), MemberError> {
+        body: &B,
+    ) -> Result<Result<A, Refused>, MemberError> {
         let resp = self
             .http
             .post(format!("{}{route}", self.control))
-            .json(&body)
+            .json(body)
             .send()
             .await
             .map_err(err("reaching the control plane"))?;
         let status = resp.status().as_u16();
+        if status == 200 {
+            let answer = resp
+                .json::<A>()
+                .await
+                .map_err(err("the control plane's answer"))?;
+            return Ok(Ok(answer));
+        }
         let v = resp
             .json::<serde_json::Value>()
             .await
-            .map_err(err("the control plane's answer"))?;
-        Ok((status, v))
+            .unwrap_or(serde_json::Value::Null);
+        Ok(Err(Refused {
+            status,
+            message: v["error"]["message"]
+                .as_str()
+                .unwrap_or("(no message)")
+                .to_owned(),
+        }))
     }
 
     fn saved(&self) -> Option<Membership> {
@@ -152,29 +168,36 @@ impl Session {
 
     /// Joins (first time) or rejoins (known secret); returns what was granted.
     async fn enter(&self, key: &NodeKey) -> Result<Granted, MemberError> {
-        let report = serde_json::to_value(
-            self.local
+        let report = report_json(
+            &self
+                .local
                 .report()
                 .await
                 .map_err(err("the node's report"))?,
-        )
-        .expect("serializes");
+        );
         let public_key = B64.encode(key.public_raw());
-        let (route, body) = match (self.saved(), &self.config.join_token) {
-            (Some(m), _) if m.node_id == self.config.node_id => (
-                "/v1/cluster/rejoin",
-                serde_json::json!({
-                    "node_id": m.node_id, "secret": m.secret, "address": self.config.advertise,
-                    "public_key": public_key, "report": report,
-                }),
-            ),
-            (_, Some(token)) => (
-                "/v1/cluster/join",
-                serde_json::json!({
-                    "token": token, "node_id": self.config.node_id,
-                    "address": self.config.advertise, "public_key": public_key, "report": report,
-                }),
-            ),
+        let address = self.config.advertise.clone();
+        let answer = match (self.saved(), &self.config.join_token) {
+            (Some(m), _) if m.node_id == self.config.node_id => {
+                let body = Rejoin {
+                    node_id: m.node_id,
+                    secret: m.secret,
+                    address,
+                    public_key,
+                    report,
+                };
+                (REJOIN_PATH, self.post(REJOIN_PATH, &body).await?)
+            }
+            (_, Some(token)) => {
+                let body = Join {
+                    token: token.clone(),
+                    node_id: self.config.node_id.clone(),
+                    address,
+                    public_key,
+                    report,
+                };
+                (JOIN_PATH, self.post(JOIN_PATH, &body).await?)
+            }
             (_, None) => {
                 return Err(MemberError(format!(
                     "node {} has not joined this cluster yet: give it --join-token (from \
@@ -183,14 +206,15 @@ impl Session {
                 )))
             }
         };
-        let (status, v) = self.post(route, body).await?;
-        if status != 200 {
-            return Err(MemberError(format!(
-                "the control plane refused {route}: {}",
-                v["error"]["message"].as_str().unwrap_or("(no message)")
-            )));
-        }
-        let granted: Granted = serde_json::from_value(v).map_err(err("the membership granted"))?;
+        let granted: Granted = match answer {
+            (_, Ok(g)) => g,
+            (route, Err(r)) => {
+                return Err(MemberError(format!(
+                    "the control plane refused {route}: {}",
+                    r.message
+                )))
+            }
+        };
         self.save(&Membership {
             node_id: self.config.node_id.clone(),
             secret: granted.secret.clone(),
@@ -270,23 +294,25 @@ impl Member {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let (status, v) = self
+        let body = Claim {
+            node_id: self.session.config.node_id.clone(),
+            incarnation: self.incarnation(),
+            secret,
+            name: name.to_owned(),
+            ttl_ms: None,
+            release,
+        };
+        match self
             .session
-            .post(
-                "/v1/cluster/claim",
-                serde_json::json!({
-                    "node_id": self.session.config.node_id, "incarnation": self.incarnation(),
-                    "secret": secret, "name": name, "release": release,
-                }),
-            )
-            .await?;
-        if status != 200 {
-            return Err(MemberError(format!(
+            .post::<_, ClaimAnswer>(CLAIM_PATH, &body)
+            .await?
+        {
+            Ok(a) => Ok(a.held),
+            Err(r) => Err(MemberError(format!(
                 "the control plane refused claim {name}: {}",
-                v["error"]["message"].as_str().unwrap_or("(no message)")
-            )));
+                r.message
+            ))),
         }
-        Ok(v["held"].as_bool().unwrap_or(false))
     }
 
     /// Waits (up to `wait`) for the control plane's settings; answers whether they came.
@@ -481,33 +507,30 @@ async fn heartbeats(
         fence.watchdog().set_vms(&fence.node.vm_pids());
         let sent = Instant::now();
         let (report, carried) = match session.local.report().await {
-            Ok(r) => {
-                let n = r.key_events.len();
-                (serde_json::to_value(r).expect("serializes"), n)
-            }
+            Ok(r) => (report_json(&r), r.key_events.len()),
             Err(e) => {
                 tracing::warn!(error = %e, "the node's report");
                 (serde_json::Value::Null, 0)
             }
         };
-        let body = serde_json::json!({
-            "node_id": session.config.node_id,
-            "incarnation": granted.incarnation,
-            "secret": granted.secret,
-            "report": report,
-        });
+        let body = Heartbeat {
+            node_id: session.config.node_id.clone(),
+            incarnation: granted.incarnation,
+            secret: granted.secret.clone(),
+            report,
+        };
         let answer = tokio::time::timeout(
             HEARTBEAT_TIMEOUT,
-            session.post("/v1/cluster/heartbeat", body),
+            session.post::<_, HeartbeatAnswer>(HEARTBEAT_PATH, &body),
         )
         .await;
         match answer {
-            Ok(Ok((200, v))) => {
+            Ok(Ok(Ok(answer))) => {
                 session.local.settings().key_events_carried(carried);
                 // Sandboxes that moved to another node while this one was away: their VMs
                 // here must not run on, and what this node has of them is stale.
-                for id in v["foreign"].as_array().into_iter().flatten() {
-                    let Some(id) = id.as_str().and_then(|s| s.parse::<SandboxId>().ok()) else {
+                for id in &answer.foreign {
+                    let Ok(id) = id.parse::<SandboxId>() else {
                         continue;
                     };
                     tracing::warn!(%id, "the sandbox belongs to another node now: discarding it here");
@@ -525,7 +548,7 @@ async fn heartbeats(
                 fence.renew(deadline);
                 continue;
             }
-            Ok(Ok((409, _))) => {
+            Ok(Ok(Err(Refused { status: 409, .. }))) => {
                 // No longer the member: this incarnation was taken for lost and its running
                 // sandboxes given to other nodes. It stays fenced (guests stopped, no
                 // commits) while it rejoins; the new incarnation's first heartbeat names the
@@ -550,8 +573,8 @@ async fn heartbeats(
                 }
                 continue;
             }
-            Ok(Ok((status, v))) => {
-                tracing::warn!(status, answer = %v, "a heartbeat was refused");
+            Ok(Ok(Err(r))) => {
+                tracing::warn!(status = r.status, message = %r.message, "a heartbeat was refused");
             }
             Ok(Err(e)) => tracing::warn!(error = %e, "a heartbeat failed"),
             Err(_) => tracing::warn!("a heartbeat took longer than {HEARTBEAT_TIMEOUT:?}"),

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use space::host::{Host, HostConfig};
 use space_archive::StoreConfig;
 use space_control::archive::ArchiveSettings;
-use space_control::server::{
-    Server, ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES,
-};
+use space_control::server::{ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES};
 use space_node::{Node, NodeConfig, PoolConfig, TemplateName};
 
 use crate::artifacts::Artifacts;
@@ -232,17 +231,20 @@ pub async fn up(a: UpArgs) -> Result<()> {
     // lives there); the extra roots are for upstreams with a private CA.
     node.gateway.extra_roots = a.extra_roots.clone();
     corporate_network(&mut node.gateway, &a.guest_cas)?;
-    let cfg = ServerConfig {
+    let cfg = HostConfig {
+        server: ServerConfig {
+            listen: a.listen,
+            max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            archive,
+            database: None,
+            ..ServerConfig::new(&a.data_dir)
+        },
         node,
-        listen: a.listen,
         kernel,
         images,
         stock_templates: templates.clone(),
         guestd: recorded.guestd(),
-        max_upload_bytes: a.max_upload.unwrap_or(DEFAULT_MAX_UPLOAD_BYTES),
-        max_body_bytes: DEFAULT_MAX_BODY_BYTES,
-        archive,
-        database: None,
         node_over_network: false,
     };
     eprintln!(
@@ -255,7 +257,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
             templates.join(", ")
         }
     );
-    let server = Server::start(cfg).await.context("starting the server")?;
+    let server = Host::start(cfg).await.context("starting the server")?;
     let url = server.url();
     let config_path = config::config_path()?;
     let profile = deployment_profile(&a.data_dir);

@@ -401,7 +401,7 @@ pub async fn audit(
         )));
     }
     if let Some(s) = &q.sandbox {
-        s.parse::<space_node::SandboxId>()
+        s.parse::<space_node_api::SandboxId>()
             .map_err(|e| ApiError::invalid_id(e.to_string()))?;
     }
     if let Some(op) = &q.operation {

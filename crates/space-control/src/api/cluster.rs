@@ -11,6 +11,9 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use space_node_api::cluster::{
+    Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join, Membership, Rejoin,
+};
 
 use super::{AdminCaller, ApiJson, ApiPath, OptionalJson, Shared};
 use crate::cluster::{Cluster, GRACE, HEARTBEAT, LEAF_DAYS, LEASE};
@@ -140,19 +143,6 @@ pub async fn create_join_token(
         .into_response())
 }
 
-/// Body of `POST /v1/cluster/join`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct JoinBody {
-    token: String,
-    node_id: String,
-    address: String,
-    /// The node's public key: an uncompressed P-256 point, base64.
-    public_key: String,
-    #[serde(default)]
-    report: Value,
-}
-
 fn check_address(address: &str) -> ApiResult<()> {
     let ok = !address.is_empty()
         && address.len() <= 255
@@ -176,7 +166,7 @@ fn node_key(address: &str, public_key: &str) -> ApiResult<Vec<u8>> {
     let key = B64
         .decode(public_key.as_bytes())
         .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
-    space_node::api::tls::check_node_key(&key)
+    space_node_api::tls::check_node_key(&key)
         .map_err(|e| ApiError::invalid(format!("public_key: {e}")))?;
     Ok(key)
 }
@@ -192,17 +182,17 @@ fn certify(c: &Cluster, node_id: &str, key: &[u8]) -> ApiResult<(String, u64)> {
 }
 
 /// The answer of a join or rejoin.
-fn membership(c: &Cluster, row: &NodeRow, cert: (String, u64), secret: &str) -> Value {
-    json!({
-        "node_id": row.id,
-        "incarnation": row.incarnation,
-        "cert_pem": cert.0,
-        "not_after_unix": cert.1,
-        "ca_pem": c.ca().cert_pem(),
-        "secret": secret,
-        "lease_ms": ms(LEASE),
-        "heartbeat_ms": ms(HEARTBEAT),
-    })
+fn membership(c: &Cluster, row: &NodeRow, cert: (String, u64), secret: &str) -> Membership {
+    Membership {
+        node_id: row.id.clone(),
+        incarnation: row.incarnation,
+        cert_pem: cert.0,
+        not_after_unix: cert.1,
+        ca_pem: c.ca().cert_pem().to_owned(),
+        secret: secret.to_owned(),
+        lease_ms: ms(LEASE),
+        heartbeat_ms: ms(HEARTBEAT),
+    }
 }
 
 fn secret() -> String {
@@ -215,8 +205,8 @@ fn secret() -> String {
 /// secret of its heartbeats.
 pub async fn join(
     State(st): State<Shared>,
-    ApiJson(body): ApiJson<JoinBody>,
-) -> ApiResult<Json<Value>> {
+    ApiJson(body): ApiJson<Join>,
+) -> ApiResult<Json<Membership>> {
     let c = cluster(&st)?;
     let node = body.node_id.clone();
     let result = async {
@@ -248,24 +238,12 @@ pub async fn join(
     result.map(Json)
 }
 
-/// Body of `POST /v1/cluster/rejoin`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RejoinBody {
-    node_id: String,
-    secret: String,
-    address: String,
-    public_key: String,
-    #[serde(default)]
-    report: Value,
-}
-
 /// `POST /v1/cluster/rejoin`: a member that restarted or was lost comes back with its
 /// secret as a new incarnation, with a fresh certificate.
 pub async fn rejoin(
     State(st): State<Shared>,
-    ApiJson(body): ApiJson<RejoinBody>,
-) -> ApiResult<Json<Value>> {
+    ApiJson(body): ApiJson<Rejoin>,
+) -> ApiResult<Json<Membership>> {
     let c = cluster(&st)?;
     let node = body.node_id.clone();
     let result = async {
@@ -295,23 +273,12 @@ pub async fn rejoin(
     result.map(Json)
 }
 
-/// Body of `POST /v1/cluster/heartbeat`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatBody {
-    node_id: String,
-    incarnation: i64,
-    secret: String,
-    #[serde(default)]
-    report: Value,
-}
-
 /// `POST /v1/cluster/heartbeat`: renews the node's lease (on the database's clock) and
 /// records its report. `409 stale_incarnation` when the node must stop and rejoin.
 pub async fn heartbeat(
     State(st): State<Shared>,
-    ApiJson(body): ApiJson<HeartbeatBody>,
-) -> ApiResult<Json<Value>> {
+    ApiJson(body): ApiJson<Heartbeat>,
+) -> ApiResult<Json<HeartbeatAnswer>> {
     cluster(&st)?;
     let cl = st.cluster.clone().expect("a cluster");
     let mut report = report_value(body.report)?;
@@ -320,7 +287,7 @@ pub async fn heartbeat(
         .as_object_mut()
         .and_then(|o| o.remove("key_events"))
         .unwrap_or_default();
-    let key_events: Vec<space_node::settings::KeyEventReport> =
+    let key_events: Vec<space_node_api::settings::KeyEventReport> =
         serde_json::from_value(key_events).unwrap_or_default();
     match st
         .store
@@ -343,7 +310,7 @@ pub async fn heartbeat(
             }
             cl.configure_if_stale(&row, report["settings"].as_str())
                 .await;
-            let wanted: Vec<space_node::settings::SecretsWanted> =
+            let wanted: Vec<space_node_api::settings::SecretsWanted> =
                 serde_json::from_value(report["secrets_wanted"].clone()).unwrap_or_default();
             if !wanted.is_empty() {
                 send_secrets(&st, &row, wanted);
@@ -352,32 +319,32 @@ pub async fn heartbeat(
             // epoch as new as the node's (it moved while this node was away) must go: the
             // node discards what is listed. A sandbox the node holds under a newer epoch
             // than the database's is being moved to it (adopted, not yet recorded).
-            let report: space_node::api::NodeReport =
+            let report: space_node_api::NodeReport =
                 serde_json::from_value(report).unwrap_or_default();
             let held: std::collections::HashMap<String, u64> = report
                 .sandboxes
                 .iter()
-                .filter(|u| !matches!(u.state, space_node::State::Terminated))
+                .filter(|u| !matches!(u.state, space_node_api::State::Terminated))
                 .map(|u| (u.id.to_string(), u.epoch))
                 .collect();
             let owners = st.store.owners(held.keys().cloned().collect()).await?;
-            let foreign: Vec<&String> = owners
+            let foreign: Vec<String> = owners
                 .iter()
                 .filter(|(id, (owner, epoch))| {
                     let mine = held.get(*id).copied().unwrap_or(0);
                     owner.as_deref().is_some_and(|o| o != body.node_id)
                         && u64::try_from(*epoch).unwrap_or(0) >= mine
                 })
-                .map(|(id, _)| id)
+                .map(|(id, _)| id.clone())
                 .collect();
             if !foreign.is_empty() {
                 tracing::warn!(node = %body.node_id, count = foreign.len(), "a node runs sandboxes that moved; it is told to kill them");
             }
-            Ok(Json(json!({
-                "lease_ms": ms(LEASE),
-                "state": row.state.as_str(),
-                "foreign": foreign,
-            })))
+            Ok(Json(HeartbeatAnswer {
+                lease_ms: ms(LEASE),
+                state: row.state.as_str().to_owned(),
+                foreign,
+            }))
         }
         Err(StoreError::NotFound { .. }) => Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -456,19 +423,6 @@ pub async fn remove_node(
     set_state(&st, &who, &raw, NodeState::Removed, "node.remove").await
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimBody {
-    node_id: String,
-    incarnation: i64,
-    secret: String,
-    name: String,
-    #[serde(default)]
-    ttl_ms: Option<u64>,
-    #[serde(default)]
-    release: bool,
-}
-
 /// The longest claim a node may take.
 const MAX_CLAIM_MS: u64 = 30 * 60 * 1000;
 
@@ -477,8 +431,8 @@ const MAX_CLAIM_MS: u64 = 30 * 60 * 1000;
 /// up. Answers whether the node holds it.
 pub async fn claim(
     State(st): State<Shared>,
-    ApiJson(body): ApiJson<ClaimBody>,
-) -> ApiResult<Json<Value>> {
+    ApiJson(body): ApiJson<Claim>,
+) -> ApiResult<Json<ClaimAnswer>> {
     cluster(&st)?;
     let valid = body.name.len() <= 128
         && body.name.starts_with("template:")
@@ -513,21 +467,21 @@ pub async fn claim(
     let holder = format!("node:{}", body.node_id);
     if body.release {
         st.store.release_claim(&body.name, &holder).await?;
-        return Ok(Json(json!({"held": false})));
+        return Ok(Json(ClaimAnswer { held: false }));
     }
     let ttl = body
         .ttl_ms
         .unwrap_or(MAX_CLAIM_MS)
         .clamp(1000, MAX_CLAIM_MS);
     let held = st.store.claim(&body.name, &holder, ttl).await?;
-    Ok(Json(json!({"held": held})))
+    Ok(Json(ClaimAnswer { held }))
 }
 
 /// Sends node `row` the secret values its sandboxes lack, in the background (each sandbox
 /// once at a time): only for sandboxes the database gives to that node, only their tenant's
 /// secrets, only the names they are bound to.
-fn send_secrets(st: &Shared, row: &NodeRow, wanted: Vec<space_node::settings::SecretsWanted>) {
-    use space_node::NodeApi as _;
+fn send_secrets(st: &Shared, row: &NodeRow, wanted: Vec<space_node_api::settings::SecretsWanted>) {
+    use space_node_api::NodeApi as _;
     let Some(cluster) = st.cluster.clone() else {
         return;
     };
@@ -549,14 +503,14 @@ fn send_secrets(st: &Shared, row: &NodeRow, wanted: Vec<space_node::settings::Se
                 let mut values = std::collections::BTreeMap::new();
                 for name in w.names.iter().take(64) {
                     if let Some(v) = st.vault.value(&tenant, name).await? {
-                        values.insert(name.clone(), space_node::api::rpc::encode_bytes(&v));
+                        values.insert(name.clone(), space_node_api::calls::encode_bytes(&v));
                     }
                 }
                 let client = cluster
                     .client(&row)
                     .map_err(|e| ApiError::internal(e.to_string()))?;
                 client
-                    .set_secrets(&id, space_node::api::SecretMap(values))
+                    .set_secrets(&id, space_node_api::SecretMap(values))
                     .await?;
                 Ok(true)
             }

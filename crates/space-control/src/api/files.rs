@@ -15,7 +15,7 @@ use axum::Json;
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::SandboxId;
+use space_node_api::SandboxId;
 use space_proto::{GuestClient, WriteOptions};
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};

@@ -29,7 +29,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, patch, post, put};
 use axum::{Json, Router};
 use serde::de::DeserializeOwned;
-use space_node::{NodeApi, SandboxId};
+use space_node_api::cluster as cluster_paths;
+use space_node_api::{NodeApi, SandboxId};
 
 use crate::error::{ApiError, ApiResult};
 use crate::metrics::Metrics;
@@ -132,10 +133,10 @@ pub const ROUTES: &[Route] = &[
     r("PATCH", PORT_PROXY, "port.proxy_patch"),
     r("DELETE", PORT_PROXY, "port.proxy_delete"),
     r("POST", "/v1/cluster/join-tokens", "node.token"),
-    r("POST", "/v1/cluster/join", "node.join"),
-    r("POST", "/v1/cluster/rejoin", "node.rejoin"),
-    r("POST", "/v1/cluster/heartbeat", "node.heartbeat"),
-    r("POST", "/v1/cluster/claim", "node.claim"),
+    r("POST", cluster_paths::JOIN_PATH, "node.join"),
+    r("POST", cluster_paths::REJOIN_PATH, "node.rejoin"),
+    r("POST", cluster_paths::HEARTBEAT_PATH, "node.heartbeat"),
+    r("POST", cluster_paths::CLAIM_PATH, "node.claim"),
     r("GET", "/v1/nodes", "node.list"),
     r("POST", "/v1/nodes/{id}/drain", "node.drain"),
     r("DELETE", "/v1/nodes/{id}", "node.remove"),
@@ -235,7 +236,7 @@ impl AppState {
         &self,
         who: Option<&Principal>,
         id: &SandboxId,
-    ) -> ApiResult<space_runtime::GuestClient> {
+    ) -> ApiResult<space_proto::GuestClient> {
         let started = std::time::Instant::now();
         let (client, woke) = self
             .node
@@ -288,7 +289,7 @@ impl AppState {
     pub async fn scope(&self, who: &Principal, raw: &str) -> ApiResult<SandboxId> {
         let id: SandboxId = raw
             .parse()
-            .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+            .map_err(|e: space_node_api::ids::IdError| ApiError::invalid_id(e.to_string()))?;
         match self.store.sandbox_tenant(id.as_str()).await? {
             Some(t) if t == who.tenant => Ok(id),
             _ => Err(ApiError::sandbox_not_found(id.as_str())),
@@ -724,10 +725,10 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> R
         )
         .route("/v1/sandboxes/{id}/ports/{port}", delete(n::unexpose))
         .route("/v1/cluster/join-tokens", post(c::create_join_token))
-        .route("/v1/cluster/join", post(c::join))
-        .route("/v1/cluster/rejoin", post(c::rejoin))
-        .route("/v1/cluster/heartbeat", post(c::heartbeat))
-        .route("/v1/cluster/claim", post(c::claim))
+        .route(cluster_paths::JOIN_PATH, post(c::join))
+        .route(cluster_paths::REJOIN_PATH, post(c::rejoin))
+        .route(cluster_paths::HEARTBEAT_PATH, post(c::heartbeat))
+        .route(cluster_paths::CLAIM_PATH, post(c::claim))
         .route("/v1/nodes", get(c::list_nodes))
         .route("/v1/nodes/{id}/drain", post(c::drain_node))
         .route("/v1/nodes/{id}", delete(c::remove_node))
@@ -797,7 +798,7 @@ pub(crate) async fn guest_failure(
     id: &SandboxId,
     e: space_proto::ClientError,
 ) -> ApiError {
-    use space_node::State as S;
+    use space_node_api::State as S;
     use space_proto::{ClientError as C, ErrorKind as K};
     // The connection failing, here or (a node reached over the network) in the node's relay,
     // which answers that as an HTTP error that is no guest's.
@@ -828,12 +829,6 @@ pub(crate) async fn guest_failure(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use space_node::storage::{DriverKind, StorageOptions};
-    use space_node::{Node, NodeConfig};
-    use tower::ServiceExt;
-
-    /// The routes nodes call, authenticated by a join token or a node's secret.
-    const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat", "node.claim"];
 
     #[test]
     fn routes_are_unique_and_named() {
@@ -844,131 +839,6 @@ mod tests {
         }
         let ops: std::collections::HashSet<_> = ROUTES.iter().map(|r| r.operation).collect();
         assert_eq!(ops.len(), ROUTES.len(), "operation names repeat");
-    }
-
-    /// A real node (copy driver, no VMs started) and a real store in a temp dir.
-    async fn state(dir: &std::path::Path) -> (Shared, Node) {
-        let mut cfg = NodeConfig::new(dir.join("data"));
-        cfg.storage = StorageOptions {
-            driver: Some(DriverKind::Copy),
-            loop_image_size: 0,
-            loop_image: false,
-        };
-        cfg.pools = space_node::PoolConfig::disabled();
-        cfg.rolling.enabled = false;
-        cfg.timeout_tick = None;
-        let local = Node::open(cfg).await.expect("opening a node");
-        let node: Arc<dyn NodeApi> = Arc::new(space_node::LocalNode::new(
-            local.clone(),
-            std::path::PathBuf::from("/nonexistent"),
-            BTreeMap::new(),
-        ));
-        let store = Arc::new(Store::open(&dir.join("control.db")).expect("opening the store"));
-        let vault = crate::vault::Vault::open(store.clone(), &crate::vault::VaultKey::generate())
-            .await
-            .expect("opening the vault");
-        let vault = Arc::new(vault);
-        let st = Arc::new(AppState {
-            node,
-            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), 7070)),
-            vault,
-            public_url: None,
-            store,
-            metrics: Arc::new(Metrics::new()),
-            quotas: QuotaLocks::new(),
-            max_upload_bytes: 1 << 20,
-            ready_timeout: Duration::from_secs(1),
-            builds: tokio::sync::Mutex::new(()),
-            uploads_dir: std::env::temp_dir().join(format!("space-uploads-{}", std::process::id())),
-            max_template_upload_bytes: 1 << 30,
-            masters: None,
-            keyring: None,
-            cluster: None,
-        });
-        (st, local)
-    }
-
-    async fn call(app: &Router, method: &str, path: &str) -> (StatusCode, serde_json::Value) {
-        let req = Request::builder()
-            .method(method)
-            .uri(path)
-            .body(axum::body::Body::empty())
-            .unwrap();
-        let resp = app.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-            .await
-            .unwrap();
-        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-        (status, json)
-    }
-
-    #[tokio::test]
-    async fn every_route_is_routed_and_the_rest_is_json() {
-        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let (st, local) = state(dir.path()).await;
-        let app = router(st.clone(), 1 << 20);
-        for r in ROUTES {
-            let path = r
-                .path
-                .replace("{id}", "sbx-0011223344556677")
-                .replace("{name}", "acme")
-                .replace("{version}", "1")
-                .replace("{key_id}", "k00000000000000a")
-                .replace("{port}", "8000")
-                .replace("{token}", &"t".repeat(net::INGRESS_TOKEN_LEN))
-                .replace("{*path}", "some/path");
-            let (status, body) = call(&app, r.method, &path).await;
-            assert!(
-                body["error"]["code"] != "route_not_found"
-                    && body["error"]["code"] != "method_not_allowed",
-                "{r:?} hit a fallback: {status} {body}"
-            );
-            // Everything but the open routes wants a key; an unknown ingress token is 404.
-            if r.operation.starts_with("ingress.") {
-                assert_eq!(status, StatusCode::NOT_FOUND, "{r:?}: {body}");
-                assert_eq!(body["error"]["code"], "not_found");
-            } else if NODE_ROUTES.contains(&r.operation) {
-                // Nodes authenticate in the body; without one it is refused as malformed.
-                assert!(status.is_client_error(), "{r:?}: {status} {body}");
-                assert!(body["error"]["code"].is_string(), "{r:?}: {body}");
-            } else if !matches!(r.operation, "health" | "openapi" | "metrics") {
-                assert_eq!(status, StatusCode::UNAUTHORIZED, "{r:?}: {body}");
-                assert_eq!(body["error"]["code"], "unauthorized");
-            } else {
-                assert_eq!(status, StatusCode::OK, "{r:?}");
-            }
-        }
-        let (status, body) = call(&app, "GET", "/v1/nothing/here").await;
-        assert_eq!(status, StatusCode::NOT_FOUND);
-        assert_eq!(body["error"]["code"], "route_not_found");
-        let (status, body) = call(&app, "PATCH", "/v1/sandboxes").await;
-        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
-        assert_eq!(body["error"]["code"], "method_not_allowed");
-        assert_eq!(st.metrics.requests("route_not_found", 404), 1);
-        assert_eq!(st.metrics.requests("method_not_allowed", 405), 1);
-        assert_eq!(st.metrics.requests("sandbox.create", 401), 1);
-        // Each refused request left an audit event.
-        let events = st
-            .store
-            .audit(&crate::store::AuditFilter {
-                operation: Some("auth".into()),
-                limit: 1000,
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let open = ROUTES
-            .iter()
-            .filter(|r| {
-                r.operation.starts_with("ingress.")
-                    || NODE_ROUTES.contains(&r.operation)
-                    || matches!(r.operation, "health" | "openapi" | "metrics")
-            })
-            .count();
-        assert_eq!(events.len(), ROUTES.len() - open);
-        assert!(events.iter().all(|e| e.result == "unauthorized"));
-        local.shutdown().await;
     }
 
     #[test]

@@ -20,8 +20,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
-use space_node::gateway::{EgressPolicy, EgressRule};
-use space_node::{SandboxId, State as SbState};
+use space_node_api::policy::{EgressPolicy, EgressRule};
+use space_node_api::{SandboxId, State as SbState};
 
 use super::{ApiJson, ApiPath, Caller, Shared};
 use crate::error::{node_error, ApiError, ApiResult};
@@ -180,8 +180,8 @@ pub async fn bindings(
     st: &Shared,
     tenant: &TenantName,
     names: &[String],
-) -> ApiResult<Vec<space_node::gateway::SecretBinding>> {
-    let mut out: Vec<space_node::gateway::SecretBinding> = Vec::new();
+) -> ApiResult<Vec<space_node_api::SecretBinding>> {
+    let mut out: Vec<space_node_api::SecretBinding> = Vec::new();
     for name in names {
         validate_secret_name(name)?;
         if out.iter().any(|b| &b.name == name) {
@@ -193,7 +193,7 @@ pub async fn bindings(
             .await?
             .ok_or_else(|| secret_not_found(name))?;
         let hosts = parse_rules(&info.hosts, "stored hosts")?;
-        out.push(space_node::gateway::SecretBinding::new(name.clone(), hosts));
+        out.push(space_node_api::SecretBinding::new(name.clone(), hosts));
     }
     Ok(out)
 }
@@ -254,7 +254,7 @@ pub async fn put_egress(
             };
             format!(
                 "default={} allow={} deny={}",
-                if p.default == space_node::gateway::EgressDefault::Allow {
+                if p.default == space_node_api::policy::EgressDefault::Allow {
                     "allow"
                 } else {
                     "deny"
@@ -585,7 +585,7 @@ pub(crate) async fn proxy(
 pub(crate) async fn proxy_to(
     st: &Shared,
     who: Option<&crate::store::Principal>,
-    info: &space_node::api::Sandbox,
+    info: &space_node_api::Sandbox,
     port: u16,
     prefix: &str,
     rest: &str,

@@ -12,8 +12,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer};
 use serde_json::{json, Value};
 use sha2::Digest;
-use space_node::api::Sandbox;
-use space_node::{
+use space_node_api::Sandbox;
+use space_node_api::{
     CreateRequest, SandboxId, SandboxOptions, SnapshotId, SnapshotKind, State as SbState,
     TemplateName, TimeoutAction, TimeoutPolicy, VersionReq,
 };
@@ -174,7 +174,7 @@ pub struct CreateBody {
     secrets: Vec<String>,
     #[serde(default, deserialize_with = "super::object_opt")]
     #[schemars(with = "Option<crate::api::shapes::EgressPolicy>")]
-    egress: Option<space_node::gateway::EgressPolicy>,
+    egress: Option<space_node_api::policy::EgressPolicy>,
     #[serde(default)]
     auto_resume: Option<bool>,
 }
@@ -250,7 +250,7 @@ pub struct NewSandbox {
     pub metadata: BTreeMap<String, String>,
     pub timeouts: TimeoutPolicy,
     pub secrets: Vec<String>,
-    pub egress: Option<space_node::gateway::EgressPolicy>,
+    pub egress: Option<space_node_api::policy::EgressPolicy>,
     pub auto_resume: Option<bool>,
 }
 
@@ -264,12 +264,12 @@ pub async fn create_sandbox(
     let name: TemplateName = body
         .template
         .parse()
-        .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+        .map_err(|e: space_node_api::ids::IdError| ApiError::invalid_id(e.to_string()))?;
     let version: VersionReq = match &body.version {
         None => VersionReq::Latest,
         Some(v) => v
             .parse()
-            .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?,
+            .map_err(|e: space_node_api::ids::IdError| ApiError::invalid_id(e.to_string()))?,
     };
     super::templates::check_visible(st, tenant, name.as_str()).await?;
     // The template is resolved once: the create names the exact build it was sized by.
@@ -348,7 +348,7 @@ pub async fn create_sandbox_once(
         CreateKey::Done(id) => {
             let id: SandboxId = id
                 .parse()
-                .map_err(|e: space_node::ids::IdError| ApiError::internal(e.to_string()))?;
+                .map_err(|e: space_node_api::ids::IdError| ApiError::internal(e.to_string()))?;
             st.node.info(&id).await.map_err(|_| {
                 ApiError::new(
                     StatusCode::CONFLICT,
@@ -476,7 +476,7 @@ pub async fn list_sandboxes(
         }
         let info = match st.node.info(&id).await {
             Ok(i) => i,
-            Err(f) if f.code == space_node::FaultCode::NotFound => continue,
+            Err(f) if f.code == space_node_api::FaultCode::NotFound => continue,
             Err(e) => return Err(e.into()),
         };
         let state_ok = match &filter.states {
@@ -788,7 +788,7 @@ pub async fn rollback(
     let snap: SnapshotId = body
         .snapshot
         .parse()
-        .map_err(|e: space_node::ids::IdError| ApiError::invalid_id(e.to_string()))?;
+        .map_err(|e: space_node_api::ids::IdError| ApiError::invalid_id(e.to_string()))?;
     lifecycle(&st, &who, &raw, "snapshot.rollback", |st, id| async move {
         // Looked up among this sandbox's own snapshots only.
         let info = st.node.info(&id).await.map_err(node_error(&id))?;

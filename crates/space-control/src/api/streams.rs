@@ -21,7 +21,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::{NodeApi, SandboxId};
+use space_node_api::{NodeApi, SandboxId};
 use space_proto::{Command, ExecOutput, ExecSpec, ExitStatus, GuestClient, PtySpec};
 use tokio::sync::mpsc;
 

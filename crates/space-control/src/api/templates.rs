@@ -23,8 +23,8 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::api::{TemplateBuild, TemplateInfo};
-use space_node::{Credentials, ReadyCheck, SandboxId, StartSpec, TemplateRef, TemplateSource};
+use space_node_api::{Credentials, ReadyCheck, SandboxId, StartSpec, TemplateRef, TemplateSource};
+use space_node_api::{TemplateBuild, TemplateInfo};
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use crate::error::{ApiError, ApiResult};
@@ -193,7 +193,7 @@ pub struct BuildBody {
     start_timeout_ms: Option<u64>,
     /// What a Dockerfile's `RUN` steps may reach (default: the default egress policy).
     #[serde(default)]
-    egress: Option<space_node::gateway::EgressPolicy>,
+    egress: Option<space_node_api::policy::EgressPolicy>,
 }
 
 /// `?wait=true`
@@ -316,7 +316,7 @@ fn start_of(body: &BuildBody) -> ApiResult<Option<StartSpec>> {
             ready,
             timeout_ms: body
                 .start_timeout_ms
-                .unwrap_or(space_node::template::DEFAULT_START_TIMEOUT.as_millis() as u64),
+                .unwrap_or(space_node_api::template::DEFAULT_START_TIMEOUT.as_millis() as u64),
         })),
     }
 }
@@ -380,7 +380,7 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
         // A base that is a template must be one the caller may use.
         let file = space_image::dockerfile::parse(dockerfile, build_args)
             .map_err(|e| ApiError::invalid(e.to_string()))?;
-        if file.from.parse::<space_node::TemplateName>().is_ok() && !who.admin {
+        if file.from.parse::<space_node_api::TemplateName>().is_ok() && !who.admin {
             check_visible(st, &who.tenant, &file.from).await?;
         }
     }

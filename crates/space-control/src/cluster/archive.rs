@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use space_archive::crypto::Key;
 use space_archive::{Archive, Keyring, LocalMaster, MasterKey, StoreConfig};
-use space_node::settings::{KmsKey, NodeSettings, StoreSettings};
+use space_node_api::settings::{KmsKey, NodeSettings, StoreSettings};
 
 use crate::archive::{ArchiveSettings, KeyAuditSink};
 use crate::masters::{aws_for_nodes, MasterKeyConfig, TenantMasters};

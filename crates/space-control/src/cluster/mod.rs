@@ -6,8 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_node::api::{ClusterCa, Identity, NodeReport, RemoteNode, TlsError};
-use space_node::NodeApi as _;
+use space_node_api::NodeApi as _;
+use space_node_api::{ClusterCa, Identity, NodeReport, RemoteNode, TlsError};
 
 use crate::store::{NodeRow, NodeState, Store, StoreError};
 use crate::vault::Vault;
@@ -64,7 +64,7 @@ pub struct Cluster {
     /// Nodes this replica is sending settings to now.
     configuring: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Sandboxes this replica is sending secret values to now.
-    sending_secrets: std::sync::Mutex<std::collections::HashSet<space_node::SandboxId>>,
+    sending_secrets: std::sync::Mutex<std::collections::HashSet<space_node_api::SandboxId>>,
     /// This replica's name in claims.
     holder: String,
 }
@@ -120,7 +120,7 @@ impl Cluster {
     }
 
     /// Marks `id`'s secret values as being sent; `false` when they are already.
-    pub fn start_sending_secrets(&self, id: &space_node::SandboxId) -> bool {
+    pub fn start_sending_secrets(&self, id: &space_node_api::SandboxId) -> bool {
         self.sending_secrets
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -128,7 +128,7 @@ impl Cluster {
     }
 
     /// The sending of `id`'s secret values ended.
-    pub fn done_sending_secrets(&self, id: &space_node::SandboxId) {
+    pub fn done_sending_secrets(&self, id: &space_node_api::SandboxId) {
         self.sending_secrets
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -147,7 +147,7 @@ impl Cluster {
                 }
             },
             // Nothing to give but the fact that there is nothing.
-            None => space_node::settings::NodeSettings::default(),
+            None => space_node_api::settings::NodeSettings::default(),
         };
         if reported == Some(settings.digest().as_str()) {
             return;

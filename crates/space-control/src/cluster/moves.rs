@@ -16,8 +16,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use space_node::api::{Fault, FaultCode, NodeApi, Sandbox};
-use space_node::{SandboxId, SnapshotReason, State};
+use space_node_api::{Fault, FaultCode, NodeApi, Sandbox};
+use space_node_api::{SandboxId, SnapshotReason, State};
 
 use super::{report_of, Cluster, RESERVATION};
 use crate::store::{NewAuditEvent, NodeRow, NodeState, StoreError, TenantName};
@@ -257,7 +257,7 @@ async fn audit(
     sb: &Sandbox,
     why: Why,
 ) {
-    let now = space_node::record::now_ms();
+    let now = space_node_api::sandbox::now_ms();
     let point = sb
         .restore_point
         .as_ref()

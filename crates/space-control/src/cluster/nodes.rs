@@ -10,12 +10,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use space_node::api::{
+use space_node_api::policy::EgressPolicy;
+use space_node_api::{
     Blob, Fault, FaultCode, NodeApi, NodeResult, NodeSettings, NodeStatus, Pool, RemoteNode,
     Sandbox, SecretMap, Snapshot, TemplateBuild, TemplateInfo, Usage, Woke,
 };
-use space_node::gateway::EgressPolicy;
-use space_node::{
+use space_node_api::{
     CreateRequest, SandboxId, SnapshotId, SnapshotKind, TemplateName, TemplateRef, TimeoutPolicy,
     VersionReq,
 };
@@ -106,7 +106,7 @@ impl ClusterNodes {
             let run = last.as_ref().is_some_and(|u| {
                 matches!(
                     u.state,
-                    space_node::State::Running | space_node::State::Paused
+                    space_node_api::State::Running | space_node_api::State::Paused
                 )
             });
             let why = if run { Why::Failover } else { Why::Wake };
@@ -509,7 +509,7 @@ impl NodeApi for ClusterNodes {
         Ok(t)
     }
 
-    async fn build_log(&self, build: &str, from: u64) -> NodeResult<space_node::LogChunk> {
+    async fn build_log(&self, build: &str, from: u64) -> NodeResult<space_node_api::LogChunk> {
         // The node that runs (or ran) the build has its log; the others do not know it.
         let mut last = None;
         for (_, c) in self.live().await? {

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use serde_json::json;
-use space_node::SandboxId;
+use space_node_api::SandboxId;
 
 use super::connect::{Code, RpcError, RpcResult};
 use super::E2bState;
@@ -26,7 +26,7 @@ pub struct Envd {
     pub st: Shared,
     pub e2b: Arc<E2bState>,
     pub id: SandboxId,
-    pub guest: space_runtime::GuestClient,
+    pub guest: space_proto::GuestClient,
     /// The user named by `Authorization: Basic <user>:`, if any.
     pub user: Option<String>,
 }

@@ -26,7 +26,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use space_node::SandboxId;
+use space_node_api::SandboxId;
 
 use crate::api::Shared;
 

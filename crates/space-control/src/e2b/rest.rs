@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node::api::Sandbox;
-use space_node::{SandboxId, State as SbState, TimeoutAction, TimeoutPolicy};
+use space_node_api::Sandbox;
+use space_node_api::{SandboxId, State as SbState, TimeoutAction, TimeoutPolicy};
 
 use super::{E2bState, ENVD_VERSION};
 use crate::api::sandboxes::{self as service, Filter, NewSandbox};
@@ -287,8 +287,8 @@ pub async fn create(
             None => DEFAULT_TIMEOUT,
         };
         let egress = match body.allow_internet_access {
-            Some(false) => Some(space_node::gateway::EgressPolicy {
-                default: space_node::gateway::EgressDefault::Deny,
+            Some(false) => Some(space_node_api::policy::EgressPolicy {
+                default: space_node_api::policy::EgressDefault::Deny,
                 ..Default::default()
             }),
             _ => None,
@@ -361,7 +361,7 @@ async fn owned(st: &Shared, who: &Principal, raw: &str) -> E2bResult<(SandboxId,
         .await
         .map_err(|_| E2bError::not_found(raw))?;
     let sb = st.node.info(&id).await.map_err(|f| match f.code {
-        space_node::FaultCode::NotFound => E2bError::not_found(raw),
+        space_node_api::FaultCode::NotFound => E2bError::not_found(raw),
         _ => E2bError::from(ApiError::from(f)),
     })?;
     if matches!(sb.state, SbState::Terminated | SbState::Failed) {
@@ -405,7 +405,7 @@ pub async fn get(
 
 /// Sets the lifetime of sandbox `sb` so that it ends `timeout` from now.
 async fn end_in(st: &Shared, sb: &Sandbox, timeout: Duration) -> E2bResult<()> {
-    let now = space_node::record::now_ms();
+    let now = space_node_api::sandbox::now_ms();
     let lived = Duration::from_millis(now.saturating_sub(sb.started_unix_ms));
     let policy = TimeoutPolicy {
         max_lifetime: Some(lived + timeout),
@@ -448,7 +448,7 @@ pub async fn connect(
         let mut sb = st.node.info(&id).await.map_err(node_error(&id))?;
         if let Some(s) = body.timeout {
             let wanted = lifetime(s)?;
-            let now = space_node::record::now_ms();
+            let now = space_node_api::sandbox::now_ms();
             let ends = sb
                 .options
                 .timeouts

@@ -257,8 +257,6 @@ pub struct ArchiveReport {
 
 /// How often the archive pass runs (each sandbox's own interval decides what it uploads).
 pub(crate) const ARCHIVE_TICK: Duration = Duration::from_secs(5);
-/// How often (and with how much grace for uploads in progress) garbage is collected.
-pub const GC_EVERY: Duration = Duration::from_secs(3600);
 
 /// One archive pass over `handles` (see [`crate::Node::reconcile_archive`]).
 pub(crate) async fn pass(
@@ -304,7 +302,7 @@ pub(crate) async fn pass(
     let last = last_gc_ms.load(std::sync::atomic::Ordering::Relaxed);
     if cfg.collect_garbage && now_ms().saturating_sub(last) >= GC_EVERY.as_millis() as u64 {
         last_gc_ms.store(now_ms(), std::sync::atomic::Ordering::Relaxed);
-        collect_garbage(&cfg.archive, &cfg.keyring).await;
+        space_archive::gc::collect_and_log(&cfg.archive, &cfg.keyring).await;
     }
     // The cache: archived local copies of suspended sandboxes, oldest suspension first.
     let mut cached: Vec<(u64, SandboxId, SnapshotId, u64, crate::sandbox::Handle)> = Vec::new();
@@ -410,20 +408,5 @@ pub(crate) async fn shred_expired(ctx: &Ctx, records: &[SandboxRecord], max_age:
                 tracing::error!(id = %r.id, error = %e, "shredding: writing a record");
             }
         }
-    }
-}
-
-/// Collects the store's garbage older than [`GC_EVERY`] and logs what went (the node's
-/// hourly pass; a cluster's replicas run it for the shared store).
-pub async fn collect_garbage(archive: &space_archive::Archive, keyring: &space_archive::Keyring) {
-    match space_archive::gc::collect(archive, keyring, GC_EVERY).await {
-        Ok(r) => tracing::info!(
-            packs = r.packs_deleted,
-            bytes = r.bytes_deleted,
-            shredded = r.shredded_removed.len(),
-            skipped = r.skipped.len(),
-            "object store garbage collected"
-        ),
-        Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
     }
 }

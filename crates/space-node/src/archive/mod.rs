@@ -24,9 +24,7 @@ use crate::record::{now_ms, RemoteCopy, SandboxRecord, SnapshotKind, State};
 use crate::sandbox::{Ctx, Request};
 use crate::template::blocking;
 
-/// The tenant whose keys seal template archives (templates are the deployment's, not a
-/// tenant's).
-pub const TEMPLATE_TENANT: &str = "_templates";
+pub use space_archive::keys::TEMPLATE_TENANT;
 /// Files of a full snapshot, in upload order.
 const SNAPSHOT_FILES: &[&str] = &["mem", "rootfs.ext4", "state", "manifest.json"];
 /// Files of a template build.
@@ -152,9 +150,10 @@ mod restore;
 mod templates;
 
 pub(crate) use adopt::{adopt_archived, adopt_moved};
-pub use background::{collect_garbage, ArchiveReport, GC_EVERY};
+pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
 pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
+pub use space_archive::gc::GC_EVERY;
 pub(crate) use templates::{local_template, published, template_base};
 
 /// Points a runtime snapshot manifest at this node's copy of the kernel.

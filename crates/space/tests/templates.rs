@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use space_control::Server;
+use space::Host;
 
-mod common;
+mod in_process;
 
-use common::{server_config, with_data_dir, Api};
+use in_process::{server_config, with_data_dir, Api};
 
 /// Polls a build until it is no longer running.
 async fn wait_build(api: &Api, key: &str, id: &str) -> Value {
@@ -57,8 +57,8 @@ fn templates_of_tenants_builds_and_saves() {
         // `base` (Debian, with Python) to build from; not a stock template built at start.
         config
             .images
-            .insert("base".into(), common::env_path("SPACE_ROOTFS_BASE"));
-        let server = Server::start(config).await.expect("starting");
+            .insert("base".into(), in_process::env_path("SPACE_ROOTFS_BASE"));
+        let server = Host::start(config).await.expect("starting");
         let admin = server.bootstrap_key().unwrap().to_owned();
         let api = Api::new(server.url());
         let mut keys = Vec::new();

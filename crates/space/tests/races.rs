@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-mod common;
+mod in_process;
 
-use common::with_server;
+use in_process::with_server;
 
 /// The NDJSON lines of an exec started with `req`, read until `stop` holds for one of them
 /// (the rest stays unread); the exec must have been accepted (`200`).

@@ -11,9 +11,9 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use tokio_tungstenite::tungstenite::Message;
 
-mod common;
+mod in_process;
 
-use common::{with_server, Api, MAX_UPLOAD};
+use in_process::{with_server, Api, MAX_UPLOAD};
 
 fn sha256(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))

@@ -10,13 +10,13 @@
 //! - a sandbox the database gives to another node is discarded by the node it left;
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
 
-mod common;
+mod in_process;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::{env_path, node_config, with_data_dirs, Api};
+use in_process::{env_path, node_config, with_data_dirs, Api};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use space_control::replica::{Replica, ReplicaConfig};
@@ -112,7 +112,7 @@ async fn token(api: &Api, admin: &str) -> String {
 #[test]
 fn two_replicas_two_nodes() {
     with_data_dirs(2, |dirs| async move {
-        let database = common::postgres::database();
+        let database = in_process::postgres::database();
         let vault_key = VaultKey::generate();
         let config = |key: &VaultKey| ReplicaConfig {
             database: database.clone(),

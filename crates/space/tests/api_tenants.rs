@@ -5,9 +5,9 @@
 
 use serde_json::{json, Value};
 
-mod common;
+mod in_process;
 
-use common::{with_server, Api};
+use in_process::{with_server, Api};
 
 /// The message and the id in it replaced, to compare the answers about two ids.
 fn shape(message: &str, id: &str) -> String {

@@ -4,13 +4,13 @@
 //! restore works), rotated onto a second KMS key (the first can go), every unwrap audited; and
 //! the tenant's limit on how long a sandbox may stay suspended.
 
-mod common;
+mod in_process;
 
-use common::{server_config, with_data_dir, Api};
+use in_process::{server_config, with_data_dir, Api};
 use serde_json::json;
+use space::Host;
 use space_archive::kms::KmsMaster;
 use space_archive::testing::Moto;
-use space_control::Server;
 
 async fn kms_key(admin: &KmsMaster) -> String {
     admin
@@ -31,7 +31,7 @@ fn a_tenant_key_held_in_kms() {
     let endpoint = moto.endpoint.clone();
     let kms = KmsMaster::new(moto.kms("admin")).unwrap();
     with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
+        let server = Host::start(server_config(&data)).await.expect("starting");
         let api = Api::new(server.url());
         let key = server.bootstrap_key().unwrap().to_owned();
         let key = key.as_str();

@@ -11,11 +11,13 @@
 //! of the others.
 
 use serde_json::{json, Value};
-use space_control::Server;
+use space::Host;
+use space_control::api::net::INGRESS_TOKEN_LEN;
+use space_control::api::ROUTES;
 
-mod common;
+mod in_process;
 
-use common::{server_config, with_data_dir, with_server, Api};
+use in_process::{server_config, with_data_dir, with_server, Api};
 
 /// What any caller meets first: authentication, tenants and keys, refusals of bad requests.
 #[test]
@@ -27,7 +29,7 @@ fn open_routes_keys_tenants_and_bad_requests() {
 fn a_restart_keeps_keys_ownership_and_the_running_vm() {
     with_data_dir(|data| async move {
         let config = server_config(&data);
-        let server = Server::start(config.clone()).await.expect("starting");
+        let server = Host::start(config.clone()).await.expect("starting");
         let admin = server
             .bootstrap_key()
             .expect("first start makes a key")
@@ -38,7 +40,7 @@ fn a_restart_keeps_keys_ownership_and_the_running_vm() {
         server.shutdown().await;
 
         // The VM is adopted, not rebooted: the file in its /tmp is still there.
-        let server = Server::start(config).await.expect("restarting");
+        let server = Host::start(config).await.expect("restarting");
         assert!(server.bootstrap_key().is_none());
         let api = Api::new(server.url());
         let sb = api
@@ -48,6 +50,102 @@ fn a_restart_keeps_keys_ownership_and_the_running_vm() {
         assert_eq!(api.sh(&admin, &a, "cat /tmp/mark").await, "survivor\n");
         api.ok("DELETE", &format!("/v1/sandboxes/{a}"), &admin, None, 200)
             .await;
+        server.shutdown().await;
+    });
+}
+
+/// The routes nodes call, authenticated by a join token or a node's secret.
+const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat", "node.claim"];
+
+/// Every route of the table reaches its handler (no fallback answers it), each refuses a
+/// caller without a key (and leaves an audit event) unless it is open, and what no route
+/// matches is answered in JSON. A node on the copy driver: no guest is started.
+#[test]
+fn every_route_is_routed_and_the_rest_is_json() {
+    with_data_dir(|data| async move {
+        let mut node = space_node::NodeConfig::new(&data);
+        node.storage = space_node::storage::StorageOptions {
+            driver: Some(space_node::storage::DriverKind::Copy),
+            loop_image_size: 0,
+            loop_image: false,
+        };
+        node.pools = space_node::PoolConfig::disabled();
+        node.rolling.enabled = false;
+        node.timeout_tick = None;
+        let mut cfg = space::HostConfig::new(node, "/nonexistent");
+        cfg.server.listen = "127.0.0.1:0".parse().unwrap();
+        cfg.server.database = in_process::test_database();
+        let server = Host::start(cfg).await.expect("starting");
+        let http = reqwest::Client::new();
+        let call = |method: &'static str, path: String| {
+            let req = http.request(method.parse().unwrap(), format!("{}{path}", server.url()));
+            async move {
+                let resp = req.send().await.expect("sending");
+                let status = resp.status().as_u16();
+                let body: Value = resp.json().await.unwrap_or(Value::Null);
+                (status, body)
+            }
+        };
+        for r in ROUTES {
+            let path = r
+                .path
+                .replace("{id}", "sbx-0011223344556677")
+                .replace("{name}", "acme")
+                .replace("{version}", "1")
+                .replace("{key_id}", "k00000000000000a")
+                .replace("{port}", "8000")
+                .replace("{token}", &"t".repeat(INGRESS_TOKEN_LEN))
+                .replace("{*path}", "some/path");
+            let (status, body) = call(r.method, path).await;
+            assert!(
+                body["error"]["code"] != "route_not_found"
+                    && body["error"]["code"] != "method_not_allowed",
+                "{r:?} hit a fallback: {status} {body}"
+            );
+            // Everything but the open routes wants a key; an unknown ingress token is 404.
+            if r.operation.starts_with("ingress.") {
+                assert_eq!(status, 404, "{r:?}: {body}");
+                assert_eq!(body["error"]["code"], "not_found");
+            } else if NODE_ROUTES.contains(&r.operation) {
+                // Nodes authenticate in the body; without one it is refused as malformed.
+                assert!((400..500).contains(&status), "{r:?}: {status} {body}");
+                assert!(body["error"]["code"].is_string(), "{r:?}: {body}");
+            } else if !matches!(r.operation, "health" | "openapi" | "metrics") {
+                assert_eq!(status, 401, "{r:?}: {body}");
+                assert_eq!(body["error"]["code"], "unauthorized");
+            } else {
+                assert_eq!(status, 200, "{r:?}");
+            }
+        }
+        let (status, body) = call("GET", "/v1/nothing/here".into()).await;
+        assert_eq!(status, 404);
+        assert_eq!(body["error"]["code"], "route_not_found");
+        let (status, body) = call("PATCH", "/v1/sandboxes".into()).await;
+        assert_eq!(status, 405);
+        assert_eq!(body["error"]["code"], "method_not_allowed");
+        assert_eq!(server.metrics().requests("route_not_found", 404), 1);
+        assert_eq!(server.metrics().requests("method_not_allowed", 405), 1);
+        assert_eq!(server.metrics().requests("sandbox.create", 401), 1);
+        // Each refused request left an audit event.
+        let events = server
+            .store()
+            .audit(&space_control::store::AuditFilter {
+                operation: Some("auth".into()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let open = ROUTES
+            .iter()
+            .filter(|r| {
+                r.operation.starts_with("ingress.")
+                    || NODE_ROUTES.contains(&r.operation)
+                    || matches!(r.operation, "health" | "openapi" | "metrics")
+            })
+            .count();
+        assert_eq!(events.len(), ROUTES.len() - open);
+        assert!(events.iter().all(|e| e.result == "unauthorized"));
         server.shutdown().await;
     });
 }

@@ -10,11 +10,13 @@ use std::time::Duration;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use serde_json::{json, Value};
-use space_control::{Server, ServerConfig};
+use space::{Host, HostConfig};
 use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{Node, NodeConfig};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
+// The throwaway PostgreSQL server, shared with the store's own tests.
+#[path = "../../../space-control/tests/common/postgres.rs"]
 pub mod postgres;
 
 /// Which database the test servers keep their state in: `SPACE_TEST_STORE=postgres` runs the
@@ -51,12 +53,12 @@ pub fn env_path(var: &str) -> PathBuf {
     }
 }
 
-pub fn server_config(data: &Path) -> ServerConfig {
-    let mut cfg = ServerConfig::new(node_config(data), env_path("SPACE_KERNEL"));
-    cfg.listen = "127.0.0.1:0".parse().unwrap();
+pub fn server_config(data: &Path) -> HostConfig {
+    let mut cfg = HostConfig::new(node_config(data), env_path("SPACE_KERNEL"));
+    cfg.server.listen = "127.0.0.1:0".parse().unwrap();
     cfg.images = BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]);
     cfg.stock_templates = vec!["minimal".into()];
-    cfg.max_upload_bytes = MAX_UPLOAD;
+    cfg.server.max_upload_bytes = MAX_UPLOAD;
     // Suspended sandboxes go to a directory store, and their local copies are evicted at once:
     // every restore below comes from the store.
     let mut archive = space_control::archive::ArchiveSettings::new(
@@ -64,8 +66,8 @@ pub fn server_config(data: &Path) -> ServerConfig {
     );
     archive.cache_max_bytes = Some(0);
     archive.upload_interval = None;
-    cfg.archive = Some(archive);
-    cfg.database = test_database();
+    cfg.server.archive = Some(archive);
+    cfg.server.database = test_database();
     cfg.node_over_network = test_node_over_network();
     cfg
 }
@@ -104,7 +106,7 @@ where
     Fut: Future<Output = ()>,
 {
     with_data_dir(|data| async move {
-        let server = Server::start(server_config(&data)).await.expect("starting");
+        let server = Host::start(server_config(&data)).await.expect("starting");
         let admin = server
             .bootstrap_key()
             .expect("first start makes a key")

@@ -6,9 +6,9 @@
 
 use serde_json::json;
 
-mod common;
+mod in_process;
 
-use common::{with_server, Api};
+use in_process::{with_server, Api};
 
 /// One sandbox (and a fork of it) through every lifecycle operation.
 #[test]
