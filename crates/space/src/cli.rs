@@ -296,7 +296,8 @@ pub enum NodeCmd {
         #[arg(long, value_name = "SECONDS")]
         ttl: Option<u64>,
     },
-    /// Stop placing sandboxes on a node.
+    /// Stop placing sandboxes on a node and move its sandboxes to the others (through the
+    /// object store; without one, only placement stops).
     Drain {
         /// The node id.
         id: String,

@@ -266,6 +266,20 @@ impl Op {
         self
     }
 
+    /// The refusals of the MCP transport itself, whose bodies are the transport's and not the
+    /// API's error.
+    fn mcp_transport_refusals(mut self) -> Op {
+        self.response(
+            400,
+            json!({"description": "The MCP transport refused the request: a body that is not a JSON-RPC message, or a session header it does not know (the body is the transport's own, not the API's error)."}),
+        );
+        self.response(
+            406,
+            json!({"description": "The `Accept` header does not allow what the transport answers (`application/json` and `text/event-stream`)."}),
+        );
+        self
+    }
+
     fn err_ref(mut self, status: u16, name: &str) -> Op {
         self.response(
             status,
@@ -395,7 +409,7 @@ fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
         "health" => Op::new("Server health", "server")
             .public()
             .ok(200, "Healthy.", vec![("application/json", s::<sh::Health>(g))])
-            .err(&[500]),
+            .err(&[500, 503]),
         "openapi" => Op::new("This document", "server")
             .public()
             .ok(200, "The OpenAPI document.", vec![("application/json", json!({"type": "object"}))])
@@ -749,15 +763,18 @@ fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
         "mcp.post" => Op::new("MCP request (Streamable HTTP)", "mcp")
             .desc("A JSON-RPC message of the Model Context Protocol: the sandbox tools of `docs/mcp.md`, scoped to the key's tenant. Each tool call is an API call with this request's key.")
             .ok(200, "A JSON-RPC answer (`application/json`) or an SSE stream of JSON-RPC messages (`text/event-stream`), as the Streamable HTTP transport of MCP says (a notification is answered `202` with no body; a malformed JSON-RPC message is answered by the MCP layer with a JSON-RPC error).", vec![("application/json", json!({"type": "object"})), ("text/event-stream", json!({"type": "string"}))])
-            .err(&[401, 500]),
+            .err(&[401, 500])
+            .mcp_transport_refusals(),
         "mcp.get" => Op::new("MCP server-to-client stream", "mcp")
             .desc("The SSE stream of a session (protocol versions before 2026-07-28).")
             .ok(200, "A JSON-RPC answer (`application/json`) or an SSE stream of JSON-RPC messages (`text/event-stream`), as the Streamable HTTP transport of MCP says (a notification is answered `202` with no body; a malformed JSON-RPC message is answered by the MCP layer with a JSON-RPC error).", vec![("application/json", json!({"type": "object"})), ("text/event-stream", json!({"type": "string"}))])
-            .err(&[401, 500]),
+            .err(&[401, 500])
+            .mcp_transport_refusals(),
         "mcp.delete" => Op::new("End an MCP session", "mcp")
             .desc("Ends a session (protocol versions before 2026-07-28).")
             .ok(200, "A JSON-RPC answer (`application/json`) or an SSE stream of JSON-RPC messages (`text/event-stream`), as the Streamable HTTP transport of MCP says (a notification is answered `202` with no body; a malformed JSON-RPC message is answered by the MCP layer with a JSON-RPC error).", vec![("application/json", json!({"type": "object"})), ("text/event-stream", json!({"type": "string"}))])
-            .err(&[401, 500]),
+            .err(&[401, 500])
+            .mcp_transport_refusals(),
         other => panic!("operation {other} of ROUTES is not described"),
     }
 }
