@@ -42,6 +42,10 @@ pub struct Sandbox {
     pub started_unix_ms: u64,
     /// Last request through the node.
     pub last_activity_unix_ms: u64,
+    /// The cluster node that holds it, as the control plane placed it (`None` from the node
+    /// itself, and on `space up`, whose one node is the server's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl Sandbox {

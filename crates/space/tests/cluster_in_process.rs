@@ -211,6 +211,13 @@ fn two_replicas_two_nodes() {
         for id in &ids {
             let (node, epoch) = r1.store().sandbox_node(id).await.unwrap().expect("placed");
             assert_eq!(epoch, 1);
+            // An admin's answer names the node that holds it, through either replica.
+            for api in [&a1, &a2] {
+                let sb = api
+                    .ok("GET", &format!("/v1/sandboxes/{id}"), &admin, None, 200)
+                    .await;
+                assert_eq!(sb["node"], json!(node), "{sb}");
+            }
             *on.entry(node).or_insert(0) += 1;
         }
         assert_eq!(on.len(), 2, "creates all went to one node: {on:?}");
@@ -409,6 +416,10 @@ fn two_replicas_two_nodes() {
         .await;
         let listed = a2.ok("GET", "/v1/sandboxes", &other, None, 200).await;
         assert_eq!(listed["sandboxes"].as_array().unwrap().len(), 2);
+        // A tenant does not see where its sandboxes run.
+        for sb in listed["sandboxes"].as_array().unwrap() {
+            assert!(sb.get("node").is_none(), "{sb}");
+        }
         for id in &theirs {
             a1.ok("DELETE", &format!("/v1/sandboxes/{id}"), &other, None, 200)
                 .await;

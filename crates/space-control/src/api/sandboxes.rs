@@ -21,6 +21,7 @@ use space_node_api::{
 use super::{ApiJson, ApiPath, ApiQuery, Caller, OptionalJson, Shared};
 use crate::error::{node_error, ApiError, ApiResult};
 use crate::quota::{self, Usage};
+use crate::store::Principal;
 use crate::store::{CreateKey, TenantName};
 
 /// Console bytes `logs` returns by default.
@@ -28,8 +29,20 @@ pub const DEFAULT_LOG_TAIL: usize = 64 * 1024;
 /// The most console bytes `logs` returns.
 pub const MAX_LOG_TAIL: usize = 1024 * 1024;
 
-/// The API's JSON form of a sandbox.
-pub fn sandbox_json(r: &Sandbox, tenant: &TenantName) -> Value {
+/// The API's JSON form of a sandbox, for `who`: an admin also sees the cluster node that
+/// holds it (`node`; absent on `space up`).
+pub fn sandbox_json(r: &Sandbox, who: &Principal) -> Value {
+    let mut v = sandbox_view(r, &who.tenant);
+    if who.admin {
+        if let Some(node) = &r.node {
+            v["node"] = json!(node);
+        }
+    }
+    v
+}
+
+/// What every caller sees of a sandbox.
+fn sandbox_view(r: &Sandbox, tenant: &TenantName) -> Value {
     let ms = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let t = &r.options.timeouts;
     json!({
@@ -191,7 +204,7 @@ pub async fn create(
     ApiJson(body): ApiJson<CreateBody>,
 ) -> ApiResult<Response> {
     let result = match idempotency_key(&headers) {
-        Ok(key) => create_inner(&st, &who.tenant, key.as_deref(), body).await,
+        Ok(key) => create_inner(&st, &who, key.as_deref(), body).await,
         Err(e) => Err(e),
     };
     let sandbox = result
@@ -211,7 +224,7 @@ pub async fn create(
 
 async fn create_inner(
     st: &Shared,
-    tenant: &TenantName,
+    who: &Principal,
     key: Option<&str>,
     body: CreateBody,
 ) -> ApiResult<Value> {
@@ -234,8 +247,8 @@ async fn create_inner(
         egress: body.egress,
         auto_resume: body.auto_resume,
     };
-    let info = create_sandbox_once(st, tenant, key, new).await?;
-    Ok(sandbox_json(&info, tenant))
+    let info = create_sandbox_once(st, &who.tenant, key, new).await?;
+    Ok(sandbox_json(&info, who))
 }
 
 /// What a create asks for, from either API.
@@ -435,7 +448,7 @@ pub async fn list(
         metadata,
     };
     let out = list_sandboxes(&st, &who.tenant, &filter).await?;
-    let list: Vec<Value> = out.iter().map(|r| sandbox_json(r, &who.tenant)).collect();
+    let list: Vec<Value> = out.iter().map(|r| sandbox_json(r, &who)).collect();
     Ok(Json(json!({ "sandboxes": list })))
 }
 
@@ -507,7 +520,7 @@ pub async fn get(
 ) -> ApiResult<Json<Value>> {
     let id = st.scope(&who, &raw).await?;
     let info = st.node.info(&id).await.map_err(node_error(&id))?;
-    Ok(Json(sandbox_json(&info, &who.tenant)))
+    Ok(Json(sandbox_json(&info, &who)))
 }
 
 /// Runs a lifecycle request on an owned sandbox, audits it, and answers the sandbox as it is
@@ -527,7 +540,7 @@ where
     let result = async {
         op(st.clone(), id.clone()).await?;
         let info = st.node.info(&id).await.map_err(node_error(&id))?;
-        Ok(Json(sandbox_json(&info, &who.tenant)))
+        Ok(Json(sandbox_json(&info, who)))
     }
     .await;
     st.audited(who, Some(id.as_str()), operation, result).await
@@ -666,7 +679,7 @@ pub async fn fork(
     )
     .await;
     let child = result?;
-    Ok(created(sandbox_json(&child, &who.tenant)))
+    Ok(created(sandbox_json(&child, &who)))
 }
 
 /// `PUT /v1/sandboxes/{id}/timeouts`

@@ -223,6 +223,12 @@ impl ClusterNodes {
     }
 }
 
+/// `sb` as node `node` answered it: the node's id goes into the answer.
+fn held_by(node: &RemoteNode, mut sb: Sandbox) -> Sandbox {
+    sb.node = Some(node.node_id().to_owned());
+    sb
+}
+
 #[async_trait]
 impl NodeApi for ClusterNodes {
     async fn status(&self) -> NodeResult<NodeStatus> {
@@ -276,7 +282,7 @@ impl NodeApi for ClusterNodes {
                         return Err(f);
                     }
                     tracing::info!(id = %sb.id, node = %row.id, "placed");
-                    return Ok(sb);
+                    return Ok(held_by(&client, sb));
                 }
                 Err(f) => {
                     let _ = store.release(&reservation).await;
@@ -304,7 +310,8 @@ impl NodeApi for ClusterNodes {
             .await
             .map_err(internal)?
             .ok_or_else(|| not_found(id))?;
-        let child = self.owner(id).await?.fork(id).await?;
+        let owner = self.owner(id).await?;
+        let child = held_by(&owner, owner.fork(id).await?);
         let tenant = store
             .sandbox_tenant(id.as_str())
             .await
@@ -315,14 +322,15 @@ impl NodeApi for ClusterNodes {
     }
 
     async fn info(&self, id: &SandboxId) -> NodeResult<Sandbox> {
-        self.owner(id).await?.info(id).await
+        let owner = self.owner(id).await?;
+        Ok(held_by(&owner, owner.info(id).await?))
     }
 
     async fn list(&self) -> NodeResult<Vec<Sandbox>> {
         let mut all = Vec::new();
         for (row, c) in self.live().await? {
             match c.list().await {
-                Ok(l) => all.extend(l),
+                Ok(l) => all.extend(l.into_iter().map(|sb| held_by(&c, sb))),
                 Err(f) => tracing::warn!(node = %row.id, error = %f, "listing a node"),
             }
         }
@@ -378,11 +386,13 @@ impl NodeApi for ClusterNodes {
     }
 
     async fn set_timeouts(&self, id: &SandboxId, timeouts: TimeoutPolicy) -> NodeResult<Sandbox> {
-        self.owner(id).await?.set_timeouts(id, timeouts).await
+        let owner = self.owner(id).await?;
+        Ok(held_by(&owner, owner.set_timeouts(id, timeouts).await?))
     }
 
     async fn set_egress(&self, id: &SandboxId, policy: EgressPolicy) -> NodeResult<Sandbox> {
-        self.owner(id).await?.set_egress(id, policy).await
+        let owner = self.owner(id).await?;
+        Ok(held_by(&owner, owner.set_egress(id, policy).await?))
     }
 
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {

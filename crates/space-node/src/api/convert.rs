@@ -27,6 +27,7 @@ impl From<&SandboxRecord> for Sandbox {
             state_since_unix_ms: r.state_since_unix_ms,
             started_unix_ms: r.started_unix_ms,
             last_activity_unix_ms: r.last_activity_unix_ms,
+            node: None,
         }
     }
 }

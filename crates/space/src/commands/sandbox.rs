@@ -159,7 +159,7 @@ pub async fn info(c: &Client, id: &str, json: bool) -> Result<()> {
         ),
         _ => "-".into(),
     };
-    let rows = [
+    let mut rows = vec![
         ("id", field(&sb, "id")),
         ("tenant", field(&sb, "tenant")),
         ("state", field(&sb, "state")),
@@ -208,6 +208,10 @@ pub async fn info(c: &Client, id: &str, json: bool) -> Result<()> {
         ("state since", output::age(&sb, "state_since_unix_ms")),
         ("last activity", output::age(&sb, "last_activity_unix_ms")),
     ];
+    // The node that holds it: admins of a cluster see it (`space node drain` takes it).
+    if sb.get("node").is_some_and(Value::is_string) {
+        rows.insert(3, ("node", field(&sb, "node")));
+    }
     for (k, v) in rows {
         println!("{:<15} {v}", format!("{k}:"));
     }
