@@ -169,6 +169,7 @@ async fn measure(
                 node_id: format!("node-{}", i + 1),
                 advertise: format!("127.0.0.1:{port}"),
                 listen: SocketAddr::from(([127, 0, 0, 1], port)),
+                egress: None,
             },
         )
         .await?;

@@ -12,7 +12,7 @@ use space_node_api::secrets::{EgressAudit, EgressEvent, SecretSource, SecretValu
 use space_node_api::SandboxId;
 
 use crate::metrics::Metrics;
-use crate::store::{NewAuditEvent, Store};
+use crate::store::{NewAuditEvent, Store, TenantName};
 use crate::vault::Vault;
 
 /// Audit events queued for the writer before new ones are dropped (and counted).
@@ -122,25 +122,44 @@ fn result_of(operation: &str) -> &'static str {
     }
 }
 
+/// The audit event of a gateway event of `sandbox`, owned by `tenant` (here and on a node
+/// of a cluster alike).
+pub fn egress_audit_event(
+    tenant: Option<TenantName>,
+    sandbox: &str,
+    operation: &str,
+    host: &str,
+    port: u16,
+    detail: &str,
+) -> NewAuditEvent {
+    NewAuditEvent {
+        tenant,
+        key_id: None,
+        sandbox: Some(sandbox.to_owned()),
+        operation: operation.to_owned(),
+        result: result_of(operation).to_owned(),
+        detail: Some(if detail.is_empty() {
+            format!("{host}:{port}")
+        } else {
+            detail.to_owned()
+        }),
+    }
+}
+
 fn write_events(rt: &tokio::runtime::Handle, store: &Store, rx: Receiver<EgressEvent>) {
     while let Ok(e) = rx.recv() {
         let tenant = rt
             .block_on(store.sandbox_tenant(e.sandbox.as_str()))
             .ok()
             .flatten();
-        let detail = if e.detail.is_empty() {
-            format!("{}:{}", e.host, e.port)
-        } else {
-            e.detail.clone()
-        };
-        let event = NewAuditEvent {
+        let event = egress_audit_event(
             tenant,
-            key_id: None,
-            sandbox: Some(e.sandbox.as_str().to_owned()),
-            operation: e.operation.to_owned(),
-            result: result_of(e.operation).to_owned(),
-            detail: Some(detail),
-        };
+            e.sandbox.as_str(),
+            e.operation,
+            &e.host,
+            e.port,
+            &e.detail,
+        );
         if let Err(err) = rt.block_on(store.record(event)) {
             tracing::error!(error = %err, operation = e.operation, "recording an egress event");
         }

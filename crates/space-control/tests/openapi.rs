@@ -31,6 +31,7 @@ const PUBLIC: &[&str] = &[
     "node.rejoin",
     "node.heartbeat",
     "node.claim",
+    "node.audit",
 ];
 
 /// Operations that need an admin key (docs/api.md, *Templates* and *Tenants and keys*).

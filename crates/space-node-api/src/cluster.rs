@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::secrets::EgressRecord;
 use crate::wire::NodeReport;
 
 /// Where a node joins.
@@ -15,6 +16,10 @@ pub const REJOIN_PATH: &str = "/v1/cluster/rejoin";
 pub const HEARTBEAT_PATH: &str = "/v1/cluster/heartbeat";
 /// Where a member claims work.
 pub const CLAIM_PATH: &str = "/v1/cluster/claim";
+/// Where a member delivers its gateway's audit events.
+pub const AUDIT_PATH: &str = "/v1/cluster/audit";
+/// The most events one delivery carries.
+pub const MAX_AUDIT_BATCH: usize = 500;
 
 /// `POST /v1/cluster/join`: a node with a join token asks to become a member.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,6 +129,28 @@ pub struct Claim {
 pub struct ClaimAnswer {
     /// Whether the node holds the claim now.
     pub held: bool,
+}
+
+/// `POST /v1/cluster/audit`: a member delivers its gateway's audit events, oldest first.
+/// Delivery is at least once: a batch whose answer was lost is sent again.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditBatch {
+    /// The node's id.
+    pub node_id: String,
+    /// Its incarnation.
+    pub incarnation: i64,
+    /// Its secret.
+    pub secret: String,
+    /// At most [`MAX_AUDIT_BATCH`] events.
+    pub events: Vec<EgressRecord>,
+}
+
+/// The answer of an audit delivery.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuditAnswer {
+    /// How many events went into the audit log (all of them).
+    pub recorded: u64,
 }
 
 /// A report as a join or heartbeat carries it.

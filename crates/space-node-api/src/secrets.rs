@@ -174,6 +174,47 @@ pub struct EgressEvent {
     pub detail: String,
 }
 
+/// An [`EgressEvent`] as it crosses from a node of a cluster to the control plane, with the
+/// time it happened (it may reach the audit log later).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressRecord {
+    /// When the gateway decided, ms since the Unix epoch.
+    pub at_unix_ms: u64,
+    /// Whose.
+    pub sandbox: SandboxId,
+    /// As in [`EgressEvent::operation`].
+    pub operation: String,
+    /// As in [`EgressEvent::host`].
+    pub host: String,
+    /// As in [`EgressEvent::port`].
+    pub port: u16,
+    /// As in [`EgressEvent::detail`].
+    pub detail: String,
+}
+
+impl EgressRecord {
+    /// `e`, happening at `at_unix_ms`.
+    pub fn new(e: EgressEvent, at_unix_ms: u64) -> EgressRecord {
+        EgressRecord {
+            at_unix_ms,
+            sandbox: e.sandbox,
+            operation: e.operation.to_owned(),
+            host: e.host,
+            port: e.port,
+            detail: e.detail,
+        }
+    }
+}
+
+/// The operations an egress event may name.
+pub const EGRESS_OPERATIONS: &[&str] = &[
+    "egress.allow",
+    "egress.deny",
+    "credential.use",
+    "credential.exfiltration",
+];
+
 /// Where egress events go. `record` must not block (the control plane queues).
 pub trait EgressAudit: Send + Sync + 'static {
     /// Takes one event.

@@ -12,12 +12,14 @@
 //! - [`admission`]: the memory, vCPU and sandbox-count limits a create must fit in.
 //! - [`archive`]: snapshots to and from the object store, and sandboxes found there.
 //! - [`gateway`]: the egress gateway (policy, SNI check, limits, TLS interception, credentials).
+//! - [`audit_spool`]: a cluster node's gateway events on disk until the control plane has them.
 //!
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
 pub mod admission;
 pub mod api;
 pub mod archive;
+pub mod audit_spool;
 pub mod build;
 pub mod error;
 pub mod fence;

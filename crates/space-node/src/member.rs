@@ -30,11 +30,13 @@ use tokio::task::JoinHandle;
 
 use serde::de::DeserializeOwned;
 use space_node_api::cluster::{
-    report_json, Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join, Membership as Granted,
-    Rejoin, CLAIM_PATH, HEARTBEAT_PATH, JOIN_PATH, REJOIN_PATH,
+    report_json, AuditAnswer, AuditBatch, Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join,
+    Membership as Granted, Rejoin, AUDIT_PATH, CLAIM_PATH, HEARTBEAT_PATH, JOIN_PATH,
+    MAX_AUDIT_BATCH, REJOIN_PATH,
 };
 
 use crate::api::{Gate, Gated, Identity, LocalNode, NodeApi, NodeKey, NodeServer, TemplateBuild};
+use crate::audit_spool::EgressSpool;
 use crate::fence::Watchdog;
 use crate::ids::SandboxId;
 
@@ -67,6 +69,9 @@ pub struct MemberConfig {
     pub advertise: String,
     /// Where the node API listens.
     pub listen: std::net::SocketAddr,
+    /// The spool the node's gateway writes its audit events to, delivered from here to the
+    /// control plane's audit log (`None`: the gateway's events are not audited).
+    pub egress: Option<Arc<EgressSpool>>,
 }
 
 /// The control plane's refusal of a request: its status and message.
@@ -87,6 +92,7 @@ struct Membership {
 pub struct Member {
     server: NodeServer,
     task: JoinHandle<()>,
+    delivery: Option<JoinHandle<()>>,
     fence: Arc<Fence>,
     fenced: Arc<AtomicBool>,
     incarnation: Arc<std::sync::atomic::AtomicI64>,
@@ -275,9 +281,18 @@ impl Member {
             incarnation.clone(),
             secret.clone(),
         ));
+        let delivery = config.egress.clone().map(|spool| {
+            tokio::spawn(deliver_egress(
+                session.clone(),
+                spool,
+                incarnation.clone(),
+                secret.clone(),
+            ))
+        });
         Ok(Member {
             server,
             task,
+            delivery,
             fence,
             fenced,
             incarnation,
@@ -427,6 +442,9 @@ impl Member {
     /// next node process to adopt).
     pub async fn stop(self) {
         self.task.abort();
+        if let Some(d) = &self.delivery {
+            d.abort();
+        }
         self.fence.watchdog().disarm();
         self.server.stop().await;
     }
@@ -585,6 +603,67 @@ async fn heartbeats(
         }
     }
 }
+
+/// Delivers the spool's events to the control plane's audit log, oldest first, a batch at a
+/// time; what a replica refuses or cannot take waits in the spool and goes again.
+async fn deliver_egress(
+    session: Session,
+    spool: Arc<EgressSpool>,
+    incarnation: Arc<std::sync::atomic::AtomicI64>,
+    secret: Arc<std::sync::Mutex<String>>,
+) {
+    let mut backoff = AUDIT_RETRY_MIN;
+    loop {
+        let s = spool.clone();
+        let batch = match tokio::task::spawn_blocking(move || s.batch(MAX_AUDIT_BATCH)).await {
+            Ok(Ok(Some(b))) => b,
+            Ok(Ok(None)) => {
+                spool.written(Duration::from_secs(5)).await;
+                continue;
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "reading the egress spool");
+                tokio::time::sleep(AUDIT_RETRY_MAX).await;
+                continue;
+            }
+            Err(_) => return,
+        };
+        let body = AuditBatch {
+            node_id: session.config.node_id.clone(),
+            incarnation: incarnation.load(Ordering::SeqCst),
+            secret: secret.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            events: batch.events,
+        };
+        let sent = tokio::time::timeout(
+            HEARTBEAT_TIMEOUT * 5,
+            session.post::<_, AuditAnswer>(AUDIT_PATH, &body),
+        )
+        .await;
+        match sent {
+            Ok(Ok(Ok(_))) => {
+                let s = spool.clone();
+                match tokio::task::spawn_blocking(move || s.carried(batch.upto)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::error!(error = %e, "writing the egress spool"),
+                    Err(_) => return,
+                }
+                backoff = AUDIT_RETRY_MIN;
+                continue;
+            }
+            Ok(Ok(Err(r))) => {
+                tracing::warn!(status = r.status, message = %r.message, "audit events refused; kept for later");
+            }
+            Ok(Err(e)) => tracing::warn!(error = %e, "delivering audit events; kept for later"),
+            Err(_) => tracing::warn!("delivering audit events took too long; kept for later"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(AUDIT_RETRY_MAX);
+    }
+}
+
+/// The first wait after a failed delivery of audit events, doubled up to the most.
+const AUDIT_RETRY_MIN: Duration = Duration::from_millis(500);
+const AUDIT_RETRY_MAX: Duration = Duration::from_secs(10);
 
 /// What a member's node API asks before every call: that the node is not fenced (the flag is
 /// up while it is).

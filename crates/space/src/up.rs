@@ -481,8 +481,16 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.
     let secrets = std::sync::Arc::new(space_node::settings::SecretValues::default());
+    // And audits what it decides to a spool on its disk, which the member delivers to the
+    // control plane's audit log.
+    let spool = space_node::audit_spool::EgressSpool::new(
+        a.data_dir
+            .join("state")
+            .join(space_node::audit_spool::SPOOL_DIR),
+    );
     if a.control.is_some() {
         cfg.gateway.secrets = Some(secrets.clone());
+        cfg.gateway.audit = Some(spool.clone());
     }
     eprintln!("space node: opening {}", a.data_dir.display());
     let node = Node::open(cfg).await.context("opening the node")?;
@@ -499,7 +507,11 @@ pub async fn node(a: NodeArgs) -> Result<()> {
         node.shutdown_detach().await;
         return Ok(());
     };
-    let result = member(&a, &node, control, secrets).await;
+    if let Err(e) = spool.open() {
+        node.shutdown_detach().await;
+        return Err(e).context("opening the egress audit spool");
+    }
+    let result = member(&a, &node, control, secrets, spool).await;
     node.shutdown_detach().await;
     result
 }
@@ -509,6 +521,7 @@ async fn member(
     node: &Node,
     control: String,
     secrets: std::sync::Arc<space_node::settings::SecretValues>,
+    spool: std::sync::Arc<space_node::audit_spool::EgressSpool>,
 ) -> Result<()> {
     let recorded = crate::artifacts::load()?;
     let images = if a.images.is_empty()
@@ -571,6 +584,7 @@ async fn member(
             node_id: node_id.clone(),
             advertise: a.advertise.clone(),
             listen,
+            egress: Some(spool),
         },
     )
     .await

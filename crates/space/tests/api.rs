@@ -55,7 +55,13 @@ fn a_restart_keeps_keys_ownership_and_the_running_vm() {
 }
 
 /// The routes nodes call, authenticated by a join token or a node's secret.
-const NODE_ROUTES: &[&str] = &["node.join", "node.rejoin", "node.heartbeat", "node.claim"];
+const NODE_ROUTES: &[&str] = &[
+    "node.join",
+    "node.rejoin",
+    "node.heartbeat",
+    "node.claim",
+    "node.audit",
+];
 
 /// Every route of the table reaches its handler (no fallback answers it), each refuses a
 /// caller without a key (and leaves an audit event) unless it is open, and what no route

@@ -11,17 +11,20 @@
 //! - a draining node takes no new sandbox; removing a node makes its heartbeats stale.
 
 mod in_process;
+mod kit;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use in_process::{env_path, node_config, with_data_dirs, Api};
+use kit::upstream::{https_upstream, Seen};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use space_control::replica::{Replica, ReplicaConfig};
 use space_control::vault::VaultKey;
 use space_node::api::{LocalNode, TemplateBuild};
+use space_node::audit_spool::EgressSpool;
 use space_node::member::{Member, MemberConfig};
 use space_node::settings::SecretValues;
 use space_node::{Node, NodeApi, TemplateRef};
@@ -39,31 +42,40 @@ fn sha(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
 
+/// A node joined with `token`. With `upstream_ca`, its gateway also trusts that CA and it
+/// has the `base` template (curl), as well as `minimal`.
 async fn start_node(
     data: &std::path::Path,
     id: &str,
     control: &str,
     token: &str,
+    upstream_ca: Option<&std::path::Path>,
 ) -> (Node, Member, Arc<SecretValues>) {
     let secrets = Arc::new(SecretValues::default());
+    let spool = EgressSpool::new(data.join("state").join(space_node::audit_spool::SPOOL_DIR));
     let mut cfg = node_config(data);
+    cfg.gateway.extra_roots = upstream_ca.into_iter().map(|p| p.to_path_buf()).collect();
     cfg.gateway.secrets = Some(secrets.clone());
+    cfg.gateway.audit = Some(spool.clone());
     let node = Node::open(cfg).await.expect("opening a node");
-    let local = LocalNode::new(
-        node.clone(),
-        env_path("SPACE_KERNEL"),
-        BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]),
-    )
-    .with_secrets(secrets.clone());
-    local
-        .build_template(TemplateBuild::stock(
-            TemplateRef::new("minimal", "1").unwrap(),
-            "minimal",
-            1,
-            256,
-        ))
-        .await
-        .expect("building minimal");
+    spool.open().expect("opening the spool");
+    let mut images = BTreeMap::from([("minimal".to_string(), env_path("SPACE_ROOTFS_MINIMAL"))]);
+    if upstream_ca.is_some() {
+        images.insert("base".into(), env_path("SPACE_ROOTFS_BASE"));
+    }
+    let local = LocalNode::new(node.clone(), env_path("SPACE_KERNEL"), images.clone())
+        .with_secrets(secrets.clone());
+    for name in images.keys() {
+        local
+            .build_template(TemplateBuild::stock(
+                TemplateRef::new(name, "1").unwrap(),
+                name,
+                1,
+                256,
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("building {name}: {e}"));
+    }
     let port = free_port();
     let member = Member::start(
         local,
@@ -74,6 +86,7 @@ async fn start_node(
             node_id: id.to_owned(),
             advertise: format!("127.0.0.1:{port}"),
             listen: SocketAddr::from(([127, 0, 0, 1], port)),
+            egress: Some(spool),
         },
     )
     .await
@@ -164,8 +177,15 @@ fn two_replicas_two_nodes() {
                 .contains("public_key"),
             "{v}"
         );
-        let (node_a, member_a, secrets_a) = start_node(&dirs[0], "node-a", &r1.url(), &t1).await;
-        let (node_b, member_b, secrets_b) = start_node(&dirs[1], "node-b", &r2.url(), &t2).await;
+        // An HTTPS upstream only node-a's gateway trusts (and only node-a has `base`).
+        let tls_seen = Seen::default();
+        let (tls_port, upstream_ca) = https_upstream(tls_seen.clone()).await;
+        let ca_file = dirs[0].with_extension("upstream-ca.pem");
+        std::fs::write(&ca_file, upstream_ca).unwrap();
+        let (node_a, member_a, secrets_a) =
+            start_node(&dirs[0], "node-a", &r1.url(), &t1, Some(&ca_file)).await;
+        let (node_b, member_b, secrets_b) =
+            start_node(&dirs[1], "node-b", &r2.url(), &t2, None).await;
         let (status, v) = join(&a1, &t1, "node-y", &key).await;
         assert_eq!(status, 401, "a used token: {v}");
         let nodes = a2.ok("GET", "/v1/nodes", &admin, None, 200).await;
@@ -327,6 +347,100 @@ fn two_replicas_two_nodes() {
         )
         .await;
         assert!(wait_value(None).await, "a killed sandbox keeps its values");
+
+        // A credential injected over HTTPS by a node's gateway: the upstream gets the value,
+        // and the node delivers `credential.use` to the audit log, read here through the
+        // replica the sandbox was not made through.
+        a1.ok(
+            "PUT",
+            "/v1/secrets/UPSTREAM",
+            &admin,
+            Some(json!({"value": "upstream-value", "hosts": ["127.0.0.1"]})),
+            201,
+        )
+        .await;
+        let sb = a1
+            .ok(
+                "POST",
+                "/v1/sandboxes",
+                &admin,
+                Some(json!({"template": "base", "secrets": ["UPSTREAM"],
+                    "egress": {"default": "allow", "allow": ["127.0.0.1"], "deny": []}})),
+                201,
+            )
+            .await;
+        assert_eq!(sb["node"], "node-a", "{sb}");
+        let user: space_node::SandboxId = sb["id"].as_str().unwrap().parse().unwrap();
+        let mut delivered = false;
+        for _ in 0..200 {
+            if secrets_a.get(&user, "UPSTREAM").as_deref() == Some(&b"upstream-value"[..]) {
+                delivered = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(delivered, "the value did not reach node-a");
+        let out = a1
+            .sh(
+                &admin,
+                user.as_str(),
+                &format!(
+                    "unset NO_PROXY no_proxy; curl -sS -m 30 -H \"Authorization: Bearer $UPSTREAM\" \
+                     https://127.0.0.1:{tls_port}/cluster-tls"
+                ),
+            )
+            .await;
+        assert_eq!(out, "upstream saw /cluster-tls\n");
+        let heads = tls_seen.with_path("/cluster-tls");
+        assert_eq!(heads.len(), 1, "{heads:?}");
+        assert!(
+            heads[0].contains("Bearer upstream-value"),
+            "the upstream did not get the value: {}",
+            heads[0]
+        );
+        let mut used = Vec::new();
+        for _ in 0..300 {
+            let v = a2
+                .ok(
+                    "GET",
+                    &format!("/v1/audit?sandbox={user}&operation=credential.use"),
+                    &admin,
+                    None,
+                    200,
+                )
+                .await;
+            used = v["events"].as_array().cloned().unwrap_or_default();
+            if !used.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            used.len(),
+            1,
+            "credential.use never reached the audit log: {used:?}"
+        );
+        assert_eq!(used[0]["tenant"], "default", "{used:?}");
+        assert_eq!(used[0]["result"], "ok", "{used:?}");
+        assert!(
+            used[0]["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("UPSTREAM"),
+            "{used:?}"
+        );
+        assert!(
+            !used[0].to_string().contains("upstream-value"),
+            "a secret's value in the audit log: {used:?}"
+        );
+        a2.ok(
+            "DELETE",
+            &format!("/v1/sandboxes/{user}"),
+            &admin,
+            None,
+            200,
+        )
+        .await;
 
         // A sandbox given to another node (as failover does) stops running on the node it
         // left: that node's next heartbeat names it, and the node discards it (VM, files

@@ -12,8 +12,10 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use space_node_api::cluster::{
-    Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join, Membership, Rejoin,
+    AuditAnswer, AuditBatch, Claim, ClaimAnswer, Heartbeat, HeartbeatAnswer, Join, Membership,
+    Rejoin, MAX_AUDIT_BATCH,
 };
+use space_node_api::secrets::EGRESS_OPERATIONS;
 
 use super::{AdminCaller, ApiJson, ApiPath, OptionalJson, Shared};
 use crate::cluster::{Cluster, GRACE, HEARTBEAT, LEAF_DAYS, LEASE};
@@ -475,6 +477,66 @@ pub async fn claim(
         .clamp(1000, MAX_CLAIM_MS);
     let held = st.store.claim(&body.name, &holder, ttl).await?;
     Ok(Json(ClaimAnswer { held }))
+}
+
+/// `POST /v1/cluster/audit`: a member delivers its gateway's audit events, recorded as on
+/// `space up` (the sandbox's tenant, the operation, `denied`/`exfiltration`/`ok`, the
+/// detail) at the time they happened, all in one transaction. An event naming an operation
+/// the gateway does not make is left out; the rest of the batch is recorded.
+pub async fn audit(
+    State(st): State<Shared>,
+    ApiJson(body): ApiJson<AuditBatch>,
+) -> ApiResult<Json<AuditAnswer>> {
+    cluster(&st)?;
+    if body.events.len() > MAX_AUDIT_BATCH {
+        return Err(ApiError::invalid(format!(
+            "{} events: a delivery carries at most {MAX_AUDIT_BATCH}",
+            body.events.len()
+        )));
+    }
+    if !st
+        .store
+        .node_authentic(&body.node_id, body.incarnation, &body.secret)
+        .await?
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "stale_incarnation",
+            format!(
+                "incarnation {} of node {} is not the cluster's member",
+                body.incarnation, body.node_id
+            ),
+        ));
+    }
+    let now = space_node_api::sandbox::now_ms();
+    let mut tenants: std::collections::HashMap<String, Option<crate::store::TenantName>> =
+        Default::default();
+    let mut events = Vec::with_capacity(body.events.len());
+    for e in body.events {
+        if !EGRESS_OPERATIONS.contains(&e.operation.as_str()) {
+            tracing::warn!(node = %body.node_id, operation = %e.operation.chars().take(64).collect::<String>(), "a node delivered an event of no gateway operation; left out");
+            continue;
+        }
+        let tenant = match tenants.get(e.sandbox.as_str()) {
+            Some(t) => t.clone(),
+            None => {
+                let t = st.store.sandbox_tenant(e.sandbox.as_str()).await?;
+                tenants.insert(e.sandbox.as_str().to_owned(), t.clone());
+                t
+            }
+        };
+        let event = crate::egress::egress_audit_event(
+            tenant,
+            e.sandbox.as_str(),
+            &e.operation,
+            &e.host,
+            e.port,
+            &e.detail,
+        );
+        events.push((e.at_unix_ms.min(now), event));
+    }
+    let recorded = st.store.record_all_at(events).await?;
+    Ok(Json(AuditAnswer { recorded }))
 }
 
 /// Sends node `row` the secret values its sandboxes lack, in the background (each sandbox

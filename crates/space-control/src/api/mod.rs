@@ -137,6 +137,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", cluster_paths::REJOIN_PATH, "node.rejoin"),
     r("POST", cluster_paths::HEARTBEAT_PATH, "node.heartbeat"),
     r("POST", cluster_paths::CLAIM_PATH, "node.claim"),
+    r("POST", cluster_paths::AUDIT_PATH, "node.audit"),
     r("GET", "/v1/nodes", "node.list"),
     r("POST", "/v1/nodes/{id}/drain", "node.drain"),
     r("DELETE", "/v1/nodes/{id}", "node.remove"),
@@ -729,6 +730,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> R
         .route(cluster_paths::REJOIN_PATH, post(c::rejoin))
         .route(cluster_paths::HEARTBEAT_PATH, post(c::heartbeat))
         .route(cluster_paths::CLAIM_PATH, post(c::claim))
+        .route(cluster_paths::AUDIT_PATH, post(c::audit))
         .route("/v1/nodes", get(c::list_nodes))
         .route("/v1/nodes/{id}/drain", post(c::drain_node))
         .route("/v1/nodes/{id}", delete(c::remove_node))

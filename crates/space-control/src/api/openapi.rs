@@ -728,6 +728,12 @@ fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .body(true, vec![("application/json", s::<sh::NodeClaimRequest>(g))])
             .ok(200, "Whether the node holds the claim now.", vec![("application/json", s::<sh::NodeClaim>(g))])
             .err(&[400, 404, 409, 413, 415, 500]),
+        "node.audit" => Op::new("A node delivers its gateway's audit events (nodes call this)", "cluster")
+            .desc("At most 500 events, oldest first, recorded at the time they happened in one transaction; an event of no gateway operation is left out. A node sends a batch again when its answer is lost (at least once).")
+            .public()
+            .body(true, vec![("application/json", s::<sh::NodeAuditRequest>(g))])
+            .ok(200, "The events are in the audit log.", vec![("application/json", s::<sh::NodeAudit>(g))])
+            .err(&[400, 404, 409, 413, 415, 500]),
         "node.list" => Op::new("List the cluster's nodes (admin)", "cluster")
             .ok(200, "Every node ever joined.", vec![("application/json", s::<sh::NodeList>(g))])
             .err(&[401, 403, 404, 500]),

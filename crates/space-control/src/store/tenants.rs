@@ -331,12 +331,28 @@ impl Store {
     /// are cut (on a character boundary) rather than refused, so recording never fails for
     /// the caller's input.
     pub async fn record(&self, event: NewAuditEvent) -> Result<i64, StoreError> {
-        self.read(move |c| insert_audit(c, event)).await
+        self.read(move |c| insert_audit(c, now_ms(), event)).await
+    }
+
+    /// Records events that happened earlier (`(when, event)`, ms since the Unix epoch), in
+    /// one transaction: all of them or none. Returns how many.
+    pub async fn record_all_at(
+        &self,
+        events: Vec<(u64, NewAuditEvent)>,
+    ) -> Result<u64, StoreError> {
+        self.write(move |c| {
+            let n = events.len() as u64;
+            for (at, e) in events {
+                insert_audit(c, at, e)?;
+            }
+            Ok(n)
+        })
+        .await
     }
 
     /// [`Store::record`] for a thread outside the runtime.
     pub fn record_blocking(&self, event: NewAuditEvent) -> Result<i64, StoreError> {
-        self.read_blocking(move |c| insert_audit(c, event))
+        self.read_blocking(move |c| insert_audit(c, now_ms(), event))
     }
 
     /// Audit events matching `filter`, newest first.
@@ -373,13 +389,13 @@ impl Store {
     }
 }
 
-fn insert_audit(c: &mut dyn Sql, event: NewAuditEvent) -> Result<i64, StoreError> {
+fn insert_audit(c: &mut dyn Sql, at_unix_ms: u64, event: NewAuditEvent) -> Result<i64, StoreError> {
     let id = one(
         c,
         "INSERT INTO audit (at_unix_ms, tenant, key_id, sandbox, operation, result, detail)
          VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
         args![
-            to_db(now_ms()),
+            to_db(at_unix_ms),
             event.tenant.as_ref().map(TenantName::as_str),
             event.key_id.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),
             event.sandbox.map(|s| bounded(s, MAX_AUDIT_FIELD_BYTES)),

@@ -1,0 +1,4 @@
+//! Helpers several test binaries share. Each binary uses a part of them.
+#![allow(dead_code)]
+
+pub mod upstream;
