@@ -8,10 +8,11 @@ TOOLS := target/space/tools.sh
 # state store and path to the node are chosen by SPACE_TEST_STORE and SPACE_TEST_NODE.
 IN_PROCESS_TESTS := --test 'api*' --test races --test templates --test tenant_archive --test cluster_in_process
 
-.PHONY: help deps artifacts tools up test soak fuzz lint unit bench clean-cache
+.PHONY: help deps artifacts tools up check test soak fuzz lint unit bench clean-cache
 
 help:
 	@echo "make up      build everything and run space on its embedded defaults"
+	@echo "make check   the fast tier, in minutes: fmt, clippy, unit tests, fake-runtime and path tests"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
 	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 5,000 fake-runtime requests, 20 chaos rounds, a long schemathesis run)"
@@ -37,7 +38,16 @@ lint: deps
 	@echo "[lint] cargo clippy -D warnings"
 	@$(CARGO) clippy --quiet --workspace --all-targets -- -D warnings
 
-test: artifacts tools lint
+# The fast tier: no guest, no kernel, no image; `make test` runs it first.
+check: lint
+	@echo "[check] unit tests"
+	@$(CARGO) test --quiet --workspace --lib --bins
+	@echo "[check] the node on a fake runtime (a real space-guestd on the host), every node call through the wire, the API document"
+	@$(CARGO) build --quiet -p space-guestd
+	@SPACE_GUESTD=$(CURDIR)/target/debug/space-guestd $(CARGO) test --quiet -p space-node --test fake_runtime --test node_calls
+	@$(CARGO) test --quiet -p space-control
+
+test: check artifacts tools
 	@scripts/python-env.sh
 	@scripts/e2b-env.sh
 	@scripts/mcp-env.sh

@@ -228,6 +228,26 @@ impl LineageKeys {
         )
     }
 
+    /// Seals an object of this lineage other than a chunk or manifest, bound to `label`.
+    pub fn seal_object(&self, label: &str, plain: &[u8]) -> Vec<u8> {
+        seal(&self.data_key, &self.object_aad(label), plain)
+    }
+
+    /// Opens an object sealed by [`LineageKeys::seal_object`] under the same `label`.
+    pub fn open_object(&self, label: &str, sealed: &[u8]) -> Result<Vec<u8>, CryptoError> {
+        open(&self.data_key, &self.object_aad(label), sealed)
+    }
+
+    fn object_aad(&self, label: &str) -> Vec<u8> {
+        [
+            b"object\0".as_slice(),
+            self.lineage.as_bytes(),
+            b"\0",
+            label.as_bytes(),
+        ]
+        .concat()
+    }
+
     fn manifest_aad(&self, sandbox: &str, snapshot: &str) -> Vec<u8> {
         [
             b"manifest\0".as_slice(),

@@ -21,8 +21,9 @@ use crate::store::{Archive, StoreError};
 /// garbage: an upload older than this has written its manifest or failed.
 pub const GC_EVERY: Duration = Duration::from_secs(3600);
 
-/// Collects the store's garbage older than [`GC_EVERY`] and logs what went (a node's hourly
-/// pass; a cluster's replicas run it for the shared store).
+/// Collects the store's garbage older than [`GC_EVERY`], and build uploads past their
+/// [`UPLOAD_TTL`](crate::uploads::UPLOAD_TTL), and logs what went (a node's hourly pass; a
+/// cluster's replicas run it for the shared store).
 pub async fn collect_and_log(archive: &Archive, keyring: &Keyring) {
     match collect(archive, keyring, GC_EVERY).await {
         Ok(r) => tracing::info!(
@@ -33,6 +34,11 @@ pub async fn collect_and_log(archive: &Archive, keyring: &Keyring) {
             "object store garbage collected"
         ),
         Err(e) => tracing::warn!(error = %e, "object store garbage collection"),
+    }
+    match crate::uploads::expire(archive, crate::uploads::UPLOAD_TTL).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(uploads = n, "expired build uploads removed"),
+        Err(e) => tracing::warn!(error = %e, "removing expired build uploads"),
     }
 }
 

@@ -15,7 +15,8 @@
 //! - [`kms`]: the AWS KMS API as a master key provider;
 //! - [`manifest`], [`pack`]: the two kinds of data object;
 //! - [`upload`], [`fetch`]: a snapshot directory into the store and back;
-//! - [`gc`]: garbage collection of unreferenced packs and shredded lineages.
+//! - [`gc`]: garbage collection of unreferenced packs and shredded lineages;
+//! - [`uploads`]: build inputs (contexts, image archives) a cluster keeps for its nodes.
 
 pub mod crypto;
 pub mod fetch;
@@ -26,6 +27,7 @@ pub mod manifest;
 pub mod pack;
 pub mod store;
 pub mod upload;
+pub mod uploads;
 
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -90,7 +90,7 @@ fn dockerfile(first: &str, last: &str, context: &Path) -> TemplateSource {
              COPY data.txt /srv/data.txt\nRUN cat /srv/data.txt /first > /srv/both\n\
              RUN echo {last} > /last\n"
         ),
-        context: Some(context.to_owned()),
+        context: Some(space_node::BuildInput::Path(context.to_owned())),
         build_args: BTreeMap::new(),
         credentials: None,
         plain_http: false,

@@ -128,8 +128,8 @@ impl Replica {
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
-            // Uploaded build inputs reach a node that shares this host's filesystem.
-            uploads_dir: std::env::temp_dir().join("space-uploads"),
+            // Uploaded build inputs go to the object store, where any node reads them.
+            uploads_dir: None,
             max_template_upload_bytes: crate::server::MAX_TEMPLATE_UPLOAD_BYTES,
             e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
             vault,

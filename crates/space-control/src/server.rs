@@ -283,7 +283,7 @@ impl Server {
             max_upload_bytes: config.max_upload_bytes,
             ready_timeout: config.ready_timeout,
             builds: tokio::sync::Mutex::new(()),
-            uploads_dir: config.data_dir.join("uploads"),
+            uploads_dir: Some(config.data_dir.join("uploads")),
             max_template_upload_bytes: MAX_TEMPLATE_UPLOAD_BYTES,
             masters,
             keyring: archive.map(|(_, k)| k),

@@ -40,7 +40,9 @@ pub use sandbox::{
 pub use secrets::SecretBinding;
 pub use serve::NodeServer;
 pub use settings::{NodeSettings, SecretMap};
-pub use template::{Credentials, LogChunk, ReadyCheck, StartSpec, TemplateBuild, TemplateSource};
+pub use template::{
+    BuildInput, Credentials, LogChunk, ReadyCheck, StartSpec, TemplateBuild, TemplateSource,
+};
 pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
 pub use wire::{
     Blob, Fault, FaultCode, NodeReport, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage,

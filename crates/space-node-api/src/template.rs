@@ -79,6 +79,33 @@ impl std::fmt::Debug for Credentials {
     }
 }
 
+/// A file a build reads (an image archive, a Dockerfile's context).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildInput {
+    /// A file (or, for a context, a directory) on the node's own disk: the server that took
+    /// the upload runs in the node's process (`space up`), or a caller on the node.
+    Path(PathBuf),
+    /// An upload kept in the object store (`space_archive::uploads`), which only `tenant`
+    /// can open: what a cluster's replicas hand their nodes.
+    Stored {
+        /// The tenant that uploaded it.
+        tenant: String,
+        /// Its id (`upl-...`).
+        upload: String,
+    },
+}
+
+impl BuildInput {
+    /// For people.
+    pub fn describe(&self) -> String {
+        match self {
+            BuildInput::Path(p) => p.display().to_string(),
+            BuildInput::Stored { upload, .. } => format!("upload {upload}"),
+        }
+    }
+}
+
 /// What a template is built from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -94,17 +121,17 @@ pub enum TemplateSource {
         #[serde(default)]
         plain_http: bool,
     },
-    /// An OCI or Docker archive file on the node.
+    /// An OCI or Docker archive.
     Archive {
-        path: PathBuf,
+        archive: BuildInput,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tag: Option<String>,
     },
-    /// A Dockerfile, with its build context: a directory or a tar file on the node.
+    /// A Dockerfile, with its build context: a directory or a tar file (plain or gzip).
     Dockerfile {
         dockerfile: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        context: Option<PathBuf>,
+        context: Option<BuildInput>,
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         build_args: BTreeMap<String, String>,
         /// For a `FROM` image.
@@ -121,7 +148,7 @@ impl TemplateSource {
         match self {
             TemplateSource::Stock { image } => format!("stock image {image}"),
             TemplateSource::Image { reference, .. } => format!("image {reference}"),
-            TemplateSource::Archive { path, .. } => format!("archive {}", path.display()),
+            TemplateSource::Archive { archive, .. } => format!("archive {}", archive.describe()),
             TemplateSource::Dockerfile { .. } => "Dockerfile".to_owned(),
         }
     }

@@ -317,7 +317,10 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let got = s.batch(usize::MAX).unwrap().map(|b| b.events.len());
-        panic!("{n} events never reached the spool (got {got:?}, dropped {})", s.dropped());
+        panic!(
+            "{n} events never reached the spool (got {got:?}, dropped {})",
+            s.dropped()
+        );
     }
 
     #[tokio::test]

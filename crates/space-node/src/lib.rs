@@ -41,7 +41,7 @@ pub mod template;
 pub use admission::AdmissionConfig;
 pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
 pub use archive::{ArchiveConfig, ArchiveReport};
-pub use build::{BuildLog, Credentials, LogChunk, TemplateSource};
+pub use build::{BuildInput, BuildLog, Credentials, LogChunk, TemplateSource};
 pub use error::{NodeError, Result};
 pub use gateway::{
     EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,

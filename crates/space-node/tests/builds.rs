@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::*;
 use space_node::build::BuildPlan;
 use space_node::{
-    BuildLog, CreateRequest, Node, ReadyCheck, StartSpec, TemplateName, TemplateRef,
+    BuildInput, BuildLog, CreateRequest, Node, ReadyCheck, StartSpec, TemplateName, TemplateRef,
     TemplateSource, VersionReq,
 };
 use space_proto::{ExecSpec, GuestClient};
@@ -96,7 +96,7 @@ async fn sandbox(node: &Node, name: &str) -> (space_node::SandboxId, GuestClient
 fn dockerfile_source(text: &str, context: &Path) -> TemplateSource {
     TemplateSource::Dockerfile {
         dockerfile: text.to_owned(),
-        context: Some(context.to_owned()),
+        context: Some(BuildInput::Path(context.to_owned())),
         build_args: BTreeMap::new(),
         credentials: None,
         plain_http: false,
@@ -218,7 +218,7 @@ fn templates_from_an_image_a_dockerfile_a_start_command_and_a_sandbox() {
                 plan(
                     "img",
                     TemplateSource::Archive {
-                        path: archive,
+                        archive: BuildInput::Path(archive),
                         tag: None,
                     },
                 ),
@@ -313,7 +313,7 @@ fn templates_from_an_image_a_dockerfile_a_start_command_and_a_sandbox() {
             let mut p = plan(
                 "srv",
                 TemplateSource::Archive {
-                    path: work.path().join("image.tar"),
+                    archive: BuildInput::Path(work.path().join("image.tar")),
                     tag: None,
                 },
             );

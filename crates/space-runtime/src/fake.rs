@@ -386,6 +386,18 @@ impl FakeVm {
         *self.exit.borrow()
     }
 
+    /// Stops the process and waits until the kernel says it is stopped: SIGSTOP is delivered
+    /// later than `kill` returns, and a VM must not run on once `pause` has answered (QEMU's
+    /// `stop` answers when the vCPUs are stopped).
+    async fn stop(&self) -> Result<()> {
+        self.signal(Signal::SIGSTOP)?;
+        let until = Instant::now() + std::time::Duration::from_secs(2);
+        while !self.paused() && self.exited().is_none() && Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        Ok(())
+    }
+
     /// The priority last set ([`Vm::set_priority`] or the restore's).
     pub fn priority(&self) -> Priority {
         *self.priority.lock().unwrap_or_else(|e| e.into_inner())
@@ -414,7 +426,7 @@ impl Vm for FakeVm {
 
     async fn pause(&self) -> Result<()> {
         self.faults.check(FakeOp::Pause)?;
-        self.signal(Signal::SIGSTOP)
+        self.stop().await
     }
 
     async fn resume(&self) -> Result<()> {
@@ -433,7 +445,7 @@ impl Vm for FakeVm {
         let was_running = !self.paused();
         let t0 = Instant::now();
         if was_running {
-            self.signal(Signal::SIGSTOP)?;
+            self.stop().await?;
         }
         let cloned = (|| {
             let mem = clone_into(

@@ -16,6 +16,7 @@ pub mod sandboxes;
 pub mod shapes;
 pub mod streams;
 pub mod templates;
+pub mod uploads;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, OnceLock};
@@ -169,8 +170,10 @@ pub struct AppState {
     pub ready_timeout: Duration,
     /// Serializes template builds (each boots a VM).
     pub builds: tokio::sync::Mutex<()>,
-    /// Where template uploads (build contexts, image archives) are kept.
-    pub uploads_dir: std::path::PathBuf,
+    /// Where template uploads (build contexts, image archives) are kept on this server's
+    /// disk; `None` on a cluster's replica, which keeps them in the object store
+    /// ([`uploads`]).
+    pub uploads_dir: Option<std::path::PathBuf>,
     /// Largest template upload, in bytes.
     pub max_template_upload_bytes: u64,
     /// The credentials vault.
@@ -668,7 +671,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> R
             get(t::list_templates).post(t::build_template),
         )
         .route("/v1/templates/{name}/{version}", delete(t::delete_template))
-        .route("/v1/template-uploads", post(t::upload))
+        .route("/v1/template-uploads", post(uploads::upload))
         .route("/v1/builds", get(t::list_builds))
         .route("/v1/builds/{id}", get(t::get_build))
         .route("/v1/builds/{id}/log", get(t::build_log))

@@ -748,7 +748,7 @@ fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
         "template.upload" => Op::new("Upload a build context or an image archive", "templates")
             .body(false, vec![("application/octet-stream", json!({"type": "string", "format": "binary"}))])
             .ok(201, "The upload.", vec![("application/json", s::<sh::Upload>(g))])
-            .err(&[400, 401, 413, 500]),
+            .err(&[400, 401, 409, 413, 500]),
         "template.builds" => Op::new("The caller's template builds, newest first", "templates")
             .ok(200, "Builds.", vec![("application/json", s::<sh::BuildList>(g))])
             .err(&[401, 500]),

@@ -12,7 +12,6 @@
 //! sandboxes of it and deletes it (and admins).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -224,19 +223,7 @@ pub fn next_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> String {
     newest.map_or(1, |n| n.saturating_add(1)).to_string()
 }
 
-fn upload_path(st: &Shared, id: &str) -> ApiResult<PathBuf> {
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
-        return Err(ApiError::invalid(format!("{id:?} is not an upload id")));
-    }
-    let p = st.uploads_dir.join(id);
-    if !p.is_file() {
-        return Err(ApiError::invalid(format!("no upload {id}")));
-    }
-    Ok(p)
-}
-
-fn source_of(st: &Shared, body: &BuildBody) -> ApiResult<TemplateSource> {
+async fn source_of(st: &Shared, who: &Principal, body: &BuildBody) -> ApiResult<TemplateSource> {
     let given = [
         body.image.is_some(),
         body.from_image.is_some(),
@@ -270,7 +257,7 @@ fn source_of(st: &Shared, body: &BuildBody) -> ApiResult<TemplateSource> {
     }
     if let Some(upload) = &body.from_archive {
         return Ok(TemplateSource::Archive {
-            path: upload_path(st, upload)?,
+            archive: super::uploads::input(st, who, upload).await?,
             tag: body.archive_tag.clone(),
         });
     }
@@ -280,11 +267,10 @@ fn source_of(st: &Shared, body: &BuildBody) -> ApiResult<TemplateSource> {
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     Ok(TemplateSource::Dockerfile {
         dockerfile: text,
-        context: body
-            .context
-            .as_deref()
-            .map(|c| upload_path(st, c))
-            .transpose()?,
+        context: match &body.context {
+            Some(c) => Some(super::uploads::input(st, who, c).await?),
+            None => None,
+        },
         build_args: body.build_args.clone(),
         credentials: body
             .registry
@@ -366,7 +352,7 @@ type Job = tokio::task::JoinHandle<ApiResult<TemplateInfo>>;
 
 async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult<(BuildRow, Job)> {
     check_name(&body.name)?;
-    let source = source_of(st, &body)?;
+    let source = source_of(st, who, &body).await?;
     let start = start_of(&body)?;
     if let Some(p) = &body.egress {
         p.validate().map_err(ApiError::invalid)?;
@@ -639,52 +625,6 @@ async fn save_inner(st: &Shared, who: &Principal, id: &str, body: SaveBody) -> A
     let t = st.node.save_template(&sid, &template).await?;
     let owner = st.store.template_owner(&body.name).await?;
     Ok(template_json(&t, owner.as_deref()))
-}
-
-/// `POST /v1/template-uploads`: the body kept as a file for a build to name (a build
-/// context tar, an image archive). Answers `{"upload": ID, "bytes": N}`.
-pub async fn upload(
-    State(st): State<Shared>,
-    Caller(_who): Caller,
-    body: Body,
-) -> ApiResult<Response> {
-    use tokio::io::AsyncWriteExt;
-    std::fs::create_dir_all(&st.uploads_dir)
-        .map_err(|e| ApiError::internal(format!("creating the upload directory: {e}")))?;
-    let id = format!("upl-{}", &new_build_id()[4..]);
-    let path = st.uploads_dir.join(&id);
-    let mut f = tokio::fs::File::create(&path)
-        .await
-        .map_err(|e| ApiError::internal(format!("creating an upload: {e}")))?;
-    let mut stream = body.into_data_stream();
-    let mut n = 0u64;
-    let limit = st.max_template_upload_bytes;
-    let written = async {
-        while let Some(chunk) = stream.next().await {
-            let chunk =
-                chunk.map_err(|e| ApiError::invalid(format!("the upload broke off: {e}")))?;
-            n += chunk.len() as u64;
-            if n > limit {
-                return Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "too_large",
-                    format!("an upload may be {limit} bytes at most"),
-                ));
-            }
-            f.write_all(&chunk)
-                .await
-                .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))?;
-        }
-        f.flush()
-            .await
-            .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))
-    }
-    .await;
-    if let Err(e) = written {
-        let _ = tokio::fs::remove_file(&path).await;
-        return Err(e);
-    }
-    Ok((StatusCode::CREATED, Json(json!({"upload": id, "bytes": n}))).into_response())
 }
 
 /// `DELETE /v1/templates/{name}/{version}`: an admin's, or the owning tenant's.

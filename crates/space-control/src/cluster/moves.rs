@@ -9,9 +9,9 @@
 //! epoch e (a node that rejoined in between keeps it; B then discards its copy, which no
 //! other mover can have made). Only then is S restored on B, if it is to run and its restore
 //! point is not the snapshot of an acknowledged suspend: a suspend that was answered stays a
-//! suspend, whatever the lost node last reported (a drain's own suspend excepted). A from then on can commit nothing for S: its
-//! commits to the store are refused against the newer epoch of B's head, and its next
-//! heartbeat names S as foreign.
+//! suspend, whatever the lost node last reported (a drain's own suspend excepted). From then
+//! on A can commit nothing for S: its commits to the store are refused against the newer
+//! epoch of B's head, and its next heartbeat names S as foreign.
 
 use std::sync::Arc;
 use std::time::Duration;

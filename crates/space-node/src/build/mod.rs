@@ -37,7 +37,7 @@ pub const BUILDER_MIN_MEMORY_MIB: u64 = 1024;
 /// Disk of a Dockerfile's builder VM (and so of the template) unless the build asks more.
 pub const BUILDER_DISK_MIB: u64 = 2048;
 
-pub use space_node_api::template::{Credentials, TemplateSource};
+pub use space_node_api::template::{BuildInput, Credentials, TemplateSource};
 
 /// A build as the node runs it.
 #[derive(Debug, Clone)]
@@ -130,9 +130,9 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
             let i = import::make_rootfs(fetched, guestd()?, work, min_bytes, log).await?;
             (i.rootfs, i.guest, i.source)
         }
-        TemplateSource::Archive { path, tag } => {
+        TemplateSource::Archive { archive, tag } => {
             let src = import::ImageSource::Archive {
-                path: path.clone(),
+                path: input(ctx, archive, work, "archive", log).await?,
                 tag: tag.clone(),
             };
             let fetched = import::fetch(&src, work, log).await?;
@@ -148,8 +148,10 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
         } => {
             let context = match context {
                 None => None,
-                Some(p) if p.is_dir() => Some(p.clone()),
-                Some(p) => Some(unpack_context(p, work).await?),
+                Some(i) => match input(ctx, i, work, "context.tar", log).await? {
+                    p if p.is_dir() => Some(p),
+                    p => Some(unpack_context(&p, work).await?),
+                },
             };
             let cache = cache::StepCache::new(cache_dir(ctx.layout.root()), ctx.storage.clone());
             let env = dockerfile::Env {
@@ -208,6 +210,40 @@ async fn run_in(ctx: &Arc<Ctx>, plan: &BuildPlan, work: &Path, log: &BuildLog) -
         t.manifest.build_ms as f64 / 1000.0
     ));
     Ok(t)
+}
+
+/// Where the build reads `input` from: its path, or for an upload in the object store, the
+/// file `work/<name>` it is fetched into (checked whole before this answers).
+async fn input(
+    ctx: &Arc<Ctx>,
+    input: &BuildInput,
+    work: &Path,
+    name: &str,
+    log: &BuildLog,
+) -> Result<PathBuf> {
+    match input {
+        BuildInput::Path(p) => Ok(p.clone()),
+        BuildInput::Stored { tenant, upload } => {
+            let Some(cfg) = ctx.archive.get() else {
+                return Err(NodeError::Invalid(format!(
+                    "upload {upload} is in the object store, and this node has none configured"
+                )));
+            };
+            let dest = work.join(name);
+            log.line(format!("fetching upload {upload} from the object store"));
+            let bytes = space_archive::uploads::fetch(&cfg.keyring, tenant, upload, &dest)
+                .await
+                .map_err(|e| match e {
+                    space_archive::uploads::UploadsError::Missing(_)
+                    | space_archive::uploads::UploadsError::BadId(_) => {
+                        NodeError::Invalid(e.to_string())
+                    }
+                    e => NodeError::Archive(e.to_string()),
+                })?;
+            log.line(format!("fetched upload {upload}: {bytes} bytes"));
+            Ok(dest)
+        }
+    }
 }
 
 /// A build context sent as a tar file (plain or compressed), unpacked into `work/context`.
