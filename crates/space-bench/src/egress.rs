@@ -1,4 +1,4 @@
-//! The egress group (`space-bench egress`): what the egress gateway (`space_node::gateway`,
+//! The egress group (`space-bench egress`): what the egress gateway (`space_gateway`,
 //! `docs/egress.md`) adds to an HTTPS request, measured in one process without a VM.
 //!
 //! The run starts a real HTTPS upstream on 127.0.0.1 (tokio-rustls, a certificate for
@@ -14,7 +14,7 @@
 //!   by the real value, and the request goes on over a second TLS connection.
 //!
 //! Each sandbox is driven through the guest's wire protocol: a Unix stream pair whose host end
-//! is served by [`space_node::gateway::serve`], the sync line, an HTTP/2 client with the
+//! is served by [`space_gateway::serve`], the sync line, an HTTP/2 client with the
 //! guest daemon's window settings, `POST /v1/egress/connect`, and TLS through the stream. The
 //! reference (**direct**) is the same request made straight to the upstream: a new TCP
 //! connection, TLS, the request. Every request is a new connection (`Connection: close`,
@@ -39,7 +39,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use hyper::body::{Body as _, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use space_node::gateway::{Gateway, SandboxGateway};
+use space_gateway::{Gateway, SandboxGateway};
 use space_node::storage::{DriverKind, StorageOptions};
 use space_node::{
     CreateRequest, GatewayConfig, Node, NodeConfig, PoolConfig, SandboxId, SecretBinding,
@@ -787,7 +787,7 @@ impl GuestEnd {
     async fn open(sb: Arc<SandboxGateway>) -> Result<GuestEnd> {
         let (host_end, mut guest_end) = UnixStream::pair()?;
         let serve = tokio::spawn(async move {
-            if let Err(e) = space_node::gateway::serve(host_end, sb).await {
+            if let Err(e) = space_gateway::serve(host_end, sb).await {
                 eprintln!("space-bench: the gateway's egress stream ended: {e}");
             }
         });

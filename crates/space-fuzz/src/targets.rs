@@ -4,10 +4,10 @@ use std::collections::BTreeMap;
 
 use space_archive::crypto::{Key, LineageKeys};
 use space_archive::Manifest as ArchiveManifest;
+use space_gateway::{hello, http1};
 use space_guestd::transport::{FrameTracker, Scan};
 use space_image::dockerfile::{self, ignore::Ignore};
 use space_image::spec;
-use space_node::gateway::{hello, http1};
 use space_proto::frame::FrameDecoder;
 use space_proto::sync::SyncScanner;
 

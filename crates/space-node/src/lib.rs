@@ -11,8 +11,10 @@
 //! - [`recovery`]: crash recovery (adoption, restores, cut-short transitions, orphans).
 //! - [`admission`]: the memory, vCPU and sandbox-count limits a create must fit in.
 //! - [`archive`]: snapshots to and from the object store, and sandboxes found there.
-//! - [`gateway`]: the egress gateway (policy, SNI check, limits, TLS interception, credentials).
 //! - [`audit_spool`]: a cluster node's gateway events on disk until the control plane has them.
+//!
+//! The egress gateway (policy, SNI check, limits, TLS interception, credentials) is
+//! [`space_gateway`]: the node opens one and runs its loop for every sandbox's VM.
 //!
 //! `docs/lifecycle.md` describes the state machine, the on-disk layout and the choices made.
 
@@ -23,7 +25,6 @@ pub mod audit_spool;
 pub mod build;
 pub mod error;
 pub mod fence;
-pub mod gateway;
 pub use space_node_api::ids;
 pub mod member;
 pub mod node;
@@ -43,10 +44,6 @@ pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
 pub use archive::{ArchiveConfig, ArchiveReport};
 pub use build::{BuildInput, BuildLog, Credentials, LogChunk, TemplateSource};
 pub use error::{NodeError, Result};
-pub use gateway::{
-    EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
-    SecretBinding, SecretSource, SecretValue,
-};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
 pub use node::{Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
 pub use pool::{PoolConfig, PoolStats};
@@ -57,6 +54,10 @@ pub use record::{
 pub use recovery::RecoveryReport;
 pub use sandbox::{CreateRequest, SandboxInfo, TimeoutKind};
 pub use scheduler::{RollingConfig, RollingReport};
+pub use space_gateway::{
+    EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
+    SecretBinding, SecretSource, SecretValue,
+};
 pub use template::{
     GuestDefaults, ReadyCheck, StartSpec, Template, TemplateManifest, TemplateSpec,
 };

@@ -476,7 +476,7 @@ fn yes() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gateway::EgressPolicy;
+    use space_gateway::EgressPolicy;
     use std::time::Duration;
 
     #[test]

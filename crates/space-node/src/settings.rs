@@ -277,7 +277,7 @@ impl Applied {
 /// plane sends each sandbox the values of the secrets it is bound to
 /// ([`crate::api::NodeApi::set_secrets`]) when the node's heartbeat says it lacks them (after
 /// a create, a move here, a restart of the node, or a change of a value). This is the
-/// node's [`crate::gateway::SecretSource`].
+/// node's [`space_gateway::SecretSource`].
 #[derive(Default)]
 pub struct SecretValues {
     values: RwLock<std::collections::HashMap<crate::ids::SandboxId, BTreeMap<String, Vec<u8>>>>,
@@ -350,21 +350,19 @@ impl SecretValues {
 
 fn wipe(values: BTreeMap<String, Vec<u8>>) {
     for (_, v) in values {
-        drop(crate::gateway::SecretValue::new(v));
+        drop(space_gateway::SecretValue::new(v));
     }
 }
 
-impl crate::gateway::SecretSource for SecretValues {
+impl space_gateway::SecretSource for SecretValues {
     fn value<'a>(
         &'a self,
         sandbox: &'a crate::ids::SandboxId,
         name: &'a str,
     ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Option<crate::gateway::SecretValue>> + Send + 'a>,
+        Box<dyn std::future::Future<Output = Option<space_gateway::SecretValue>> + Send + 'a>,
     > {
-        let v = self
-            .get(sandbox, name)
-            .map(crate::gateway::SecretValue::new);
+        let v = self.get(sandbox, name).map(space_gateway::SecretValue::new);
         Box::pin(async move { v })
     }
 }

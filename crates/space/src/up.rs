@@ -138,10 +138,7 @@ fn crt_files(dir: &Path) -> Vec<PathBuf> {
 
 /// The operator's network: the CAs sandboxes trust (`--guest-ca`, by default the host's
 /// locally added ones) and the host's HTTP proxy for upstreams (`HTTPS_PROXY`, `NO_PROXY`).
-fn corporate_network(
-    gateway: &mut space_node::gateway::GatewayConfig,
-    given: &[PathBuf],
-) -> Result<()> {
+fn corporate_network(gateway: &mut space_gateway::GatewayConfig, given: &[PathBuf]) -> Result<()> {
     let cas = if given.iter().any(|p| p.as_os_str() == "none") {
         if given.len() > 1 {
             bail!("--guest-ca none cannot be combined with other --guest-ca files");
@@ -167,7 +164,7 @@ fn corporate_network(
         );
     }
     gateway.guest_cas = cas;
-    gateway.upstream_proxy = space_node::gateway::upstream::Proxy::from_env()
+    gateway.upstream_proxy = space_gateway::upstream::Proxy::from_env()
         .map_err(|e| anyhow::anyhow!("HTTPS_PROXY: {e}"))?;
     if let Some(p) = &gateway.upstream_proxy {
         eprintln!(

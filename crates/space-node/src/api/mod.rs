@@ -14,10 +14,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use space_gateway::EgressPolicy;
 use space_proto::GuestClient;
 
 use crate::build::{BuildLog, BuildPlan, LogChunk};
-use crate::gateway::EgressPolicy;
 use crate::ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, VersionReq};
 use crate::node::Node;
 use crate::record::{SnapshotKind, TimeoutPolicy};

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use space_gateway::{spawn_vm_loop, EgressPolicy};
 use space_image::dockerfile::{self, ignore::Ignore, Command, Step};
 use space_proto::{ExecOutput, ExecSpec, GuestClient, Identity, WriteOptions};
 use space_runtime::BootSpec;
@@ -33,7 +34,6 @@ use super::copy::{collect, hash_items, Item};
 use super::import::{self, ImageSource};
 use super::{BuildLog, Credentials};
 use crate::error::{NodeError, Result};
-use crate::gateway::{spawn_vm_loop, EgressPolicy};
 use crate::ids::{SandboxId, TemplateName, VersionReq};
 use crate::sandbox::Ctx;
 use crate::template::{self, blocking, GuestDefaults};
@@ -374,7 +374,7 @@ struct Builder {
     client: GuestClient,
     dir: PathBuf,
     ctx: Arc<Ctx>,
-    _egress: crate::gateway::VmLoop,
+    _egress: space_gateway::VmLoop,
 }
 
 impl Builder {

@@ -26,8 +26,9 @@ use std::time::Duration;
 pub use log::BuildLog;
 pub use space_node_api::template::LogChunk;
 
+use space_gateway::EgressPolicy;
+
 use crate::error::{NodeError, Result};
-use crate::gateway::EgressPolicy;
 use crate::ids::TemplateRef;
 use crate::sandbox::Ctx;
 use crate::template::{self, blocking, GuestDefaults, StartSpec, Template, TemplateSpec};

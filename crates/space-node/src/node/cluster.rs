@@ -87,9 +87,9 @@ impl Node {
         self.lock_sandboxes()
             .iter()
             .filter(|(_, h)| h.status.state() != State::Terminated)
-            .filter(|(_, h)| !h.status.egress.bindings.is_empty())
+            .filter(|(_, h)| !h.status.egress.bindings().is_empty())
             .map(|(id, h)| {
-                let names = h.status.egress.bindings.iter().map(|b| b.name.clone());
+                let names = h.status.egress.bindings().iter().map(|b| b.name.clone());
                 (id.clone(), names.collect())
             })
             .collect()

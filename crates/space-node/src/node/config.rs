@@ -29,7 +29,7 @@ pub struct NodeConfig {
     /// The largest root disk a create may ask for, in MiB.
     pub max_disk_mib: u64,
     /// The egress gateway: limits, extra upstream roots, the secret source and audit sink
-    /// ([`crate::gateway`]).
+    /// ([`space_gateway`]).
     pub gateway: GatewayConfig,
     /// The object store snapshots go to ([`crate::archive`]); `None`: snapshots stay on this
     /// node's disk only.

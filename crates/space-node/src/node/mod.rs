@@ -16,12 +16,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use space_gateway::{EgressPolicy, Gateway, GatewayConfig};
 use space_runtime::{GuestClient, NodeRuntime, QemuRuntime, QemuRuntimeConfig};
 
 use crate::admission::{Admission, AdmissionConfig, Shape, Ticket};
 use crate::archive::{ArchiveConfig, ArchiveReport};
 use crate::error::{NodeError, Result};
-use crate::gateway::{EgressPolicy, Gateway, GatewayConfig};
 use crate::ids::{SandboxId, SnapshotId, TemplateRef, VersionReq};
 use crate::pool::{PoolConfig, PoolStats, Pools};
 use crate::record::{

@@ -120,7 +120,7 @@ pub(super) fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u
         )));
     }
     o.egress.validate().map_err(NodeError::Invalid)?;
-    crate::gateway::validate_bindings(&o.secrets).map_err(NodeError::Invalid)?;
+    space_gateway::validate_bindings(&o.secrets).map_err(NodeError::Invalid)?;
     for b in &o.secrets {
         if o.env.get(&b.name).is_some_and(|v| v != &b.placeholder) {
             return Err(NodeError::Invalid(format!(

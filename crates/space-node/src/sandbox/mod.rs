@@ -45,6 +45,7 @@ use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use rand::RngCore;
+use space_gateway::{spawn_vm_loop, EgressPolicy, Gateway, SandboxGateway, VmLoop};
 use space_proto::{ExecSpec, Identity};
 use space_runtime::{
     BootSpec, ClientError, GuestClient, NodeRuntime, NodeVm, Priority, RestoreSpec,
@@ -52,7 +53,6 @@ use space_runtime::{
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{NodeError, Result};
-use crate::gateway::{spawn_vm_loop, EgressPolicy, Gateway, SandboxGateway, VmLoop};
 use crate::ids::{SnapshotId, VersionReq};
 use crate::record::{
     now_ms, Intent, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
@@ -83,7 +83,7 @@ pub(crate) struct Ctx {
     pub ready_timeout: Duration,
     /// Whether a VM that dies while the node runs is restored at once ([`crate::recovery`]).
     pub auto_restore: bool,
-    /// The egress gateway ([`crate::gateway`]).
+    /// The egress gateway ([`space_gateway`]).
     pub gateway: Arc<Gateway>,
     /// The object store, when the node has one ([`crate::archive`]).
     pub archive: std::sync::OnceLock<crate::archive::ArchiveConfig>,

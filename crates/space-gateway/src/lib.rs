@@ -5,7 +5,7 @@
 //! - [`http1`]: request heads, credential placeholders, rewriting.
 //! - [`resolve`]: name resolution, once per connection (the checked address is the one used).
 //! - [`ca`]: the deployment CA, leaf certificates and both TLS configurations.
-//! - [`serve`]: the HTTP/2 server on the `space.egress` port and its two handlers.
+//! - [`serve`]: the HTTP/2 server on the `space.egress` port; `handlers`: its two handlers.
 //!
 //! A node has one [`Gateway`] (CA, TLS client configuration, limits, the control plane's
 //! [`SecretSource`] and [`EgressAudit`]); each sandbox has a [`SandboxGateway`] holding its
@@ -13,6 +13,7 @@
 //! ([`spawn_vm_loop`]) that connects to its `egress.sock` and serves it.
 
 pub mod ca;
+mod handlers;
 pub mod hello;
 pub mod http1;
 pub use space_node_api::policy;
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use tokio::sync::Semaphore;
 
-use crate::ids::SandboxId;
+use space_node_api::ids::SandboxId;
 
 pub use policy::{EgressDefault, EgressPolicy, EgressRule, Host};
 pub use serve::serve;
@@ -240,10 +241,15 @@ impl SandboxGateway {
     pub fn id(&self) -> &SandboxId {
         &self.id
     }
+
+    /// The sandbox's credential bindings.
+    pub fn bindings(&self) -> &[SecretBinding] {
+        &self.bindings
+    }
 }
 
 /// Aborts the VM's gateway loop when dropped.
-pub(crate) struct VmLoop {
+pub struct VmLoop {
     task: tokio::task::JoinHandle<()>,
     /// The VMM's pid the loop serves.
     pub pid: u32,
@@ -260,7 +266,7 @@ const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 
 /// Starts the loop serving the `egress.sock` of the VM (process `pid`) in `dir`: connect,
 /// wait for the guest's line, serve, and start over after a short pause, until dropped.
-pub(crate) fn spawn_vm_loop(sandbox: Arc<SandboxGateway>, dir: PathBuf, pid: u32) -> VmLoop {
+pub fn spawn_vm_loop(sandbox: Arc<SandboxGateway>, dir: PathBuf, pid: u32) -> VmLoop {
     let task = tokio::spawn(async move {
         let mut seed = Vec::new();
         loop {

@@ -16,8 +16,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::http1::BodyLen;
-use super::serve::CHUNK;
 use super::SandboxGateway;
+
+/// Chunk size of the copy loops.
+pub(super) const CHUNK: usize = 16 * 1024;
 
 /// A response body fed from a channel; an `Err` item resets the stream.
 pub(super) struct ChannelBody(pub(super) mpsc::Receiver<io::Result<Bytes>>);
@@ -266,5 +268,23 @@ where
         if let Some(l) = left.as_mut() {
             *l -= n as u64;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bucket_limits_the_rate() {
+        let b = Bucket::new(100_000);
+        let t0 = Instant::now();
+        for _ in 0..30 {
+            b.take(10_000).await;
+        }
+        // 300 KB at 100 KB/s with a 100 KB burst: about two seconds.
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(1800), "{took:?}");
+        assert!(took < Duration::from_secs(4), "{took:?}");
     }
 }

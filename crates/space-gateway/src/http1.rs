@@ -279,7 +279,7 @@ pub fn refusal(status: u16, reason: &str) -> Vec<u8> {
         504 => "Gateway Timeout",
         _ => "Error",
     };
-    let body = super::serve::bounded_reason(reason);
+    let body = super::handlers::bounded_reason(reason);
     format!(
         "HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\nX-Space-Egress: refused\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",

@@ -14,10 +14,11 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use space_node::gateway::{Gateway, SandboxGateway};
-use space_node::{
-    EgressAudit, EgressEvent, EgressPolicy, GatewayConfig, SandboxId, SecretSource, SecretValue,
+use space_gateway::{
+    EgressAudit, EgressEvent, EgressPolicy, Gateway, GatewayConfig, SandboxGateway, SecretSource,
+    SecretValue,
 };
+use space_node_api::ids::SandboxId;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -215,7 +216,7 @@ impl Guest {
     pub async fn connect(sb: Arc<SandboxGateway>) -> Guest {
         let (host_end, mut guest_end) = tokio::net::UnixStream::pair().unwrap();
         tokio::spawn(async move {
-            let _ = space_node::gateway::serve(host_end, sb).await;
+            let _ = space_gateway::serve(host_end, sb).await;
         });
         let line = b"SPACE-EGRESS/1 00112233445566778899aabbccddeeff\n";
         guest_end.write_all(b"stale \x00\xff bytes").await.unwrap();

@@ -1,13 +1,12 @@
-//! The HTTP/2 server on a VM's `space.egress` stream: the sync line, `POST
-//! /v1/egress/connect` and `POST /v1/egress/forward` (`docs/egress.md`).
+//! The two handlers of the `space.egress` server: `POST /v1/egress/connect` (a tunnel, its
+//! SNI check, and interception when the sandbox has credentials) and `POST
+//! /v1/egress/forward` (one plain-HTTP request), with the policy, the connection limit, the
+//! checked upstream connection, credentials and the audit (`docs/egress.md`).
 
-use std::convert::Infallible;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, Bytes};
@@ -15,8 +14,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -24,142 +22,14 @@ use super::hello::{self, Hello};
 use super::http1::{self, BodyLen, Scan};
 use super::policy::{private_reason, Decision, Host, MAX_HOST};
 use super::streams::*;
-use super::{EgressEvent, GatewayError, SandboxGateway, SecretBinding, SecretValue};
+use super::{EgressEvent, SandboxGateway, SecretBinding, SecretValue};
 
 /// The most bytes of a refusal's text.
 const MAX_REASON: usize = 4096;
 /// How long a CONNECT may take to send its ClientHello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bytes of the stream's last reads kept to find a sync line the HTTP/2 server swallowed.
-const TAIL: usize = 1024;
-/// Chunk size of the copy loops.
-pub(super) const CHUNK: usize = 16 * 1024;
 
 type Body = BoxBody<Bytes, io::Error>;
-
-/// Serves one `space.egress` stream for `sandbox`: waits for the guest's sync line (discarding
-/// what comes before it, at most 1 MiB), echoes it, then serves HTTP/2 until the stream ends.
-pub async fn serve<S>(stream: S, sandbox: Arc<SandboxGateway>) -> Result<(), GatewayError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    serve_seeded(stream, sandbox, Vec::new()).await.map(|_| ())
-}
-
-/// [`serve`], with `seed` taken as bytes read before the stream's own; answers the last bytes
-/// the HTTP/2 server read (a sync line of a guest that restarted its side may be among them).
-pub(crate) async fn serve_seeded<S>(
-    mut stream: S,
-    sandbox: Arc<SandboxGateway>,
-    seed: Vec<u8>,
-) -> Result<Vec<u8>, GatewayError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (line, rest) = sync(&mut stream, seed).await?;
-    stream
-        .write_all(&line)
-        .await
-        .map_err(|e| GatewayError::Stream(format!("echoing the sync line: {e}")))?;
-    let tail = Arc::new(Mutex::new(Vec::new()));
-    let io = Tap {
-        inner: stream,
-        prefix: Bytes::from(rest),
-        tail: tail.clone(),
-    };
-    let sb = sandbox.clone();
-    let service = hyper::service::service_fn(move |req| {
-        let sb = sb.clone();
-        async move { Ok::<_, Infallible>(handle(sb, req).await) }
-    });
-    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .max_concurrent_streams(1024)
-        .serve_connection(TokioIo::new(io), service)
-        .await;
-    if let Err(e) = served {
-        tracing::debug!(id = %sandbox.id, error = %e, "egress HTTP/2 connection ended");
-    }
-    let tail = std::mem::take(&mut *tail.lock().unwrap_or_else(|e| e.into_inner()));
-    Ok(tail)
-}
-
-/// Reads until the sync line; answers it and the bytes after it.
-async fn sync<S: AsyncRead + Unpin>(
-    stream: &mut S,
-    seed: Vec<u8>,
-) -> Result<(Vec<u8>, Vec<u8>), GatewayError> {
-    let mut scanner = space_proto::sync::SyncScanner::any_token();
-    let mut chunk = vec![0u8; 8192];
-    let mut fed = seed;
-    loop {
-        let found = scanner
-            .push(&fed)
-            .map_err(|e| GatewayError::Stream(format!("no sync line: {e}")))?;
-        if let Some((line, rest)) = found {
-            return Ok((line, rest.to_vec()));
-        }
-        let n = stream
-            .read(&mut chunk)
-            .await
-            .map_err(|e| GatewayError::Stream(format!("reading the sync line: {e}")))?;
-        if n == 0 {
-            return Err(GatewayError::Stream(
-                "the stream ended before the sync line".into(),
-            ));
-        }
-        fed = chunk[..n].to_vec();
-    }
-}
-
-/// The stream under the HTTP/2 server: replays `prefix` first, keeps the last bytes read.
-struct Tap<S> {
-    inner: S,
-    prefix: Bytes,
-    tail: Arc<Mutex<Vec<u8>>>,
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if !self.prefix.is_empty() {
-            let n = self.prefix.len().min(buf.remaining());
-            buf.put_slice(&self.prefix[..n]);
-            self.prefix.advance(n);
-            return Poll::Ready(Ok(()));
-        }
-        let before = buf.filled().len();
-        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = r {
-            let new = &buf.filled()[before..];
-            let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
-            tail.extend_from_slice(new);
-            let excess = tail.len().saturating_sub(TAIL);
-            tail.drain(..excess);
-        }
-        r
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
 
 /// A refusal's text: at most 4 KiB, cut at a character boundary.
 pub(crate) fn bounded_reason(reason: &str) -> &str {
@@ -229,7 +99,7 @@ fn deny(sb: &SandboxGateway, host: &Host, port: u16, rule: &str, reason: &str) {
     );
 }
 
-async fn handle(sb: Arc<SandboxGateway>, req: Request<Incoming>) -> Response<Body> {
+pub(super) async fn handle(sb: Arc<SandboxGateway>, req: Request<Incoming>) -> Response<Body> {
     let forward = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/egress/connect") => false,
         (&Method::POST, "/v1/egress/forward") => true,
@@ -771,68 +641,7 @@ async fn handle_forward(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Instant;
-
     use super::*;
-
-    #[tokio::test]
-    async fn sync_line_found_after_garbage() {
-        let line = b"SPACE-EGRESS/1 0123456789abcdef0123456789ABCDEF\n";
-        let mut input = b"stale bytes SPACE-EGRESS/1 short\nSPACE-EGRESS/1 ".to_vec();
-        input.extend_from_slice(line);
-        input.extend_from_slice(b"PRI * HTTP/2.0");
-        let (mut a, mut b) = tokio::io::duplex(64);
-        let writer = tokio::spawn(async move {
-            for c in input.chunks(7) {
-                a.write_all(c).await.unwrap();
-            }
-            a
-        });
-        let (got, rest) = sync(&mut b, Vec::new()).await.unwrap();
-        assert_eq!(got, line);
-        let mut rest = rest;
-        let _a = writer.await.unwrap();
-        while rest.len() < 14 {
-            let mut c = [0u8; 14];
-            let n = b.read(&mut c).await.unwrap();
-            rest.extend_from_slice(&c[..n]);
-        }
-        assert_eq!(rest, b"PRI * HTTP/2.0");
-    }
-
-    #[tokio::test]
-    async fn sync_gives_up_after_a_mebibyte() {
-        let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        tokio::spawn(async move {
-            let junk = vec![b'x'; 1 << 16];
-            for _ in 0..40 {
-                if a.write_all(&junk).await.is_err() {
-                    return;
-                }
-            }
-        });
-        let err = sync(&mut b, Vec::new()).await.unwrap_err();
-        assert!(err.to_string().contains("no sync line"), "{err}");
-        // A line in the seed is found without reading.
-        let seed = b"xxSPACE-EGRESS/1 00000000000000000000000000000000\nrest".to_vec();
-        let (line, rest) = sync(&mut tokio::io::empty(), seed).await.unwrap();
-        assert_eq!(line.len(), space_proto::sync::SYNC_LINE_LEN);
-        assert_eq!(rest, b"rest");
-        assert!(sync(&mut tokio::io::empty(), Vec::new()).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn bucket_limits_the_rate() {
-        let b = Bucket::new(100_000);
-        let t0 = Instant::now();
-        for _ in 0..30 {
-            b.take(10_000).await;
-        }
-        // 300 KB at 100 KB/s with a 100 KB burst: about two seconds.
-        let took = t0.elapsed();
-        assert!(took >= Duration::from_millis(1800), "{took:?}");
-        assert!(took < Duration::from_secs(4), "{took:?}");
-    }
 
     #[test]
     fn reasons_are_bounded() {

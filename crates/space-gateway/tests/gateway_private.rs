@@ -3,7 +3,6 @@
 //! guest end bounded while the other sandboxes are served: through the real wire protocol, as
 //! in `gateway.rs`.
 
-mod common;
 mod egress_rig;
 
 use std::collections::HashMap;
@@ -27,12 +26,8 @@ struct Dns {
     loopback_port: u16,
 }
 
-impl space_node::gateway::resolve::Resolve for Dns {
-    fn resolve<'a>(
-        &'a self,
-        name: &'a str,
-        port: u16,
-    ) -> space_node::gateway::resolve::Resolution<'a> {
+impl space_gateway::resolve::Resolve for Dns {
+    fn resolve<'a>(&'a self, name: &'a str, port: u16) -> space_gateway::resolve::Resolution<'a> {
         Box::pin(async move {
             let asked = {
                 let mut q = self.questions.lock().unwrap();
@@ -260,7 +255,7 @@ async fn a_hostile_guest_end_is_bounded_and_the_others_are_served() {
 
     // Garbage after the sync line: the connection ends; a new one is served.
     let (host_end, mut guest_end) = tokio::net::UnixStream::pair().unwrap();
-    let served = tokio::spawn(space_node::gateway::serve(host_end, hostile_sb.clone()));
+    let served = tokio::spawn(space_gateway::serve(host_end, hostile_sb.clone()));
     let line = b"SPACE-EGRESS/1 00112233445566778899aabbccddeeff\n";
     guest_end.write_all(line).await.unwrap();
     let mut echo = vec![0u8; line.len()];
@@ -273,7 +268,7 @@ async fn a_hostile_guest_end_is_bounded_and_the_others_are_served() {
 
     // A preface and then frames that break the protocol: the same.
     let (host_end, mut guest_end) = tokio::net::UnixStream::pair().unwrap();
-    let served = tokio::spawn(space_node::gateway::serve(host_end, hostile_sb.clone()));
+    let served = tokio::spawn(space_gateway::serve(host_end, hostile_sb.clone()));
     guest_end.write_all(line).await.unwrap();
     guest_end.read_exact(&mut echo).await.unwrap();
     guest_end
