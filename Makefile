@@ -15,7 +15,7 @@ help:
 	@echo "make check   the fast tier, in minutes: fmt, clippy, unit tests, fake-runtime and path tests"
 	@echo "make test    install what is missing, build, lint and run every test"
 	@echo "make bench   run the benchmarks (prints tables)"
-	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 5,000 fake-runtime requests, 20 chaos rounds, a long schemathesis run)"
+	@echo "make soak    the long runs (50 suspend/restore cycles through the object store, 5,000 fake-runtime requests, 20 cluster failovers, 20 chaos rounds, a long schemathesis run)"
 	@echo "make fuzz    coverage-guided fuzzing of every parser of hostile input (SPACE_FUZZ_SECONDS each, default 60)"
 
 deps:
@@ -64,6 +64,8 @@ soak: artifacts tools
 	@source $(ENV) && source $(TOOLS) && SPACE_SOAK_OPS=1000 $(CARGO) test -p space-node --test soak -- --nocapture
 	@echo "[soak] 5,000 random node requests on the fake runtime, one in eight with an injected failure"
 	@source $(ENV) && SPACE_FAKE_OPS=5000 $(CARGO) test -p space-node --test fake_runtime -- random_ --nocapture
+	@echo "[soak] 20 failovers of a cluster's busiest node while clients retry execs"
+	@source $(ENV) && source $(TOOLS) && SPACE_FAILOVER_ROUNDS=20 $(CARGO) test -p space --test cluster -- --ignored repeated_failover
 	@echo "[soak] 20 rounds of the server killed under 20 concurrent clients"
 	@source $(ENV) && source $(TOOLS) && SPACE_CHAOS_ROUNDS=20 $(CARGO) test -p space --test chaos
 	@echo "[soak] schemathesis against the API with 200 examples an operation"

@@ -21,6 +21,9 @@
 //!   without losing a byte;
 //! - a replica killed in the middle of a request fails that request cleanly, and the other
 //!   one keeps serving.
+//!
+//! `repeated_failover` (ignored here, run by `make soak`) kills the busiest node
+//! `SPACE_FAILOVER_ROUNDS` times (20) while clients retry, and starts it again each time.
 
 mod common;
 #[path = "../../space-control/tests/common/postgres.rs"]
@@ -31,7 +34,7 @@ use std::collections::HashMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{json, ok, run, space_bin, stderr};
+use common::{env_number, json, ok, run, space_bin, stderr};
 use nix::sys::signal::Signal;
 use processes::{now_ms, sha, vms, Cluster, Sampler, COUNTER, FAILOVER};
 
@@ -423,4 +426,98 @@ fn failover_fencing_drain_and_replicas() {
         sampler.violations()
     );
     drop(sampler);
+}
+
+/// Round after round, the node holding the most running sandboxes is killed while three
+/// clients per sandbox retry an exec through both replicas; every client ends with the
+/// sandbox's file intact, each sandbox runs on exactly one other node with its counter going
+/// on, and the sampler never sees two VMs of one sandbox. The killed node is started again on
+/// its data directory and rejoins before the next round.
+#[test]
+#[ignore = "long: run by `make soak`"]
+fn repeated_failover() {
+    let rounds = env_number("SPACE_FAILOVER_ROUNDS", 20) as usize;
+    let mut c = Cluster::start();
+    let sampler = Sampler::start(c.data_dirs());
+    let mut blobs: HashMap<String, String> = HashMap::new();
+    for i in 0..4 {
+        let id = ok(&c.cli(i % 2, &["create", "--template", "minimal"]))
+            .trim()
+            .to_owned();
+        ok(&c.exec(i % 2, &id, COUNTER));
+        let out = ok(&c.exec(
+            0,
+            &id,
+            "head -c 1048576 /dev/urandom > /root/blob && sync && sha256sum /root/blob | cut -d' ' -f1",
+        ));
+        blobs.insert(id, out.trim().to_owned());
+    }
+    for round in 0..rounds {
+        let mut homes: HashMap<String, usize> = HashMap::new();
+        for id in blobs.keys() {
+            let on = c.running_on(id);
+            assert_eq!(on.len(), 1, "round {round}: {id} runs on {on:?}");
+            homes.insert(id.clone(), on[0]);
+        }
+        let victim = (0..c.nodes.len())
+            .max_by_key(|n| homes.values().filter(|h| *h == n).count())
+            .unwrap();
+        let on_victim: Vec<String> = blobs
+            .keys()
+            .filter(|id| homes[*id] == victim)
+            .cloned()
+            .collect();
+        let written = now_ms();
+        for id in &on_victim {
+            ok(&c.exec(0, id, "sync"));
+            c.wait_uploaded(id, written);
+        }
+        c.nodes[victim].proc.kill();
+        std::thread::scope(|s| {
+            let c = &c;
+            for id in &on_victim {
+                for k in 0..3 {
+                    let want = blobs[id].clone();
+                    s.spawn(move || {
+                        let until = Instant::now() + FAILOVER + Duration::from_secs(60);
+                        loop {
+                            let out = c.exec(k % 2, id, "sha256sum /root/blob | cut -d' ' -f1");
+                            if out.status.success() {
+                                let got = String::from_utf8_lossy(&out.stdout);
+                                assert_eq!(got.trim(), want, "round {round}: {id}, client {k}");
+                                return;
+                            }
+                            assert!(
+                                Instant::now() < until,
+                                "round {round}: client {k} of {id} never got an answer: {}",
+                                String::from_utf8_lossy(&out.stderr)
+                            );
+                            std::thread::sleep(Duration::from_millis(300));
+                        }
+                    });
+                }
+            }
+        });
+        for id in &on_victim {
+            c.wait_elsewhere(0, id, victim);
+            let a = c.counter(1, id);
+            std::thread::sleep(Duration::from_millis(500));
+            assert!(
+                c.counter(0, id) > a,
+                "round {round}: {id}'s counter stopped"
+            );
+        }
+        c.restart_node(victim, round);
+        eprintln!(
+            "round {}/{rounds}: node {} killed, {} sandbox(es) moved once each",
+            round + 1,
+            c.nodes[victim].id,
+            on_victim.len()
+        );
+    }
+    assert!(
+        sampler.violations().is_empty(),
+        "two VMs ran for one sandbox: {:?}",
+        sampler.violations()
+    );
 }

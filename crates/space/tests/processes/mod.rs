@@ -369,13 +369,28 @@ impl Cluster {
 
     pub fn start_node(&mut self, i: usize) {
         let token = ok(&self.cli(i % 2, &["node", "token"])).trim().to_owned();
+        let (id, proc) = self.node_proc(i, Some(&token), "");
+        let data = self.tmp.join(&id);
+        self.nodes.push(NodeProc { proc, id, data });
+    }
+
+    /// Starts node `i` again on its data directory (after a kill): it rejoins with the
+    /// identity it saved, without a token. `round` names its log.
+    pub fn restart_node(&mut self, i: usize, round: usize) {
+        self.nodes[i].proc.kill();
+        let (_, proc) = self.node_proc(i, None, &format!("-{round}"));
+        self.nodes[i].proc = proc;
+        self.nodes[i].proc.wait_for("space node: ready", NODE_READY);
+    }
+
+    fn node_proc(&self, i: usize, token: Option<&str>, log_suffix: &str) -> (String, Proc) {
         let id = format!("node-{}", i + 1);
         let data = self.tmp.join(&id);
         let port = free_port();
         let mut cmd = Command::new(space_bin());
         cmd.arg("node")
             .args(["--control", &self.replicas[i % 2].1])
-            .args(["--join-token", &token, "--node-id", &id])
+            .args(["--node-id", &id])
             .args(["--advertise", &format!("127.0.0.1:{port}")])
             .arg("--data-dir")
             .arg(&data)
@@ -391,8 +406,11 @@ impl Cluster {
             .env_remove("AWS_ACCESS_KEY_ID")
             .env_remove("AWS_SECRET_ACCESS_KEY")
             .env_remove("SPACE_OBJECT_STORE");
-        let proc = Proc::spawn(&id, cmd, self.tmp.join(format!("{id}.log")));
-        self.nodes.push(NodeProc { proc, id, data });
+        if let Some(t) = token {
+            cmd.args(["--join-token", t]);
+        }
+        let proc = Proc::spawn(&id, cmd, self.tmp.join(format!("{id}{log_suffix}.log")));
+        (id, proc)
     }
 
     /// The CLI through replica `r` as the admin.
