@@ -524,36 +524,59 @@ pub async fn build_log(
         };
         return Ok((text_plain, text).into_response());
     }
-    let stream =
-        futures::stream::unfold((st, id, q.from, false), |(st, id, from, done)| async move {
-            if done {
-                return None;
+    // Following the node's log; then, once the node's part has ended, waiting for the build
+    // itself to end (in a cluster it is published to the object store and fetched by the
+    // other nodes after that), with what the build's record adds; then the end.
+    #[derive(Clone, Copy)]
+    enum Phase {
+        Node,
+        Settling,
+        Done,
+    }
+    let tail = |log: &str, from: u64| {
+        let mut at = (from as usize).min(log.len());
+        while !log.is_char_boundary(at) {
+            at += 1;
+        }
+        log[at..].to_owned()
+    };
+    let stream = futures::stream::unfold(
+        (st, id, q.from, Phase::Node),
+        move |(st, id, from, phase)| async move {
+            match phase {
+                Phase::Done => None,
+                Phase::Node => match st.node.build_log(&id, from).await {
+                    Ok(chunk) => {
+                        let next = chunk.next;
+                        let phase = if chunk.done {
+                            Phase::Settling
+                        } else {
+                            Phase::Node
+                        };
+                        Some((
+                            Ok::<_, std::io::Error>(bytes::Bytes::from(chunk.text)),
+                            (st, id, next, phase),
+                        ))
+                    }
+                    // The node's log is gone (it restarted): what the record has, once the
+                    // build has ended.
+                    Err(_) => Some((Ok(bytes::Bytes::new()), (st, id, from, Phase::Settling))),
+                },
+                Phase::Settling => match st.store.build(&id).await {
+                    Ok(Some(b)) if b.state != "running" => {
+                        let text = tail(&b.log, from);
+                        Some((Ok(bytes::Bytes::from(text)), (st, id, from, Phase::Done)))
+                    }
+                    Ok(Some(_)) => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        Some((Ok(bytes::Bytes::new()), (st, id, from, Phase::Settling)))
+                    }
+                    _ => None,
+                },
             }
-            match st.node.build_log(&id, from).await {
-                Ok(chunk) => {
-                    let next = chunk.next;
-                    Some((
-                        Ok::<_, std::io::Error>(bytes::Bytes::from(chunk.text)),
-                        (st, id, next, chunk.done),
-                    ))
-                }
-                Err(_) => {
-                    // The node's log is gone (it restarted): what the store has, then the end.
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                    let text = match st.store.build(&id).await {
-                        Ok(Some(b)) if b.state != "running" => {
-                            b.log.get(from as usize..).unwrap_or("").to_owned()
-                        }
-                        Ok(Some(_)) => {
-                            return Some((Ok(bytes::Bytes::new()), (st, id, from, false)))
-                        }
-                        _ => String::new(),
-                    };
-                    Some((Ok(bytes::Bytes::from(text)), (st, id, from, true)))
-                }
-            }
-        })
-        .filter(|c| futures::future::ready(!matches!(c, Ok(b) if b.is_empty())));
+        },
+    )
+    .filter(|c| futures::future::ready(!matches!(c, Ok(b) if b.is_empty())));
     Ok((text_plain, Body::from_stream(stream)).into_response())
 }
 

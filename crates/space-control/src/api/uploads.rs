@@ -136,7 +136,8 @@ fn local_dir(st: &Shared, who: &Principal) -> ApiResult<PathBuf> {
 pub async fn input(st: &Shared, who: &Principal, id: &str) -> ApiResult<BuildInput> {
     if !uploads::valid_id(id) {
         return Err(ApiError::invalid(format!(
-            "{:?} is not an upload id",
+            "no upload {:?}: an upload id is upl- and hex digits, as POST /v1/template-uploads \
+             answers",
             id.chars().take(70).collect::<String>()
         )));
     }
