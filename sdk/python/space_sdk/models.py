@@ -293,6 +293,9 @@ class SandboxInfo:
     #: For a suspended sandbox: the snapshot a restore starts from, and where it lives (`local`,
     #: `remote` (the object store only), `local+remote`).
     restore_point: RestorePoint | None
+    #: The cluster node that holds the sandbox; only in answers to admin keys, and only in a
+    #: cluster.
+    node: str | None = None
     # </generated fields>
 
     @classmethod
