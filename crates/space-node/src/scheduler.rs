@@ -6,37 +6,18 @@
 //! 1. reads every record once, to learn which snapshots other sandboxes still start from (a
 //!    fork child's origin is a snapshot of its parent);
 //! 2. sends [`Request::Rolling`] to the driver of every sandbox that is Running, Paused,
-//!    Suspended or Failed. The driver ([`Sandbox::rolling`]) asks the schedule what is due —
+//!    Suspended or Failed. The driver (`sandbox/rolling.rs`) asks the schedule what is due —
 //!    only while Running: a paused VM changes nothing — takes it (reason
-//!    [`SnapshotReason::Rolling`], through the same code as any other snapshot), then plans
-//!    retention over its snapshots and deletes what the plan says;
+//!    [`SnapshotReason::Rolling`](crate::record::SnapshotReason::Rolling), through the same
+//!    code as any other snapshot), then plans retention over its snapshots with
+//!    [`plan_deletions`] and deletes what the plan says ([`delete_volumes`]);
 //! 3. plans retention for terminated sandboxes (no driver; their records are final) and
 //!    deletes what the plan says.
 //!
 //! A timer runs it every [`RollingConfig::tick`] when [`RollingConfig::enabled`].
 //!
-//! **Disk changed.** The driver compares a fingerprint of the VM's disk file on the host
-//! ([`DiskMark`]: inode, size, mtime, ctime) with the one taken when the disk was last known
-//! to be held by a snapshot or an origin. QEMU writes the image through the host page cache,
-//! and every write moves mtime, so a `stat` answers the question without waking the guest.
-//! The fingerprint is taken
-//!
-//! - when a driver takes a VM that just started (create, fork, restore, rollback): the disk is
-//!   then its origin's. An adopted VM starts without one (it may have been written since its
-//!   last snapshot);
-//! - inside every disk snapshot, with the vCPUs stopped, right before the clone (exact);
-//! - right before a rolling full snapshot (conservative: a write between the `stat` and the
-//!   pause counts as a change, so at worst one disk snapshot too many).
-//!
-//! A fingerprint that cannot be taken counts as changed. Limit: a write still in the guest's
-//! page cache has not reached the image; it is seen once the guest writes it back (Linux: dirty
-//! data older than 30 s, checked every 5 s; ext4 commits metadata every 5 s). The disk snapshot
-//! itself runs `sync` in the guest first, so it captures everything dirty at that moment, and
-//! the full snapshots hold the guest's memory, page cache included.
-//!
-//! **Schedule anchors.** The VM's start counts as a full snapshot for the schedule: the VM's
-//! origin (the template's snapshot, a restore point, a fork point) brings that state back, so a
-//! new sandbox gets its first full snapshot one full interval after it started, not at once.
+//! **Disk changed** and **schedule anchors** are the driver's: it keeps a fingerprint of the
+//! VM's disk image and counts the VM's start as a full snapshot (`sandbox/rolling.rs`).
 //!
 //! **Retention inputs.** Snapshots taken on request are pinned. In use (never deleted): the
 //! restore point of a suspended sandbox, and the origin of a live VM (its own or another
@@ -46,19 +27,14 @@
 //! a dangling entry that a rollback would trip over).
 
 use std::collections::{HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
 use crate::error::{NodeError, Result};
 use crate::ids::{SandboxId, SnapshotId};
-use crate::record::{
-    now_ms, Origin, SandboxRecord, SnapshotKind, SnapshotReason, SnapshotRecord, State,
-};
-use crate::retention::{
-    Due, Liveness, RetentionPolicy, RollingSchedule, ScheduleInput, SnapshotInfo,
-};
-use crate::sandbox::{Ctx, Handle, Request, Sandbox};
+use crate::record::{now_ms, Origin, SandboxRecord, SnapshotKind, SnapshotRecord, State};
+use crate::retention::{Liveness, RetentionPolicy, RollingSchedule, SnapshotInfo};
+use crate::sandbox::{Ctx, Handle, Request};
 use crate::template::blocking;
 
 /// Rolling snapshots and retention of a node.
@@ -117,28 +93,6 @@ pub struct RollingReport {
     pub failed: usize,
 }
 
-/// A fingerprint of a disk image file: any write through QEMU changes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DiskMark {
-    ino: u64,
-    size: u64,
-    mtime: (i64, i64),
-    ctime: (i64, i64),
-}
-
-impl DiskMark {
-    /// The fingerprint of `path`; `None` if it cannot be read (which counts as changed).
-    pub fn of(path: &Path) -> Option<DiskMark> {
-        let m = std::fs::metadata(path).ok()?;
-        Some(DiskMark {
-            ino: m.ino(),
-            size: m.size(),
-            mtime: (m.mtime(), m.mtime_nsec()),
-            ctime: (m.ctime(), m.ctime_nsec()),
-        })
-    }
-}
-
 /// An error and its sources on one line, for the log line where it is handled.
 pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
@@ -150,9 +104,6 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     }
     out
 }
-
-/// The disk image inside a sandbox directory.
-pub(crate) const DISK_FILE: &str = "rootfs.ext4";
 
 /// One run over every sandbox (see the module docs). `handles` are the drivers of the node.
 pub(crate) async fn reconcile(
@@ -280,7 +231,7 @@ fn retention_input(r: &SandboxRecord, extra: &[SnapshotId]) -> Vec<SnapshotInfo<
 }
 
 /// What the policy deletes among `r`'s snapshots at `now`.
-fn plan_deletions(
+pub(crate) fn plan_deletions(
     r: &SandboxRecord,
     policy: &RetentionPolicy,
     extra: &[SnapshotId],
@@ -305,7 +256,7 @@ fn plan_deletions(
 
 /// Deletes snapshot volumes of `sandbox` (already dropped from its record). Errors are logged:
 /// an unlisted volume is only space.
-async fn delete_volumes(ctx: &Ctx, sandbox: &SandboxId, ids: &[SnapshotId]) {
+pub(crate) async fn delete_volumes(ctx: &Ctx, sandbox: &SandboxId, ids: &[SnapshotId]) {
     for id in ids {
         let dir = match ctx.layout.snapshot_dir(sandbox.as_str(), id.as_str()) {
             Ok(d) => d,
@@ -349,72 +300,4 @@ async fn prune_terminated(
     delete_volumes(ctx, &r.id, &doomed).await;
     crate::archive::delete_remote(ctx, &r.id, &remote).await;
     Ok(doomed)
-}
-
-impl Sandbox {
-    /// One scheduler step for this sandbox: the due snapshot (Running only), then retention.
-    pub(crate) async fn rolling(&mut self, job: RollingJob) -> Result<RollingOutcome> {
-        let mut out = RollingOutcome::default();
-        if self.record.state == State::Running {
-            out.taken = self.rolling_snapshot(&job.schedule).await?;
-        }
-        if !job.prune {
-            return Ok(out);
-        }
-        let doomed = plan_deletions(&self.record, &job.retention, &job.in_use, now_ms());
-        if !doomed.is_empty() {
-            let remote = crate::archive::archived(&self.record, &doomed);
-            self.record.snapshots.retain(|s| !doomed.contains(&s.id));
-            self.write()?;
-            delete_volumes(&self.ctx, &self.record.id, &doomed).await;
-            crate::archive::delete_remote(&self.ctx, &self.record.id, &remote).await;
-        }
-        out.deleted = doomed;
-        Ok(out)
-    }
-
-    async fn rolling_snapshot(
-        &mut self,
-        schedule: &RollingSchedule,
-    ) -> Result<Option<SnapshotRecord>> {
-        let newest = |kind| {
-            self.record
-                .snapshots
-                .iter()
-                .filter(|s| s.kind == kind)
-                .map(|s| s.created_unix_ms)
-                .max()
-        };
-        let started = self.record.started_unix_ms;
-        let last_full = Some(newest(SnapshotKind::Full).map_or(started, |t| t.max(started)));
-        let last_disk = newest(SnapshotKind::Disk);
-        let disk = self.dir.join(DISK_FILE);
-        let now_mark = DiskMark::of(&disk);
-        let disk_changed = now_mark.is_none() || now_mark != self.disk_mark;
-        let step = schedule.step(&ScheduleInput {
-            now_unix_ms: now_ms(),
-            last_disk_unix_ms: last_disk,
-            last_full_unix_ms: last_full,
-            disk_changed,
-        });
-        let kind = match step.due {
-            Due::None => return Ok(None),
-            Due::Disk => SnapshotKind::Disk,
-            Due::Full => SnapshotKind::Full,
-        };
-        let snap = match self.snapshot(kind, SnapshotReason::Rolling).await {
-            Ok(s) => s,
-            Err(e) => {
-                // Whatever the failed attempt left, the next run must not think the disk is held.
-                self.disk_mark = None;
-                return Err(e);
-            }
-        };
-        if kind == SnapshotKind::Full {
-            // Taken before the snapshot: a write in between shows up as a change next time.
-            self.disk_mark = now_mark;
-        }
-        tracing::debug!(id = %self.record.id, snapshot = %snap.id, paused_us = snap.paused_for_us, "rolling snapshot");
-        Ok(Some(snap))
-    }
 }

@@ -37,6 +37,14 @@
 //!   [`PANIC_WINDOW`](panics::PANIC_WINDOW), or when that recovery fails, the driver stops
 //!   trying: every request but kill and shutdown is answered with an internal error, and
 //!   the VM is left running for the node's next start to adopt (`panics.rs`).
+//!
+//! Every method of the actor is in this module: the loop, the dispatch and the record keeping
+//! here; the lifecycle transitions in `transitions.rs`; its step of rolling snapshots and
+//! retention in `rolling.rs` (the policy is [`crate::scheduler`]'s); its snapshots' copies in
+//! the object store in `archiving.rs` (the store's format and the archive pass are
+//! [`crate::archive`]'s); panic isolation in `panics.rs`; starting a VM in `launch.rs`; the
+//! requests and where each is legal in `request.rs`. Other modules start an actor
+//! ([`Sandbox::spawn`]) and from then on reach it only through its [`Handle`].
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,19 +66,22 @@ use crate::record::{
     now_ms, Intent, Origin, Pending, RecordStore, SandboxRecord, SnapshotKind, SnapshotReason,
     SnapshotRecord, State, TimeoutAction, TimeoutPolicy,
 };
-use crate::scheduler::{DiskMark, RollingJob, RollingOutcome, DISK_FILE};
+use crate::scheduler::{RollingJob, RollingOutcome};
 use crate::storage::{Layout, Storage};
 use crate::template::{self, blocking, panic_message};
 
+mod archiving;
 mod launch;
 mod panics;
 mod request;
+mod rolling;
 #[cfg(test)]
 mod tests;
 mod transitions;
 
 pub(crate) use launch::{clear_vm_files, dir_size, ensure_disk, identity, launch, Launch};
 pub(crate) use request::Request;
+use rolling::{DiskMark, DISK_FILE};
 use State::{Failed, Paused, Running, Suspended, Terminated};
 
 /// What the actors share with the node: the machinery, never another sandbox's state.
@@ -232,22 +243,22 @@ pub(crate) struct Live {
 
 /// The actor.
 pub(crate) struct Sandbox {
-    pub(crate) ctx: Arc<Ctx>,
-    pub(crate) record: SandboxRecord,
+    ctx: Arc<Ctx>,
+    record: SandboxRecord,
     status: Arc<Status>,
-    pub(crate) dir: PathBuf,
+    dir: PathBuf,
     vm: Option<Box<dyn NodeVm>>,
     client: Option<GuestClient>,
     /// The disk image's fingerprint when its content was last known to be held by a snapshot
-    /// or the VM's origin; the rolling scheduler compares it ([`crate::scheduler`]).
-    pub(crate) disk_mark: Option<DiskMark>,
+    /// or the VM's origin; the rolling step compares it (`rolling.rs`).
+    disk_mark: Option<DiskMark>,
     /// The egress gateway loop of the current VM ([`Sandbox::sync_egress`]).
     egress_loop: Option<VmLoop>,
     /// Snapshots fetched from the store straight into the sandbox directory by a restore,
     /// whose local copy (the cache) the archive pass fetches again (not at once: that would
     /// compete with the guest's first requests); with the flag that fetch sets when it ends,
     /// once it is under way. The record says a snapshot is local once its copy is there.
-    pub(crate) caching: Vec<(SnapshotId, Option<Arc<std::sync::atomic::AtomicBool>>)>,
+    caching: Vec<(SnapshotId, Option<Arc<std::sync::atomic::AtomicBool>>)>,
     /// When the driver panicked recently (within [`PANIC_WINDOW`](panics::PANIC_WINDOW)).
     panics: Vec<Instant>,
     /// Set once the driver stopped trying to recover the sandbox: why.
@@ -545,7 +556,7 @@ impl Sandbox {
 
     // ---- record keeping ------------------------------------------------------------------
 
-    pub(crate) fn write(&mut self) -> Result<()> {
+    fn write(&mut self) -> Result<()> {
         self.record.last_activity_unix_ms = self.status.last_activity_ms.load(Ordering::Relaxed);
         Ok(self.ctx.records.write(&self.record)?)
     }

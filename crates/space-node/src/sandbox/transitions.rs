@@ -26,7 +26,7 @@ impl Sandbox {
     }
 
     /// Takes a snapshot of the live VM into a new read-only volume and lists it.
-    pub(crate) async fn snapshot(
+    pub(super) async fn snapshot(
         &mut self,
         kind: SnapshotKind,
         reason: SnapshotReason,
