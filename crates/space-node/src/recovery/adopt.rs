@@ -1,0 +1,91 @@
+//! Taking over the live VM of a Running or Paused sandbox: brought to the state its record
+//! says (or the record to the VM's, after a pause or resume cut short), its guest reconnected;
+//! a VM that cannot be taken over is killed and the sandbox started again.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use space_runtime::NodeVm;
+
+use crate::error::Result;
+use crate::record::{RecoveryAction, SandboxRecord, State};
+use crate::sandbox::{Ctx, Live};
+
+use super::orphans::kill_vmm_in;
+use super::{chain, event, set_state, Next, RecoveryReport};
+
+/// Adopts the VM of a Running or Paused sandbox, or says it must be started again.
+pub(super) async fn adopt(
+    ctx: &Arc<Ctx>,
+    mut r: SandboxRecord,
+    dir: &Path,
+    trust_vm: bool,
+    report: &mut RecoveryReport,
+) -> Result<Next> {
+    let vm = match ctx.runtime.adopt(dir).await {
+        Ok(vm) => vm,
+        Err(e) => {
+            // Not ours or gone: make sure nothing runs there before a new VM starts.
+            kill_vmm_in(ctx, dir, report).await;
+            return Ok(Next::Relaunch(
+                r,
+                format!("the VM was gone at start ({})", chain(&e)),
+            ));
+        }
+    };
+    match take_over(ctx, &mut r, vm, trust_vm).await {
+        Ok(live) => {
+            r.failure = None;
+            r.push_recovery(event(
+                RecoveryAction::Adopted,
+                None,
+                format!("VM (pid {}) taken over, {}", live.vm.pid(), r.state),
+            ));
+            ctx.records.write(&r)?;
+            report.adopted.push(r.id.clone());
+            Ok(Next::Spawn(r, Some(live)))
+        }
+        Err(e) => {
+            kill_vmm_in(ctx, dir, report).await;
+            Ok(Next::Relaunch(
+                r,
+                format!(
+                    "the VM left running could not be taken over ({})",
+                    chain(&e)
+                ),
+            ))
+        }
+    }
+}
+
+/// Brings an adopted VM to the record's state (or, `trust_vm`, the record to the VM's) and
+/// reconnects the guest when it runs. Dropping the VM on failure kills it.
+async fn take_over(
+    ctx: &Ctx,
+    r: &mut SandboxRecord,
+    vm: Box<dyn NodeVm>,
+    trust_vm: bool,
+) -> Result<Live> {
+    let status = vm.status().await?;
+    if trust_vm {
+        set_state(
+            r,
+            if status.running {
+                State::Running
+            } else {
+                State::Paused
+            },
+        );
+    } else if r.state == State::Running && !status.running {
+        // Stopped mid-snapshot when the node died.
+        vm.resume().await?;
+    } else if r.state == State::Paused && status.running {
+        vm.pause().await?;
+    }
+    let client = if r.state == State::Running {
+        Some(vm.wait_ready(ctx.ready_timeout).await?)
+    } else {
+        None
+    };
+    Ok(Live { vm, client })
+}
