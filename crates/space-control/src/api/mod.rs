@@ -625,6 +625,9 @@ mod tests {
             integral(serde_json::json!({"a": 253.0, "b": [1.5, -2.0], "c": "3.0"})),
             serde_json::json!({"a": 253, "b": [1.5, -2], "c": "3.0"})
         );
+        // A large whole number written as a float is read exactly, not rounded onto a half.
+        let big: serde_json::Value = serde_json::from_str("3699121262647158.0").unwrap();
+        assert_eq!(integral(big), serde_json::json!(3699121262647158u64));
     }
 
     #[test]
