@@ -209,6 +209,7 @@ NOT_WRAPPED: dict[str, str] = {
     "node.rejoin": "called by nodes, with their secret",
     "node.heartbeat": "called by nodes, with their secret",
     "node.claim": "called by nodes, with their secret",
+    "node.audit": "called by nodes, with their secret",
     "ingress.get": "a public URL for any HTTP client (PortExposed.url)",
     "ingress.post": "a public URL for any HTTP client (PortExposed.url)",
     "ingress.put": "a public URL for any HTTP client (PortExposed.url)",
