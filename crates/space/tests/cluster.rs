@@ -274,31 +274,7 @@ fn failover_fencing_drain_and_replicas() {
     // Clients retry at once, three to a sandbox, through both replicas (the
     // `node_unavailable` answer tells them to): each move happens once, and every client
     // ends with the sandbox's file as it was.
-    std::thread::scope(|s| {
-        let c = &c;
-        for id in &on_y {
-            for k in 0..3 {
-                let want = blobs[id].clone();
-                s.spawn(move || {
-                    let until = Instant::now() + FAILOVER + Duration::from_secs(60);
-                    loop {
-                        let out = c.exec(k % 2, id, "sha256sum /root/blob | cut -d' ' -f1");
-                        if out.status.success() {
-                            let got = String::from_utf8_lossy(&out.stdout);
-                            assert_eq!(got.trim(), want, "{id}'s file, client {k}");
-                            return;
-                        }
-                        assert!(
-                            Instant::now() < until,
-                            "client {k} of {id} never got an answer: {}",
-                            String::from_utf8_lossy(&out.stderr)
-                        );
-                        std::thread::sleep(Duration::from_millis(300));
-                    }
-                });
-            }
-        }
-    });
+    c.retrying_clients(&on_y, &blobs, "");
     for id in &on_y {
         let now_on = c.wait_elsewhere(0, id, y);
         homes.insert(id.clone(), now_on);
@@ -473,31 +449,7 @@ fn repeated_failover() {
             c.wait_uploaded(id, written);
         }
         c.nodes[victim].proc.kill();
-        std::thread::scope(|s| {
-            let c = &c;
-            for id in &on_victim {
-                for k in 0..3 {
-                    let want = blobs[id].clone();
-                    s.spawn(move || {
-                        let until = Instant::now() + FAILOVER + Duration::from_secs(60);
-                        loop {
-                            let out = c.exec(k % 2, id, "sha256sum /root/blob | cut -d' ' -f1");
-                            if out.status.success() {
-                                let got = String::from_utf8_lossy(&out.stdout);
-                                assert_eq!(got.trim(), want, "round {round}: {id}, client {k}");
-                                return;
-                            }
-                            assert!(
-                                Instant::now() < until,
-                                "round {round}: client {k} of {id} never got an answer: {}",
-                                String::from_utf8_lossy(&out.stderr)
-                            );
-                            std::thread::sleep(Duration::from_millis(300));
-                        }
-                    });
-                }
-            }
-        });
+        c.retrying_clients(&on_victim, &blobs, &format!("round {round}: "));
         for id in &on_victim {
             c.wait_elsewhere(0, id, victim);
             let a = c.counter(1, id);

@@ -468,6 +468,36 @@ impl Cluster {
         }
     }
 
+    /// Clients retry at once, three to a sandbox of `ids`, through both replicas (the
+    /// `node_unavailable` answer tells them to): each ends with the sandbox's `/root/blob`
+    /// as `blobs` has its SHA-256, within [`FAILOVER`] and a minute. `label` leads failures.
+    pub fn retrying_clients(&self, ids: &[String], blobs: &HashMap<String, String>, label: &str) {
+        std::thread::scope(|s| {
+            for id in ids {
+                for k in 0..3 {
+                    let want = blobs[id].clone();
+                    s.spawn(move || {
+                        let until = Instant::now() + FAILOVER + Duration::from_secs(60);
+                        loop {
+                            let out = self.exec(k % 2, id, "sha256sum /root/blob | cut -d' ' -f1");
+                            if out.status.success() {
+                                let got = String::from_utf8_lossy(&out.stdout);
+                                assert_eq!(got.trim(), want, "{label}{id}'s file, client {k}");
+                                return;
+                            }
+                            assert!(
+                                Instant::now() < until,
+                                "{label}client {k} of {id} never got an answer: {}",
+                                String::from_utf8_lossy(&out.stderr)
+                            );
+                            std::thread::sleep(Duration::from_millis(300));
+                        }
+                    });
+                }
+            }
+        });
+    }
+
     /// Waits until a full snapshot of `id` taken after `after_ms` is in the store.
     pub fn wait_uploaded(&self, id: &str, after_ms: u64) {
         let until = Instant::now() + Duration::from_secs(120);
