@@ -397,13 +397,14 @@ impl ApiBench {
         if !status.is_success() {
             bail!("exec answered {status}: {text}");
         }
-        let last = text.lines().last().unwrap_or_default();
-        let exit: serde_json::Value = serde_json::from_str(last)
-            .with_context(|| format!("the exec stream ended with {last:?}"))?;
-        if exit["type"] != "exit" || exit["exit_code"] != 0 {
-            bail!("`true` ended with {exit}");
+        let events = space_api::exec::events(text.as_bytes())
+            .with_context(|| format!("the exec stream: {text:?}"))?;
+        match events.last() {
+            Some(space_api::ExecEvent::Exit {
+                exit_code: Some(0), ..
+            }) => Ok(()),
+            other => bail!("`true` ended with {other:?}"),
         }
-        Ok(())
     }
 
     pub(crate) async fn api_kill(&self, id: &str) -> Result<()> {

@@ -303,7 +303,8 @@ async fn burst(
                 .error_for_status()?
                 .text()
                 .await?;
-            if !text.contains("\"exit\"") {
+            let events = space_api::exec::events(text.as_bytes())?;
+            if !events.last().is_some_and(space_api::ExecEvent::is_last) {
                 bail!("exec ended without an exit line: {text}");
             }
             Ok::<_, anyhow::Error>((id, created, t.elapsed()))

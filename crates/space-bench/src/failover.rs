@@ -161,10 +161,9 @@ impl Cluster {
             .send()
             .await;
         match r {
-            Ok(r) if r.status().is_success() => r.text().await.is_ok_and(|t| {
-                t.lines().any(|l| {
-                    serde_json::from_str::<Value>(l)
-                        .is_ok_and(|v| v["type"] == "exit" && v["exit_code"] == 0)
+            Ok(r) if r.status().is_success() => r.bytes().await.is_ok_and(|t| {
+                space_api::exec::events(&t).is_ok_and(|evs| {
+                    evs.last().and_then(space_api::ExecEvent::shell_code) == Some(0)
                 })
             }),
             _ => false,

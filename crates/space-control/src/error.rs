@@ -1,8 +1,13 @@
 //! The API's error: an HTTP status, a stable machine-readable code and a message for people,
 //! answered as `{"error": {"code": "...", "message": "..."}}` (see `docs/api.md`).
 //!
-//! Every failure the handlers meet (node refusals and failures, guest errors, store errors,
-//! JSON and query rejections) is mapped here, in one place, so equal causes answer alike.
+//! It is the one error of the service layer ([`crate::service`]): every failure an operation
+//! meets (node refusals and failures, guest errors, store errors, JSON and query rejections)
+//! is mapped to it here, in one place, so equal causes answer alike under every protocol.
+//! Each protocol then maps it to its own shape in one place: [`IntoResponse`] here for `/v1`,
+//! `E2bError` and `RpcError` for the E2B facade, [`crate::service::in_process::failure`] for
+//! MCP. A guest's failure keeps the guest's own kind ([`ApiError::guest`]), for protocols
+//! that tell more kinds apart than `/v1`'s codes do.
 
 use std::fmt::Write as _;
 
@@ -23,6 +28,8 @@ pub struct ApiError {
     pub code: &'static str,
     /// What happened, for people.
     pub message: String,
+    /// The guest's kind of error, when the guest failed the operation.
+    pub guest: Option<ErrorKind>,
 }
 
 /// Shorthand for handler results.
@@ -35,6 +42,7 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            guest: None,
         }
     }
 
@@ -226,7 +234,7 @@ impl From<ClientError> for ApiError {
         match &e {
             ClientError::Guest(p) | ClientError::Invalid(p) => {
                 let message = p.message.clone();
-                match p.kind {
+                let mapped = match p.kind {
                     ErrorKind::NotFound => {
                         ApiError::new(StatusCode::NOT_FOUND, "file_not_found", message)
                     }
@@ -241,7 +249,16 @@ impl From<ClientError> for ApiError {
                     | ErrorKind::Busy => ApiError::conflict(message),
                     ErrorKind::InvalidArgument => ApiError::invalid(message),
                     ErrorKind::TooLarge => ApiError::too_large(message),
+                    ErrorKind::NoSpace => ApiError::new(
+                        StatusCode::INSUFFICIENT_STORAGE,
+                        "no_space",
+                        format!("the sandbox's disk is full: {message}"),
+                    ),
                     _ => ApiError::guest(format!("{}: {message}", p.kind)),
+                };
+                ApiError {
+                    guest: Some(p.kind),
+                    ..mapped
                 }
             }
             _ => ApiError::guest(chain(&e)),
@@ -375,7 +392,11 @@ mod tests {
         assert_eq!(g(ErrorKind::Unsupported).code, "conflict");
         assert_eq!(g(ErrorKind::InvalidArgument).code, "invalid_request");
         assert_eq!(g(ErrorKind::Internal).code, "guest_error");
-        assert_eq!(ApiError::from(ClientError::Closed).code, "guest_error");
+        let full = g(ErrorKind::NoSpace);
+        assert_eq!((full.status.as_u16(), full.code), (507, "no_space"));
+        assert_eq!(full.guest, Some(ErrorKind::NoSpace));
+        let cut = ApiError::from(ClientError::Closed);
+        assert_eq!((cut.code, cut.guest), ("guest_error", None));
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod quota;
 pub mod replica;
 pub mod server;
+pub mod service;
 pub mod store;
 pub mod vault;
 

@@ -1,23 +1,15 @@
-//! Commands run to their end (`run_command`): the API's NDJSON exec stream read into bounded
-//! captures of stdout and stderr, the exit reported as data.
+//! Commands run to their end (`run_command`): the exec's events read into bounded captures
+//! of stdout and stderr, the exit reported as data.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
-use bytes::{Buf as _, BytesMut};
 use futures::StreamExt as _;
-use http::Method;
 use serde::Serialize;
-use serde_json::Value;
+use space_api::{ExecEvent, ExecRequest};
 
-use crate::api::{enc, Body, Conn, Failure};
+use crate::api::{Conn, Failure};
 use crate::progress::Status;
-
-/// The longest NDJSON line accepted (an output record carries at most 64 KiB, about 88 KiB
-/// as base64).
-const MAX_LINE: usize = 4 << 20;
 
 /// The first and last bytes of a stream, and how many there were in all.
 #[derive(Debug)]
@@ -134,87 +126,22 @@ pub struct Ran {
 /// Runs `run` in sandbox `id` to its end.
 pub async fn run(conn: &Conn, id: &str, run: Run, status: &Status) -> Result<Ran, Failure> {
     let started = Instant::now();
-    let mut body = serde_json::json!({
-        "shell": run.command,
-        "env": run.env,
-        "cwd": run.cwd,
-        "timeout_ms": run.timeout.as_millis() as u64,
-    });
-    if let Some(input) = &run.stdin {
-        body["stdin"] = Value::String(B64.encode(input.as_bytes()));
-    }
-    let reply = conn
-        .send(
-            Method::POST,
-            format!("/v1/sandboxes/{}/exec", enc(id)),
-            Body::Json(body),
-        )
-        .await?;
-    let mut stream = reply.body;
+    let req = ExecRequest {
+        shell: Some(run.command.clone()),
+        env: run.env.clone(),
+        cwd: run.cwd.clone(),
+        stdin: run.stdin.as_ref().map(|s| s.as_bytes().to_vec()),
+        timeout_ms: Some(run.timeout.as_millis() as u64),
+        ..ExecRequest::default()
+    };
+    let mut events = conn.ops.exec(&conn.who, id, &req).await?;
     let mut out = Capture::new(run.max_output);
     let mut err = Capture::new(run.max_output);
-    let mut buf = BytesMut::new();
     // The API ends the process at its timeout; this is a bound in case the stream never ends.
     let deadline = tokio::time::Instant::now() + run.timeout + Duration::from_secs(60);
     loop {
-        while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-            let line = buf.split_to(nl + 1);
-            let event: Value = serde_json::from_slice(&line[..nl]).map_err(|e| {
-                Failure::local("invalid_response", format!("bad exec stream line: {e}"))
-            })?;
-            match event["type"].as_str() {
-                Some("stdout") | Some("stderr") => {
-                    let data = event["data"].as_str().unwrap_or_default();
-                    let bytes = B64.decode(data).map_err(|e| {
-                        Failure::local("invalid_response", format!("bad exec output: {e}"))
-                    })?;
-                    if event["type"] == "stdout" {
-                        out.push(&bytes);
-                    } else {
-                        err.push(&bytes);
-                    }
-                    status.set(format!(
-                        "running for {} s; {} bytes of output so far",
-                        started.elapsed().as_secs(),
-                        out.total() + err.total()
-                    ));
-                }
-                Some("exit") => {
-                    let exit_code = event["exit_code"].as_i64().map(|c| c as i32);
-                    let signal = event["signal"].as_i64().map(|s| s as i32);
-                    let elapsed = started.elapsed();
-                    return Ok(Ran {
-                        timed_out: exit_code.is_none()
-                            && signal == Some(9)
-                            && elapsed >= run.timeout,
-                        exit_code,
-                        signal,
-                        truncated: out.truncated() || err.truncated(),
-                        stdout: out.render("stdout"),
-                        stderr: err.render("stderr"),
-                        stdout_bytes: out.total(),
-                        stderr_bytes: err.total(),
-                        duration_ms: elapsed.as_millis() as u64,
-                    });
-                }
-                Some("error") => {
-                    return Err(Failure {
-                        status: 0,
-                        code: event["code"].as_str().unwrap_or("guest_error").to_owned(),
-                        message: event["message"].as_str().unwrap_or_default().to_owned(),
-                    })
-                }
-                _ => {}
-            }
-        }
-        if buf.len() > MAX_LINE {
-            return Err(Failure::local(
-                "invalid_response",
-                format!("an exec stream line is longer than {MAX_LINE} bytes"),
-            ));
-        }
-        let next = tokio::time::timeout_at(deadline, stream.next()).await;
-        match next {
+        let next = match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(next) => next,
             Err(_) => {
                 return Err(Failure::local(
                     "timeout",
@@ -225,26 +152,46 @@ pub async fn run(conn: &Conn, id: &str, run: Run, status: &Status) -> Result<Ran
                     ),
                 ))
             }
-            Ok(None) => {
+        };
+        let event = match next {
+            None => {
                 return Err(Failure::local(
                     "guest_error",
                     "the exec stream ended before the command's exit was reported",
                 ))
             }
-            Ok(Some(Err(e))) => {
-                return Err(Failure::local(
-                    "guest_error",
-                    format!("the exec stream broke: {e}"),
-                ))
-            }
-            Ok(Some(Ok(chunk))) => {
-                let mut chunk = chunk;
-                while chunk.has_remaining() {
-                    let n = chunk.chunk().len();
-                    buf.extend_from_slice(chunk.chunk());
-                    chunk.advance(n);
+            Some(ev) => ev?,
+        };
+        let is_out = matches!(event, ExecEvent::Stdout { .. });
+        match event {
+            ExecEvent::Stdout { data } | ExecEvent::Stderr { data } => {
+                if is_out {
+                    out.push(&data);
+                } else {
+                    err.push(&data);
                 }
+                status.set(format!(
+                    "running for {} s; {} bytes of output so far",
+                    started.elapsed().as_secs(),
+                    out.total() + err.total()
+                ));
             }
+            ExecEvent::Exit { exit_code, signal } => {
+                let elapsed = started.elapsed();
+                return Ok(Ran {
+                    timed_out: exit_code.is_none() && signal == Some(9) && elapsed >= run.timeout,
+                    exit_code,
+                    signal,
+                    truncated: out.truncated() || err.truncated(),
+                    stdout: out.render("stdout"),
+                    stderr: err.render("stderr"),
+                    stdout_bytes: out.total(),
+                    stderr_bytes: err.total(),
+                    duration_ms: elapsed.as_millis() as u64,
+                });
+            }
+            ExecEvent::Error { code, message } => return Err(Failure::new(0, code, message)),
+            ExecEvent::Started { .. } => {}
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The Model Context Protocol server of space (`docs/mcp.md`): sandboxes as tools an agent
 //! calls, to create them, run code, move files, snapshot, roll back and fork.
 //!
-//! - [`api`]: how tools reach the public HTTP API ([`Api`]), with the caller's key;
+//! - [`api`]: how tools reach the API ([`Operations`]), as the caller;
 //! - [`tools`]: the tools, their input schemas and what each does;
 //! - [`exec`]: commands run to their end, with bounded output;
 //! - [`procs`]: background processes whose output is read later;
@@ -26,7 +26,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 
-pub use api::{Api, Body, Call, Failure, Reply};
+pub use api::{Failure, Operations};
 
 /// What the server tells the model about itself.
 pub const INSTRUCTIONS: &str = "space runs sandboxes: isolated Linux microVMs for running code. \
@@ -38,16 +38,16 @@ rollback_sandbox to undo them, fork_sandbox to try two things at once. expose_po
 URL for a port a program listens on. A sandbox left idle is suspended and wakes by itself \
 when used. kill_sandbox when you are done.";
 
-/// The MCP server over an [`Api`].
+/// The MCP server over [`Operations`].
 #[derive(Clone)]
 pub struct SpaceMcp {
-    api: Arc<dyn Api>,
+    ops: Arc<dyn Operations>,
 }
 
 impl SpaceMcp {
-    /// A server whose tools call `api`.
-    pub fn new(api: Arc<dyn Api>) -> SpaceMcp {
-        SpaceMcp { api }
+    /// A server whose tools call `ops`.
+    pub fn new(ops: Arc<dyn Operations>) -> SpaceMcp {
+        SpaceMcp { ops }
     }
 
     /// Every tool, as `tools/list` answers.
@@ -103,7 +103,7 @@ impl ServerHandler for SpaceMcp {
         let parts = context.extensions.get::<http::request::Parts>();
         let header = |h: http::header::HeaderName| parts.and_then(|p| p.headers.get(h)).cloned();
         let conn = api::Conn::new(
-            self.api.clone(),
+            self.ops.clone(),
             header(http::header::AUTHORIZATION),
             header(http::header::HOST),
         );

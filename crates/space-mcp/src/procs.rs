@@ -3,16 +3,15 @@
 //! A background process lives in the sandbox, not in this server: a short exec starts it in
 //! a session of its own with its stdout and stderr going to files under
 //! `/tmp/space-proc-<id>/`, and writes its exit code there when it ends. Reading its output
-//! later reads those files through the files API. So a process outlives the MCP connection
+//! later reads those files through the file operations. So a process outlives the MCP connection
 //! that started it, the server's restarts, and the sandbox's suspend and restore (its
 //! memory is kept), and any client with the tenant's key can read it.
 
 use std::time::Duration;
 
-use http::Method;
 use serde::Serialize;
 
-use crate::api::{enc, Body, Conn, Failure};
+use crate::api::{Conn, Failure};
 
 /// The directory of process `pid` in the guest.
 fn dir(process: &str) -> String {
@@ -145,15 +144,8 @@ pub struct Output {
 
 /// The size of a guest file, `None` when it does not exist.
 async fn size(conn: &Conn, id: &str, path: &str) -> Result<Option<u64>, Failure> {
-    let stat = conn
-        .get(format!(
-            "/v1/sandboxes/{}/files/stat?path={}",
-            enc(id),
-            enc(path)
-        ))
-        .await;
-    match stat {
-        Ok(v) => Ok(v["size"].as_u64().or(Some(0))),
+    match conn.ops.stat(&conn.who, id, path).await {
+        Ok(stat) => Ok(Some(stat.size)),
         Err(f) if f.code == "file_not_found" => Ok(None),
         Err(f) => Err(f),
     }
@@ -168,21 +160,14 @@ async fn range(
     max: usize,
 ) -> Result<Vec<u8>, Failure> {
     use futures::StreamExt as _;
-    let reply = conn
-        .send(
-            Method::GET,
-            format!("/v1/sandboxes/{}/files?path={}", enc(id), enc(path)),
-            Body::Empty,
-        )
-        .await?;
-    let mut body = reply.body;
+    let mut body = conn.ops.read_file(&conn.who, id, path).await?;
     let mut skip = offset;
     let mut kept = Vec::new();
     while kept.len() < max {
         let Some(chunk) = body.next().await else {
             break;
         };
-        let chunk = chunk.map_err(|e| Failure::local("guest_error", e))?;
+        let chunk = chunk?;
         let mut part = &chunk[..];
         if skip > 0 {
             let n = (skip as usize).min(part.len());

@@ -24,6 +24,16 @@ pub enum EgressDefault {
     Deny,
 }
 
+impl EgressDefault {
+    /// Lowercase name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EgressDefault::Allow => "allow",
+            EgressDefault::Deny => "deny",
+        }
+    }
+}
+
 /// The egress policy of a sandbox: deny rules win, then allow rules, then `default`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

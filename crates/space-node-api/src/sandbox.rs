@@ -194,6 +194,19 @@ pub enum SnapshotReason {
     Rolling,
 }
 
+impl SnapshotReason {
+    /// Lowercase name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotReason::Request => "request",
+            SnapshotReason::Suspend => "suspend",
+            SnapshotReason::Fork => "fork",
+            SnapshotReason::PreRollback => "pre_rollback",
+            SnapshotReason::Rolling => "rolling",
+        }
+    }
+}
+
 /// A snapshot's copy in the object store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteCopy {

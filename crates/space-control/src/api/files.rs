@@ -15,8 +15,7 @@ use axum::Json;
 use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node_api::SandboxId;
-use space_proto::{GuestClient, WriteOptions};
+use space_proto::WriteOptions;
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use crate::error::{ApiError, ApiResult};
@@ -33,15 +32,7 @@ pub struct PathQuery {
     parents: Option<bool>,
 }
 
-async fn guest(
-    st: &Shared,
-    who: &crate::store::Principal,
-    raw: &str,
-) -> ApiResult<(SandboxId, GuestClient)> {
-    let id = st.scope(who, raw).await?;
-    let g = st.guest(Some(who), &id).await?;
-    Ok((id, g))
-}
+use crate::service::files::{self as service, guest};
 
 /// `GET /v1/sandboxes/{id}/files?path=P`
 pub async fn download(
@@ -50,8 +41,7 @@ pub async fn download(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Response> {
-    let (id, g) = guest(&st, &who, &raw).await?;
-    let reader = st.guest_call(&id, g.read_file(&q.path)).await?;
+    let reader = service::read(&st, &who, &raw, &q.path).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         Body::from_stream(reader),
@@ -95,7 +85,6 @@ pub async fn upload(
             return Err(too_large());
         }
     }
-    let (id, g) = guest(&st, &who, &raw).await?;
     // The body is read here and handed to the guest through a small channel, so that after
     // the limit is passed the rest of it can still be read and dropped (a bounded amount):
     // answering while the client is still sending would make the close a reset, and the
@@ -137,14 +126,12 @@ pub async fn upload(
         }
         false
     };
-    let (over, result) = tokio::join!(pump, g.write_file_stream(&q.path, rx, options));
+    let write = service::write(&st, &who, &raw, &q.path, options, rx);
+    let (over, result) = tokio::join!(pump, write);
     if over {
         return Err(too_large());
     }
-    match result {
-        Ok(r) => Ok(Json(json!(r))),
-        Err(e) => Err(st.guest_failure(&id, e).await),
-    }
+    Ok(Json(json!(result?)))
 }
 
 /// `DELETE /v1/sandboxes/{id}/files?path=P&recursive=true`
@@ -154,34 +141,8 @@ pub async fn remove(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<StatusCode> {
-    let (id, g) = guest(&st, &who, &raw).await?;
-    st.guest_call(&id, g.remove(&q.path, q.recursive.unwrap_or(false)))
-        .await?;
+    service::remove(&st, &who, &raw, &q.path, q.recursive.unwrap_or(false)).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// A read-only guest call, tried once more when the connection broke under it: the sandbox
-/// was paused or suspended meanwhile (by its timeout, say), and getting a client again wakes
-/// it, as any access does.
-async fn read<T, F, Fut>(
-    st: &Shared,
-    who: &crate::store::Principal,
-    raw: &str,
-    call: F,
-) -> ApiResult<T>
-where
-    F: Fn(GuestClient) -> Fut,
-    Fut: std::future::Future<Output = Result<T, space_proto::ClientError>>,
-{
-    let (id, g) = guest(st, who, raw).await?;
-    match call(g).await {
-        Err(space_proto::ClientError::Closed | space_proto::ClientError::Transport(_)) => {
-            let (id, g) = guest(st, who, raw).await?;
-            st.guest_call(&id, call(g)).await
-        }
-        Err(e) => Err(st.guest_failure(&id, e).await),
-        Ok(v) => Ok(v),
-    }
 }
 
 /// `GET /v1/sandboxes/{id}/files/list?path=P`
@@ -191,12 +152,7 @@ pub async fn list(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    let path = q.path;
-    let entries = read(&st, &who, &raw, |g| {
-        let path = path.clone();
-        async move { g.list(&path).await }
-    })
-    .await?;
+    let entries = service::list(&st, &who, &raw, &q.path).await?;
     Ok(Json(json!({ "entries": entries })))
 }
 
@@ -207,12 +163,7 @@ pub async fn stat(
     ApiPath(raw): ApiPath<String>,
     ApiQuery(q): ApiQuery<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    let path = q.path;
-    let stat = read(&st, &who, &raw, |g| {
-        let path = path.clone();
-        async move { g.stat(&path).await }
-    })
-    .await?;
+    let stat = service::stat(&st, &who, &raw, &q.path).await?;
     Ok(Json(json!(stat)))
 }
 
@@ -231,10 +182,8 @@ pub async fn mkdir(
     ApiPath(raw): ApiPath<String>,
     ApiJson(body): ApiJson<MkdirBody>,
 ) -> ApiResult<Json<Value>> {
-    let (id, g) = guest(&st, &who, &raw).await?;
-    let stat = st
-        .guest_call(&id, g.mkdir(&body.path, body.parents.unwrap_or(true)))
-        .await?;
+    let parents = body.parents.unwrap_or(true);
+    let stat = service::mkdir(&st, &who, &raw, &body.path, parents).await?;
     Ok(Json(json!(stat)))
 }
 
@@ -252,8 +201,7 @@ pub async fn rename(
     ApiPath(raw): ApiPath<String>,
     ApiJson(body): ApiJson<RenameBody>,
 ) -> ApiResult<Json<Value>> {
-    let (id, g) = guest(&st, &who, &raw).await?;
-    let renamed = st.guest_call(&id, g.rename(&body.from, &body.to)).await?;
+    let renamed = service::rename(&st, &who, &raw, &body.from, &body.to).await?;
     Ok(Json(json!(renamed)))
 }
 

@@ -411,15 +411,13 @@ async fn metrics(State(state): State<Shared>) -> Response {
 }
 
 /// The API router over `state`; JSON bodies are limited to `max_body_bytes`. It serves MCP
-/// at `/mcp` too, whose tools call a second instance of the same router (without `/mcp`) in
-/// process.
+/// at `/mcp` too, whose tools call the service layer in process.
 pub fn router(state: Shared, max_body_bytes: usize) -> Router {
-    let tools = build(state.clone(), max_body_bytes, None);
-    let mcp = crate::mcp::routes(state.clone(), tools);
-    build(state, max_body_bytes, Some(mcp))
+    let mcp = crate::mcp::routes(state.clone());
+    build(state, max_body_bytes, mcp)
 }
 
-fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> Router {
+fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
     use admin as a;
     use cluster as c;
     use files as f;
@@ -544,10 +542,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Option<Router<Shared>>) -> R
         )
         .fallback(not_found)
         .method_not_allowed_fallback(wrong_method);
-    let router = match mcp {
-        Some(m) => router.merge(m),
-        None => router,
-    };
+    let router = router.merge(mcp);
     crate::e2b::routes(router)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

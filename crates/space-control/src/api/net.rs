@@ -25,6 +25,7 @@ use space_node_api::{SandboxId, State as SbState};
 
 use super::{ApiJson, ApiPath, Caller, Shared};
 use crate::error::{node_error, ApiError, ApiResult};
+use crate::service::ports::check_port;
 use crate::store::TenantName;
 use crate::vault::validate_secret_name;
 
@@ -35,11 +36,11 @@ pub const MAX_PORTS_PER_SANDBOX: usize = 64;
 
 const TOKEN_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
 
-fn token_hash(token: &str) -> String {
+pub(crate) fn token_hash(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut rng = OsRng;
     (0..INGRESS_TOKEN_LEN)
         .map(|_| char::from(TOKEN_ALPHABET[rng.gen_range(0..TOKEN_ALPHABET.len())]))
@@ -280,13 +281,6 @@ pub struct ExposeBody {
     port: u16,
 }
 
-fn check_port(port: u16) -> ApiResult<u16> {
-    if port == 0 {
-        return Err(ApiError::invalid("port must be 1..65535"));
-    }
-    Ok(port)
-}
-
 /// `POST /v1/sandboxes/{id}/ports`: exposes a port at a new URL (a port exposed already gets
 /// a new URL; the old one stops working).
 pub async fn expose(
@@ -296,72 +290,9 @@ pub async fn expose(
     headers: HeaderMap,
     ApiJson(body): ApiJson<ExposeBody>,
 ) -> ApiResult<Response> {
-    let base = match &st.public_url {
-        Some(u) => u.clone(),
-        None => {
-            let host = headers
-                .get(header::HOST)
-                .and_then(|h| h.to_str().ok())
-                .filter(|h| {
-                    !h.is_empty()
-                        && h.len() <= 261
-                        && h.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
-                })
-                .ok_or_else(|| {
-                    ApiError::invalid("the request has no usable Host header to build a URL on")
-                })?;
-            format!("http://{host}")
-        }
-    };
-    let id = match st.scope(&who, &raw).await {
-        Ok(id) => id,
-        Err(e) => {
-            st.audit(&who, Some(&raw), "port.expose", Some(&e), None)
-                .await;
-            return Err(e);
-        }
-    };
-    let result = async {
-        let port = check_port(body.port)?;
-        let info = st.node.info(&id).await.map_err(node_error(&id))?;
-        if matches!(info.state, SbState::Terminated | SbState::Failed) {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "illegal_state",
-                format!(
-                    "sandbox {id} is {}; only a live sandbox exposes ports",
-                    info.state
-                ),
-            ));
-        }
-        let ports = st.store.ports(id.as_str()).await?;
-        if ports.len() >= MAX_PORTS_PER_SANDBOX && !ports.iter().any(|p| p.port == port) {
-            return Err(ApiError::invalid(format!(
-                "a sandbox exposes at most {MAX_PORTS_PER_SANDBOX} ports"
-            )));
-        }
-        let token = new_token();
-        let (p, _) = st
-            .store
-            .expose_port(id.as_str(), port, &token_hash(&token))
-            .await?;
-        Ok(json!({
-            "port": p.port,
-            "url": format!("{base}/ingress/{token}/"),
-            "created_unix_ms": p.created_unix_ms,
-        }))
-    }
-    .await;
-    st.audit(
-        &who,
-        Some(id.as_str()),
-        "port.expose",
-        result.as_ref().err(),
-        result.as_ref().ok().map(|v| format!("port={}", v["port"])),
-    )
-    .await;
-    Ok((StatusCode::CREATED, Json(result?)).into_response())
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let exposed = crate::service::ports::expose(&st, &who, &raw, body.port, host).await?;
+    Ok((StatusCode::CREATED, Json(exposed)).into_response())
 }
 
 /// `GET /v1/sandboxes/{id}/ports`: the exposed ports (never their URLs, which are shown once).

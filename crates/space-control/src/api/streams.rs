@@ -11,25 +11,24 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
+use futures::StreamExt as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use space_api::{ExecEvent, ExecRequest};
 use space_node_api::{NodeApi, SandboxId};
-use space_proto::{Command, ExecOutput, ExecSpec, ExitStatus, GuestClient, PtySpec};
+use space_proto::{Command, ExitStatus, GuestClient, PtySpec};
 use tokio::sync::mpsc;
 
 use super::{ApiJson, ApiPath, Caller, Shared};
 use crate::error::{ApiError, ApiResult};
+use crate::service::exec::{self, pump_exec, KeepActive, Origin, Out};
 
-/// How often an open stream counts as activity.
-const TOUCH_EVERY: Duration = Duration::from_secs(30);
 /// How long a WebSocket client may take to send its first message.
 const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest WebSocket message accepted from a client.
@@ -37,122 +36,12 @@ const MAX_WS_MESSAGE: usize = 4 << 20;
 /// Signals a client may send.
 const MAX_SIGNAL: i32 = 64;
 
-/// `ExecRequest` of `docs/api.md`.
-#[derive(Debug, Deserialize)]
-pub struct ExecRequest {
-    #[serde(default)]
-    cmd: Option<Vec<String>>,
-    #[serde(default)]
-    shell: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    stdin: Option<String>,
-    #[serde(default)]
-    timeout_ms: Option<u64>,
-}
-
-impl ExecRequest {
-    /// The guest's spec and the decoded stdin.
-    fn spec(self) -> ApiResult<(ExecSpec, Option<Vec<u8>>)> {
-        let command = match (self.cmd, self.shell) {
-            (Some(argv), None) if !argv.is_empty() => Command::Argv(argv),
-            (Some(_), None) => return Err(ApiError::invalid("cmd must not be empty")),
-            (None, Some(line)) => Command::Shell(line),
-            _ => {
-                return Err(ApiError::invalid(
-                    "give exactly one of cmd (an argv array) or shell (a line for /bin/sh -c)",
-                ))
-            }
-        };
-        let stdin = self
-            .stdin
-            .map(|s| B64.decode(s.as_bytes()))
-            .transpose()
-            .map_err(|e| ApiError::invalid(format!("stdin is not base64: {e}")))?;
-        let mut spec = ExecSpec::from_command(command);
-        spec.env = self.env;
-        spec.cwd = self.cwd;
-        spec.timeout_ms = self.timeout_ms;
-        Ok((spec, stdin))
-    }
-}
-
-/// Touches the sandbox every [`TOUCH_EVERY`] until dropped.
-struct KeepActive(tokio::task::JoinHandle<()>);
-
-impl KeepActive {
-    fn start(node: Arc<dyn NodeApi>, id: SandboxId) -> Self {
-        KeepActive(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(TOUCH_EVERY);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                if node.touch(&id).await.is_err() {
-                    return;
-                }
-            }
-        }))
-    }
-}
-
-impl Drop for KeepActive {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// What a process produced, as the pump task hands it on.
-enum Out {
-    Stdout(Bytes),
-    Stderr(Bytes),
-    Exit(ExitStatus),
-    Error(ApiError),
-}
-
 fn exit_json(s: &ExitStatus) -> Value {
-    json!({"type": "exit", "exit_code": s.exit_code, "signal": s.signal})
+    serde_json::to_value(exec::exit_event(s)).unwrap_or_default()
 }
 
 fn error_json(e: &ApiError) -> Value {
-    json!({"type": "error", "code": e.code, "message": e.message})
-}
-
-fn line(v: &Value) -> Bytes {
-    let mut b = serde_json::to_vec(v).unwrap_or_default();
-    b.push(b'\n');
-    Bytes::from(b)
-}
-
-/// Where a process runs: its failures are answered knowing what became of the sandbox.
-#[derive(Clone)]
-struct Origin(Arc<dyn NodeApi>, SandboxId);
-
-impl Origin {
-    async fn failure(&self, e: space_proto::ClientError) -> ApiError {
-        super::guest_failure(&*self.0, &self.1, e).await
-    }
-}
-
-/// Reads an exec's output into `tx` until it exits or `tx` closes.
-async fn pump_exec(mut handle: space_proto::ExecHandle, tx: mpsc::Sender<Out>, at: Origin) {
-    loop {
-        let out = match handle.next_output().await {
-            Ok(Some(ExecOutput::Stdout(b))) => Out::Stdout(b),
-            Ok(Some(ExecOutput::Stderr(b))) => Out::Stderr(b),
-            Ok(None) => match handle.status() {
-                Some(s) => Out::Exit(s),
-                None => Out::Error(ApiError::guest("the process ended without an exit status")),
-            },
-            Err(e) => Out::Error(at.failure(e).await),
-        };
-        let last = matches!(out, Out::Exit(_) | Out::Error(_));
-        if tx.send(out).await.is_err() || last {
-            return;
-        }
-    }
+    serde_json::to_value(exec::error_event(e)).unwrap_or_default()
 }
 
 /// Reads a terminal's output into `tx` until it ends or `tx` closes.
@@ -186,69 +75,11 @@ pub async fn exec(
     ApiPath(raw): ApiPath<String>,
     ApiJson(req): ApiJson<ExecRequest>,
 ) -> ApiResult<Response> {
-    let id = st.scope(&who, &raw).await?;
-    let (spec, stdin) = req.spec()?;
-    let guest = st.guest(Some(&who), &id).await?;
-    let mut handle = st.guest_call(&id, guest.exec(spec)).await?;
-    let pid = handle.pid();
-    if let Some(w) = handle.take_stdin() {
-        tokio::spawn(async move {
-            if let Some(data) = stdin {
-                if w.write(&data).await.is_err() {
-                    return;
-                }
-            }
-            let _ = w.close().await;
-        });
-    }
-    let (out_tx, mut out_rx) = mpsc::channel::<Out>(32);
-    tokio::spawn(pump_exec(
-        handle,
-        out_tx,
-        Origin(st.node.clone(), id.clone()),
-    ));
-    let (tx, rx) = mpsc::channel::<Bytes>(32);
-    let keep = KeepActive::start(st.node.clone(), id);
-    tokio::spawn(async move {
-        let _keep = keep;
-        if tx
-            .send(line(&json!({"type": "started", "pid": pid})))
-            .await
-            .is_err()
-        {
-            let _ = guest.signal(pid, 9).await;
-            return;
-        }
-        loop {
-            let out = tokio::select! {
-                out = out_rx.recv() => out,
-                // The client went away while the process was quiet.
-                () = tx.closed() => {
-                    let _ = guest.signal(pid, 9).await;
-                    return;
-                }
-            };
-            let Some(out) = out else { return };
-            let (v, last) = match out {
-                Out::Stdout(b) => (json!({"type": "stdout", "data": B64.encode(&b)}), false),
-                Out::Stderr(b) => (json!({"type": "stderr", "data": B64.encode(&b)}), false),
-                Out::Exit(s) => (exit_json(&s), true),
-                Out::Error(e) => (error_json(&e), true),
-            };
-            if tx.send(line(&v)).await.is_err() {
-                // The client went away: so does the process.
-                let _ = guest.signal(pid, 9).await;
-                return;
-            }
-            if last {
-                return;
-            }
-        }
-    });
-    let body = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    let events = exec::exec(&st, &who, &raw, req).await?;
+    // Dropping the body (the client went away) drops the events, which kills the process.
+    let body = events.map(|ev| {
+        let ev = ev.unwrap_or_else(ExecEvent::from);
+        Ok::<_, std::convert::Infallible>(ev.line())
     });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -357,7 +188,7 @@ async fn exec_session(
         Ok(r) => r,
         Err(e) => return fail(socket, e).await,
     };
-    let (spec, stdin) = match req.spec() {
+    let (spec, stdin) = match exec::spec(req) {
         Ok(s) => s,
         Err(e) => return fail(socket, e).await,
     };

@@ -38,30 +38,7 @@ const MAX_LISTED_BUILDS: u32 = 100;
 
 /// The API's JSON form of a template build.
 pub fn template_json(t: &TemplateInfo, owner: Option<&str>) -> Value {
-    json!({
-        "name": t.template.name.as_str(),
-        "version": t.template.version.as_str(),
-        "vcpus": t.vcpus,
-        "memory_mib": t.memory_mib,
-        "image_mib": t.image_mib(),
-        "image": t.image,
-        "created_unix_ms": t.created_unix_ms,
-        "source": t.source,
-        "owner": owner,
-        "env": t.guest.env,
-        "user": t.guest.user,
-        "workdir": t.guest.workdir,
-        "command": t.guest.command,
-        "ports": t.guest.ports,
-        "start": t.start.as_ref().map(|s| json!({
-            "command": s.command,
-            "ready": match &s.ready {
-                None => Value::Null,
-                Some(ReadyCheck::Command(c)) => json!({"command": c}),
-                Some(ReadyCheck::Port(p)) => json!({"port": p}),
-            },
-        })),
-    })
+    serde_json::to_value(crate::service::templates::view(t, owner)).unwrap_or_default()
 }
 
 fn build_json(b: &BuildRow) -> Value {
@@ -105,18 +82,9 @@ pub async fn check_visible(st: &Shared, tenant: &TenantName, name: &str) -> ApiR
 pub async fn list_templates(
     State(st): State<Shared>,
     Caller(who): Caller,
-) -> ApiResult<Json<Value>> {
-    let all = st.node.templates().await?;
-    let owners: BTreeMap<String, String> = st.store.template_owners().await?.into_iter().collect();
-    let list: Vec<Value> = all
-        .iter()
-        .filter_map(|t| {
-            let owner = owners.get(t.template.name.as_str());
-            let ok = who.admin || owner.is_none_or(|o| o == who.tenant.as_str());
-            ok.then(|| template_json(t, owner.map(String::as_str)))
-        })
-        .collect();
-    Ok(Json(json!({ "templates": list })))
+) -> ApiResult<Json<space_api::TemplateList>> {
+    let templates = crate::service::templates::list(&st, &who).await?;
+    Ok(Json(space_api::TemplateList { templates }))
 }
 
 /// Registry credentials in a request.

@@ -138,46 +138,44 @@ impl RpcError {
 
 impl From<space_proto::ClientError> for RpcError {
     fn from(e: space_proto::ClientError) -> Self {
-        use space_proto::{ClientError as C, ErrorKind as K};
-        match &e {
-            C::Guest(p) | C::Invalid(p) => {
-                let code = match p.kind {
-                    K::NotFound => Code::NotFound,
-                    K::AlreadyExists => Code::AlreadyExists,
-                    K::PermissionDenied | K::ReadOnly => Code::PermissionDenied,
-                    K::InvalidArgument
-                    | K::NotADirectory
-                    | K::IsADirectory
-                    | K::NotEmpty
-                    | K::Protocol => Code::InvalidArgument,
-                    K::TooLarge | K::NoSpace | K::Busy => Code::ResourceExhausted,
-                    K::Timeout => Code::DeadlineExceeded,
-                    K::Unreachable | K::Closed => Code::Unavailable,
-                    K::Unsupported => Code::Unimplemented,
-                    _ => Code::Internal,
-                };
-                RpcError::new(code, p.message.clone())
-            }
-            _ => RpcError::new(
-                Code::Unavailable,
-                format!("the sandbox's guest: {}", crate::error::chain(&e)),
-            ),
+        RpcError::from(crate::error::ApiError::from(e))
+    }
+}
+
+/// The Connect code of a guest's kind of error (finer than `/v1`'s codes: envd's clients
+/// tell "exists" from "not a directory").
+fn guest_code(kind: space_proto::ErrorKind) -> Code {
+    use space_proto::ErrorKind as K;
+    match kind {
+        K::NotFound => Code::NotFound,
+        K::AlreadyExists => Code::AlreadyExists,
+        K::PermissionDenied | K::ReadOnly => Code::PermissionDenied,
+        K::InvalidArgument | K::NotADirectory | K::IsADirectory | K::NotEmpty | K::Protocol => {
+            Code::InvalidArgument
         }
+        K::TooLarge | K::NoSpace | K::Busy => Code::ResourceExhausted,
+        K::Timeout => Code::DeadlineExceeded,
+        K::Unreachable | K::Closed => Code::Unavailable,
+        K::Unsupported => Code::Unimplemented,
+        _ => Code::Internal,
     }
 }
 
 impl From<crate::error::ApiError> for RpcError {
     fn from(e: crate::error::ApiError) -> Self {
-        let code = match e.status.as_u16() {
-            400 | 413 | 422 => Code::InvalidArgument,
-            401 => Code::Unauthenticated,
-            403 => Code::PermissionDenied,
-            404 => Code::NotFound,
-            409 => Code::FailedPrecondition,
-            429 => Code::ResourceExhausted,
-            503 | 502 => Code::Unavailable,
-            504 => Code::DeadlineExceeded,
-            _ => Code::Internal,
+        let code = match e.guest {
+            Some(kind) => guest_code(kind),
+            None => match e.status.as_u16() {
+                400 | 413 | 422 => Code::InvalidArgument,
+                401 => Code::Unauthenticated,
+                403 => Code::PermissionDenied,
+                404 => Code::NotFound,
+                409 => Code::FailedPrecondition,
+                429 | 507 => Code::ResourceExhausted,
+                503 | 502 => Code::Unavailable,
+                504 => Code::DeadlineExceeded,
+                _ => Code::Internal,
+            },
         };
         RpcError::new(code, e.message)
     }

@@ -31,8 +31,10 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
+/// A guest's failure as envd's file routes answer it.
 fn guest_error(e: ClientError) -> Response {
-    let status = match e.kind() {
+    let e = crate::error::ApiError::from(e);
+    let status = match e.guest {
         Some(ErrorKind::NotFound) => StatusCode::NOT_FOUND,
         Some(ErrorKind::NoSpace) => StatusCode::INSUFFICIENT_STORAGE,
         Some(ErrorKind::PermissionDenied | ErrorKind::ReadOnly) => StatusCode::FORBIDDEN,
@@ -45,7 +47,7 @@ fn guest_error(e: ClientError) -> Response {
         Some(ErrorKind::TooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
         _ => StatusCode::BAD_GATEWAY,
     };
-    error(status, RpcError::from(e).message)
+    error(status, e.message)
 }
 
 fn rpc_error(e: RpcError) -> Response {

@@ -19,9 +19,10 @@ use space_node_api::Sandbox;
 use space_node_api::{SandboxId, State as SbState, TimeoutAction, TimeoutPolicy};
 
 use super::{E2bState, ENVD_VERSION};
-use crate::api::sandboxes::{self as service, Filter, NewSandbox};
 use crate::api::Shared;
 use crate::error::{node_error, ApiError};
+use crate::service::create::{self as creating, NewSandbox};
+use crate::service::sandboxes::{self as service, Filter};
 use crate::store::{NewAuditEvent, Principal};
 
 /// The lifetime of a sandbox whose create names none (E2B's default).
@@ -281,7 +282,7 @@ pub async fn create(
 ) -> Response {
     let e2b = super::state(&st);
     let result = async {
-        let key = service::idempotency_key(&headers)?;
+        let key = crate::api::sandboxes::idempotency_key(&headers)?;
         let timeout = match body.timeout {
             Some(s) => lifetime(s)?,
             None => DEFAULT_TIMEOUT,
@@ -327,7 +328,7 @@ pub async fn create(
             egress,
             auto_resume: Some(body.auto_resume.is_some_and(|a| a.enabled)),
         };
-        service::create_sandbox_once(&st, &who.tenant, key.as_deref(), new)
+        creating::create_sandbox_once(&st, &who.tenant, key.as_deref(), new)
             .await
             .map_err(E2bError::from)
     }

@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
-use http::Method;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
+use space_api::{CreateSandbox, EgressPolicy, Lifecycle, Sandbox, SandboxFilter, TimeoutsUpdate};
 
-use crate::api::{enc, Body, Conn, Failure};
+use crate::api::{Conn, Failure};
 use crate::progress::Status;
 
 /// Output kept of each of stdout and stderr when the caller names no cap.
@@ -312,40 +312,36 @@ fn args<T: DeserializeOwned>(tool: &str, raw: Value) -> Result<T> {
     })
 }
 
-fn sandbox_path(id: &str, rest: &str) -> String {
-    format!("/v1/sandboxes/{}{rest}", enc(id))
-}
-
-/// A sandbox answer, summed up for the model.
-fn sandbox_done(v: Value, lead: &str) -> Done {
+/// A sandbox, summed up for the model.
+fn sandbox_done(sb: &Sandbox, lead: &str) -> Done {
+    let data = serde_json::to_value(sb).unwrap_or_default();
     let text = format!(
         "{lead}sandbox {} is {} (template {} {}, {} vCPU, {} MiB)\n{}",
-        v["id"].as_str().unwrap_or("?"),
-        v["state"].as_str().unwrap_or("?"),
-        v["template"].as_str().unwrap_or("?"),
-        v["template_version"].as_str().unwrap_or("?"),
-        v["vcpus"],
-        v["memory_mib"],
-        serde_json::to_string_pretty(&v).unwrap_or_default()
+        sb.id,
+        sb.state,
+        sb.template,
+        sb.template_version,
+        sb.vcpus,
+        sb.memory_mib,
+        serde_json::to_string_pretty(&data).unwrap_or_default()
     );
-    Done { text, data: v }
+    Done { text, data }
+}
+
+fn data<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or_default()
 }
 
 /// Wakes sandbox `id` when it is paused or suspended; says what it did.
 async fn wake(conn: &Conn, id: &str) -> std::result::Result<Option<&'static str>, Failure> {
-    let v = conn.get(sandbox_path(id, "")).await?;
-    let action = match v["state"].as_str() {
-        Some("paused") => "resume",
-        Some("suspended") => "restore",
+    let sb = conn.ops.get_sandbox(&conn.who, id).await?;
+    let (change, done) = match sb.state.as_str() {
+        "paused" => (Lifecycle::Resume, "resumed"),
+        "suspended" => (Lifecycle::Restore, "restored"),
         _ => return Ok(None),
     };
-    conn.post(sandbox_path(id, &format!("/{action}")), json!({}))
-        .await?;
-    Ok(Some(if action == "resume" {
-        "resumed"
-    } else {
-        "restored"
-    }))
+    conn.ops.lifecycle(&conn.who, id, change).await?;
+    Ok(Some(done))
 }
 
 /// Runs `op`; when the sandbox was paused or suspended (and so refused it), wakes it and runs
@@ -366,48 +362,39 @@ where
 
 /// Calls tool `name` with `raw` arguments.
 pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Result<Done> {
+    let (ops, who) = (&conn.ops, &conn.who);
     match name {
         "create_sandbox" => create(conn, args(name, raw)?, status).await,
         "list_sandboxes" => {
             let a: ListArgs = args(name, raw)?;
-            let mut q = Vec::new();
-            if let Some(s) = a.state {
-                q.push(format!("state={}", enc(&s)));
-            }
-            if let Some(t) = a.template {
-                q.push(format!("template={}", enc(&t)));
-            }
-            let path = if q.is_empty() {
-                "/v1/sandboxes".to_owned()
-            } else {
-                format!("/v1/sandboxes?{}", q.join("&"))
+            let filter = SandboxFilter {
+                state: a.state,
+                template: a.template,
+                metadata: Vec::new(),
             };
-            let v = conn.get(path).await?;
-            let list = v["sandboxes"].as_array().cloned().unwrap_or_default();
+            let list = ops.list_sandboxes(who, &filter).await?;
             let brief: Vec<Value> = list
                 .iter()
                 .map(|s| {
-                    json!({"id": s["id"], "state": s["state"], "template": s["template"],
-                           "metadata": s["metadata"], "created_unix_ms": s["created_unix_ms"]})
+                    json!({"id": s.id, "state": s.state, "template": s.template,
+                           "metadata": s.metadata, "created_unix_ms": s.created_unix_ms})
                 })
                 .collect();
             Ok(Done::json(json!({"sandboxes": brief})))
         }
         "get_sandbox" => {
             let a: SandboxArgs = args(name, raw)?;
-            let v = conn.get(sandbox_path(&a.sandbox_id, "")).await?;
-            Ok(sandbox_done(v, ""))
+            let sb = ops.get_sandbox(who, &a.sandbox_id).await?;
+            Ok(sandbox_done(&sb, ""))
         }
         "list_templates" => {
             let _: NoArgs = args(name, raw)?;
-            let v = conn.get("/v1/templates".to_owned()).await?;
-            let list = v["templates"].as_array().cloned().unwrap_or_default();
+            let list = ops.templates(who).await?;
             let brief: Vec<Value> = list
                 .iter()
                 .map(|t| {
-                    json!({"name": t["name"], "version": t["version"],
-                           "description": t["description"], "vcpus": t["vcpus"],
-                           "memory_mib": t["memory_mib"]})
+                    json!({"name": t.name, "version": t.version, "source": t.source,
+                           "vcpus": t.vcpus, "memory_mib": t.memory_mib})
                 })
                 .collect();
             Ok(Done::json(json!({"templates": brief})))
@@ -418,9 +405,7 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
             status.set("starting".into());
             let started =
                 crate::procs::start(conn, &a.sandbox_id, &a.command, a.cwd, a.env).await?;
-            Ok(Done::json(
-                serde_json::to_value(started).unwrap_or_default(),
-            ))
+            Ok(Done::json(data(&started)))
         }
         "read_process_output" => {
             let a: ReadProcessArgs = args(name, raw)?;
@@ -451,7 +436,7 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
             );
             Ok(Done {
                 text,
-                data: serde_json::to_value(out).unwrap_or_default(),
+                data: data(&out),
             })
         }
         "stop_process" => {
@@ -471,24 +456,22 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
             };
             Ok(Done {
                 text,
-                data: serde_json::to_value(stopped).unwrap_or_default(),
+                data: data(&stopped),
             })
         }
         "read_file" => read_file(conn, args(name, raw)?).await,
         "write_file" => write_file(conn, args(name, raw)?).await,
         "list_directory" => {
             let a: PathArgs = args(name, raw)?;
-            let path = sandbox_path(&a.sandbox_id, &format!("/files/list?path={}", enc(&a.path)));
-            let v = awake(conn, &a.sandbox_id, || conn.get(path.clone())).await?;
-            let entries: Vec<Value> = v["entries"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+            let list = awake(conn, &a.sandbox_id, || {
+                ops.list_dir(who, &a.sandbox_id, &a.path)
+            })
+            .await?;
+            let entries: Vec<Value> = list
                 .iter()
                 .map(|e| {
-                    json!({"name": e["name"], "type": e["stat"]["file_type"],
-                           "size": e["stat"]["size"],
-                           "mode": format!("{:o}", e["stat"]["mode"].as_u64().unwrap_or(0))})
+                    json!({"name": e.name, "type": e.stat.file_type, "size": e.stat.size,
+                           "mode": format!("{:o}", e.stat.mode)})
                 })
                 .collect();
             Ok(Done::json(json!({"path": a.path, "entries": entries})))
@@ -496,84 +479,72 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
         "snapshot_sandbox" => {
             let a: SnapshotArgs = args(name, raw)?;
             status.set("taking the snapshot".into());
-            let kind = if a.full { "full" } else { "disk" };
-            let path = sandbox_path(&a.sandbox_id, "/snapshots");
-            let v = awake(conn, &a.sandbox_id, || {
-                conn.post(path.clone(), json!({"kind": kind}))
+            let snap = awake(conn, &a.sandbox_id, || {
+                ops.snapshot(who, &a.sandbox_id, a.full)
             })
             .await?;
-            Ok(Done::json(v))
+            Ok(Done::json(data(&snap)))
         }
         "list_snapshots" => {
             let a: SandboxArgs = args(name, raw)?;
-            let v = conn.get(sandbox_path(&a.sandbox_id, "/snapshots")).await?;
-            Ok(Done::json(v))
+            let snapshots = ops.snapshots(who, &a.sandbox_id).await?;
+            Ok(Done::json(json!({ "snapshots": snapshots })))
         }
         "rollback_sandbox" => {
             let a: RollbackArgs = args(name, raw)?;
             status.set("rolling back".into());
-            let path = sandbox_path(&a.sandbox_id, "/rollback");
-            let body = json!({"snapshot": a.snapshot_id});
-            let v = awake(conn, &a.sandbox_id, || {
-                conn.post(path.clone(), body.clone())
+            let sb = awake(conn, &a.sandbox_id, || {
+                ops.rollback(who, &a.sandbox_id, &a.snapshot_id)
             })
             .await?;
             Ok(sandbox_done(
-                v,
+                &sb,
                 &format!("rolled back to {}: ", a.snapshot_id),
             ))
         }
         "fork_sandbox" => {
             let a: SandboxArgs = args(name, raw)?;
             status.set("forking".into());
-            let path = sandbox_path(&a.sandbox_id, "/fork");
-            let v = awake(conn, &a.sandbox_id, || conn.post(path.clone(), json!({}))).await?;
-            Ok(sandbox_done(v, &format!("forked from {}: ", a.sandbox_id)))
+            let sb = awake(conn, &a.sandbox_id, || ops.fork(who, &a.sandbox_id)).await?;
+            Ok(sandbox_done(
+                &sb,
+                &format!("forked from {}: ", a.sandbox_id),
+            ))
         }
         "pause_sandbox" | "suspend_sandbox" | "kill_sandbox" => {
             let a: SandboxArgs = args(name, raw)?;
-            let (method, path, done) = match name {
-                "pause_sandbox" => (Method::POST, "/pause", "paused: "),
-                "suspend_sandbox" => (Method::POST, "/suspend", "suspended: "),
-                _ => (Method::DELETE, "", "killed: "),
+            let (change, done) = match name {
+                "pause_sandbox" => (Lifecycle::Pause, "paused: "),
+                "suspend_sandbox" => (Lifecycle::Suspend, "suspended: "),
+                _ => (Lifecycle::Kill, "killed: "),
             };
             status.set(done.trim_end_matches(": ").to_owned());
-            let body = if method == Method::POST {
-                Body::Json(json!({}))
-            } else {
-                Body::Empty
-            };
-            let v = conn
-                .json(method, sandbox_path(&a.sandbox_id, path), body)
-                .await?;
-            Ok(sandbox_done(v, done))
+            let sb = ops.lifecycle(who, &a.sandbox_id, change).await?;
+            Ok(sandbox_done(&sb, done))
         }
         "resume_sandbox" => {
             let a: SandboxArgs = args(name, raw)?;
             status.set("waking".into());
             let woke = wake(conn, &a.sandbox_id).await?;
-            let v = conn.get(sandbox_path(&a.sandbox_id, "")).await?;
+            let sb = ops.get_sandbox(who, &a.sandbox_id).await?;
             let lead = match woke {
                 Some(w) => format!("{w}: "),
                 None => "was not paused or suspended: ".to_owned(),
             };
-            Ok(sandbox_done(v, &lead))
+            Ok(sandbox_done(&sb, &lead))
         }
         "expose_port" => {
             let a: PortArgs = args(name, raw)?;
-            let path = sandbox_path(&a.sandbox_id, "/ports");
-            let v = awake(conn, &a.sandbox_id, || {
-                conn.post(path.clone(), json!({"port": a.port}))
+            let exposed = awake(conn, &a.sandbox_id, || {
+                ops.expose_port(who, &a.sandbox_id, a.port)
             })
             .await?;
             Ok(Done {
                 text: format!(
                     "port {} of {} is at {}\n(anyone with this URL can reach it)",
-                    a.port,
-                    a.sandbox_id,
-                    v["url"].as_str().unwrap_or("?")
+                    a.port, a.sandbox_id, exposed.url
                 ),
-                data: v,
+                data: data(&exposed),
             })
         }
         other => Err(ToolError(format!(
@@ -583,31 +554,29 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
 }
 
 async fn create(conn: &Conn, a: CreateArgs, status: &Status) -> Result<Done> {
-    let mut body = json!({
-        "template": a.template.unwrap_or_else(|| "base".to_owned()),
-        "env": a.env,
-        "metadata": a.metadata,
-        "secrets": a.secrets,
-    });
-    for (k, v) in [
-        ("version", a.version.map(Value::from)),
-        ("vcpus", a.vcpus.map(Value::from)),
-        ("memory_mib", a.memory_mib.map(Value::from)),
-        ("disk_mib", a.disk_mib.map(Value::from)),
-    ] {
-        if let Some(v) = v {
-            body[k] = v;
-        }
-    }
-    if let Some(allow) = a.egress_allow {
-        body["egress"] = json!({"default": "deny", "allow": allow, "deny": []});
-    }
-    if let Some(secs) = a.idle_timeout_seconds {
-        body["timeouts"] = json!({"idle_ms": secs.saturating_mul(1000)});
-    }
+    let req = CreateSandbox {
+        template: a.template.unwrap_or_else(|| "base".to_owned()),
+        version: a.version,
+        vcpus: a.vcpus,
+        memory_mib: a.memory_mib,
+        disk_mib: a.disk_mib,
+        env: a.env,
+        metadata: a.metadata,
+        secrets: a.secrets,
+        egress: a.egress_allow.map(|allow| EgressPolicy {
+            default: "deny".to_owned(),
+            allow,
+            deny: Vec::new(),
+        }),
+        timeouts: a.idle_timeout_seconds.map(|secs| TimeoutsUpdate {
+            idle_ms: Some(secs.saturating_mul(1000)),
+            ..TimeoutsUpdate::default()
+        }),
+        auto_resume: None,
+    };
     status.set("creating the sandbox".into());
-    let v = conn.post("/v1/sandboxes".to_owned(), body).await?;
-    Ok(sandbox_done(v, "created: "))
+    let sb = conn.ops.create_sandbox(&conn.who, &req).await?;
+    Ok(sandbox_done(&sb, "created: "))
 }
 
 async fn run_command(conn: &Conn, a: RunArgs, status: &Status) -> Result<Done> {
@@ -654,19 +623,18 @@ async fn run_command(conn: &Conn, a: RunArgs, status: &Status) -> Result<Done> {
     );
     Ok(Done {
         text,
-        data: serde_json::to_value(ran).unwrap_or_default(),
+        data: data(&ran),
     })
 }
 
 async fn read_file(conn: &Conn, a: ReadFileArgs) -> Result<Done> {
     let max = a.max_bytes.unwrap_or(MAX_READ).clamp(1, MAX_READ);
-    let path = sandbox_path(&a.sandbox_id, &format!("/files?path={}", enc(&a.path)));
-    let reply = awake(conn, &a.sandbox_id, || {
-        conn.send(Method::GET, path.clone(), Body::Empty)
+    let body = awake(conn, &a.sandbox_id, || {
+        conn.ops.read_file(&conn.who, &a.sandbox_id, &a.path)
     })
     .await
     .map_err(|f| name_the_path(f, &a.path))?;
-    let (bytes, total) = crate::api::read_capped(reply.body, max).await;
+    let (bytes, total) = crate::api::read_capped(body, max).await;
     let truncated = total > bytes.len() as u64;
     let content = match a.encoding {
         Encoding::Text => String::from_utf8_lossy(&bytes).into_owned(),
@@ -708,26 +676,31 @@ async fn write_file(conn: &Conn, a: WriteFileArgs) -> Result<Done> {
             .decode(a.content.trim().as_bytes())
             .map_err(|e| ToolError(format!("content is not valid base64: {e}")))?,
     };
-    let mut query = format!("path={}&parents=true", enc(&a.path));
-    if let Some(mode) = &a.mode {
-        let mode = mode.trim_start_matches("0o");
-        if mode.is_empty() || mode.len() > 4 || !mode.bytes().all(|b| (b'0'..=b'7').contains(&b)) {
-            return Err(ToolError(format!(
-                "mode {mode:?} is not octal permission bits like \"644\" or \"755\""
-            )));
+    let mode = match &a.mode {
+        None => None,
+        Some(mode) => {
+            let digits = mode.trim_start_matches("0o");
+            let ok = !digits.is_empty()
+                && digits.len() <= 4
+                && digits.bytes().all(|b| (b'0'..=b'7').contains(&b));
+            if !ok {
+                return Err(ToolError(format!(
+                    "mode {mode:?} is not octal permission bits like \"644\" or \"755\""
+                )));
+            }
+            u32::from_str_radix(digits, 8).ok()
         }
-        query.push_str(&format!("&mode={mode}"));
-    }
-    let path = sandbox_path(&a.sandbox_id, &format!("/files?{query}"));
+    };
     let body = bytes::Bytes::from(bytes);
-    let v = awake(conn, &a.sandbox_id, || {
-        conn.json(Method::PUT, path.clone(), Body::Raw(body.clone()))
+    let stat = awake(conn, &a.sandbox_id, || {
+        conn.ops
+            .write_file(&conn.who, &a.sandbox_id, &a.path, mode, body.clone())
     })
     .await
     .map_err(|f| name_the_path(f, &a.path))?;
     Ok(Done {
-        text: format!("wrote {} bytes to {}", v["size"], a.path),
-        data: v,
+        text: format!("wrote {} bytes to {}", stat.size, a.path),
+        data: data(&stat),
     })
 }
 

@@ -16,7 +16,6 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 
 use crate::cli::Command;
-use crate::client::Client;
 use crate::config;
 
 /// Runs a client command; returns the process exit code.
@@ -25,7 +24,7 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         profile::profile(cmd, json)?;
         return Ok(0);
     }
-    let client = Client::new(&config::load()?)?;
+    let client = crate::client::connect(&config::load()?)?;
     let c = &client;
     match command {
         Command::Node(crate::cli::NodeArgs { cmd: Some(cmd), .. }) => {

@@ -10,7 +10,9 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::cli::ShellArgs;
-use crate::client::{seg, Client};
+use space_api::ExecEvent;
+
+use crate::client::{seg, ApiError, Client};
 use crate::term;
 
 /// The terminal size used when the local side is not a terminal.
@@ -94,30 +96,17 @@ where
                 out.flush()?;
             }
             Message::Text(t) => {
-                let Ok(ev) = serde_json::from_str::<Value>(t.as_str()) else {
-                    continue;
-                };
-                match ev.get("type").and_then(Value::as_str) {
-                    Some("exit") => {
-                        if let Some(code) = ev.get("exit_code").and_then(Value::as_i64) {
-                            return Ok(code.clamp(0, 255) as i32);
-                        }
-                        if let Some(sig) = ev.get("signal").and_then(Value::as_i64) {
-                            return Ok(128 + sig.clamp(0, 127) as i32);
-                        }
-                        return Ok(1);
+                // Text frames are the exec stream's events: `exit` and `error` end it.
+                match serde_json::from_str::<ExecEvent>(t.as_str()) {
+                    Ok(ExecEvent::Error { code, message }) => {
+                        return Err(ApiError::new(0, code, message).into())
                     }
-                    Some("error") => {
-                        let s =
-                            |k: &str| ev.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-                        return Err(crate::client::ApiError {
-                            status: 0,
-                            code: s("code"),
-                            message: s("message"),
+                    Ok(ev) => {
+                        if let Some(code) = ev.shell_code() {
+                            return Ok(code);
                         }
-                        .into());
                     }
-                    _ => {}
+                    Err(_) => {}
                 }
             }
             Message::Close(_) => break,

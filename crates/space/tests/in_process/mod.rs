@@ -7,8 +7,6 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use base64::engine::general_purpose::STANDARD as B64;
-use base64::Engine as _;
 use serde_json::{json, Value};
 use space::{Host, HostConfig};
 use space_node::storage::{DriverKind, StorageOptions};
@@ -342,27 +340,25 @@ impl Api {
             "application/x-ndjson"
         );
         let text = resp.text().await.unwrap();
-        let lines: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        assert_eq!(lines[0]["type"], "started", "{text}");
-        assert!(lines[0]["pid"].as_u64().unwrap() > 0);
+        let events = space_api::exec::events(text.as_bytes()).unwrap();
+        assert!(
+            matches!(events[0], space_api::ExecEvent::Started { pid } if pid > 0),
+            "{text}"
+        );
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        for l in &lines[1..lines.len() - 1] {
-            let data = B64.decode(l["data"].as_str().unwrap()).unwrap();
-            match l["type"].as_str().unwrap() {
-                "stdout" => out.extend(data),
-                "stderr" => err.extend(data),
-                other => panic!("unexpected line type {other}: {text}"),
+        for ev in &events[1..events.len() - 1] {
+            match ev {
+                space_api::ExecEvent::Stdout { data } => out.extend_from_slice(data),
+                space_api::ExecEvent::Stderr { data } => err.extend_from_slice(data),
+                other => panic!("unexpected event {other:?}: {text}"),
             }
         }
-        let last = lines.last().unwrap().clone();
-        assert_eq!(last["type"], "exit", "{text}");
+        let last = events.last().unwrap();
+        assert!(matches!(last, space_api::ExecEvent::Exit { .. }), "{text}");
         (
             String::from_utf8(out).unwrap(),
             String::from_utf8(err).unwrap(),
-            last,
+            serde_json::to_value(last).unwrap(),
         )
     }
 

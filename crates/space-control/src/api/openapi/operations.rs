@@ -118,7 +118,7 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param_inline(json!({"name": "mode", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^0?[0-7]{1,4}$"}, "description": "Octal permission bits; an existing file keeps its mode, a new one gets 0644."}))
             .body(true, vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
             .ok(200, "The new file.", vec![("application/json", s::<sh::FileStat>(g))])
-            .err(&[400, 401, 403, 404, 409, 413, 500, 502]),
+            .err(&[400, 401, 403, 404, 409, 413, 500, 502, 507]),
         "files.remove" => Op::new("Remove a file or directory", "files")
             .param("SandboxId")
             .param("FileTargetPath")
@@ -139,12 +139,12 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param("SandboxId")
             .body(true, vec![("application/json", s::<sh::MkdirRequest>(g))])
             .ok(200, "The directory.", vec![("application/json", s::<sh::FileStat>(g))])
-            .err(&[400, 401, 403, 404, 409, 413, 415, 500, 502]),
+            .err(&[400, 401, 403, 404, 409, 413, 415, 500, 502, 507]),
         "files.rename" => Op::new("Rename a path", "files")
             .param("SandboxId")
             .body(true, vec![("application/json", s::<sh::RenameRequest>(g))])
             .ok(200, "The renamed path.", vec![("application/json", s::<sh::FileStat>(g))])
-            .err(&[400, 401, 403, 404, 409, 413, 415, 500, 502]),
+            .err(&[400, 401, 403, 404, 409, 413, 415, 500, 502, 507]),
         "files.watch" => Op::new("Watch a directory", "files")
             .param("SandboxId")
             .param("FilePath")

@@ -1,0 +1,24 @@
+//! The service layer: one function per operation of the API, under every protocol that
+//! offers it. `/v1` ([`crate::api`]), the E2B facade ([`crate::e2b`]) and MCP (through
+//! [`in_process::InProcess`]) read their requests, call these, and write the answers in their
+//! own shapes; the operations scope ids to the caller's tenant, wake sleeping sandboxes,
+//! admit quotas and audit, and fail with the one error type, [`crate::error::ApiError`],
+//! which each protocol maps to its error shape in one place (`error.rs` for `/v1`,
+//! `e2b/rest.rs` and `e2b/connect.rs` for E2B, [`in_process`] for MCP).
+//!
+//! - [`sandboxes`]: the sandbox view, listing, lifecycle, fork, timeouts, snapshots;
+//! - [`create`]: creates, once per idempotency key;
+//! - [`exec`]: commands and their events;
+//! - [`files`]: file reads, writes and file system operations;
+//! - [`ports`]: exposed ports;
+//! - [`templates`]: the templates a caller sees.
+
+pub mod create;
+pub mod exec;
+pub mod files;
+pub mod in_process;
+pub mod ports;
+pub mod sandboxes;
+pub mod templates;
+
+pub use crate::api::Shared;
