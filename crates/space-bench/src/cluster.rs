@@ -108,6 +108,7 @@ async fn measure(
 ) -> Result<()> {
     progress("starting a control replica");
     let replica = Replica::start(ReplicaConfig {
+        tls: Default::default(),
         database: state.join("control.db").display().to_string(),
         listen: "127.0.0.1:0".parse()?,
         vault_key: VaultKey::generate(),

@@ -25,6 +25,7 @@ pub mod e2b;
 pub mod egress;
 pub mod error;
 pub mod keys;
+pub mod listen;
 pub mod masters;
 pub mod mcp;
 pub mod metrics;

@@ -29,6 +29,9 @@ const LOST_TICK: Duration = Duration::from_secs(1);
 /// How to run a replica.
 #[derive(Debug)]
 pub struct ReplicaConfig {
+    /// TLS on the listener (`crate::listen`): off unless an operator certificate or a CA
+    /// directory is given.
+    pub tls: crate::listen::TlsSettings,
     /// The state database (PostgreSQL for several replicas; a SQLite file works for one).
     pub database: String,
     /// Where the API listens.
@@ -120,7 +123,17 @@ impl Replica {
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
         let nodes: Arc<dyn space_node_api::NodeApi> = Arc::new(ClusterNodes::new(cluster.clone()));
+        let e2b = Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port()));
+        let certs = crate::listen::Certificates::open(
+            &crate::listen::TlsSettings {
+                names: crate::listen::host_names(public_url.as_deref(), &e2b.domain),
+                ..config.tls.clone()
+            },
+            addr,
+        )?
+        .map(Arc::new);
         let state = Arc::new(AppState {
+            ca_pem: certs.as_ref().and_then(|c| c.ca_pem()).map(str::to_owned),
             node: nodes.clone(),
             store: store.clone(),
             metrics: Arc::new(Metrics::new()),
@@ -131,7 +144,7 @@ impl Replica {
             // Uploaded build inputs go to the object store, where any node reads them.
             uploads_dir: None,
             max_template_upload_bytes: crate::server::MAX_TEMPLATE_UPLOAD_BYTES,
-            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
+            e2b,
             vault,
             public_url,
             masters,
@@ -139,16 +152,17 @@ impl Replica {
             cluster: Some(cluster.clone()),
         });
         let app = api::router(state, config.max_body_bytes);
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
+        let listener = crate::listen::Listener::new(listener, certs)?;
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
+            let served = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<crate::listen::Peer>(),
+            )
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "the API server stopped");
             }

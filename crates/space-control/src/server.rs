@@ -60,6 +60,9 @@ pub struct ServerConfig {
     /// The state database: a PostgreSQL URL or a SQLite file; `None`:
     /// `<data dir>/state/control.db`.
     pub database: Option<String>,
+    /// TLS on the listener (`crate::listen`); by default leaves of the deployment CA in
+    /// `<data dir>/state/ca`.
+    pub tls: crate::listen::TlsSettings,
 }
 
 /// The variable that sets the base of ingress URLs (`https://space.example.com`); unset, the
@@ -69,14 +72,19 @@ pub const PUBLIC_URL_ENV: &str = "SPACE_PUBLIC_URL";
 impl ServerConfig {
     /// Defaults around a data directory: listen on 127.0.0.1:7070, no object store.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir: PathBuf = data_dir.into();
         ServerConfig {
-            data_dir: data_dir.into(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             archive: None,
+            tls: crate::listen::TlsSettings {
+                ca_dir: Some(data_dir.join("state").join("ca")),
+                ..Default::default()
+            },
             database: None,
+            data_dir,
         }
     }
 }
@@ -272,8 +280,18 @@ impl Server {
             .filter(|u| !u.is_empty())
             .map(|u| u.trim_end_matches('/').to_owned());
         let api = node.api();
+        let e2b = Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port()));
+        let certs = crate::listen::Certificates::open(
+            &crate::listen::TlsSettings {
+                names: crate::listen::host_names(public_url.as_deref(), &e2b.domain),
+                ..config.tls.clone()
+            },
+            addr,
+        )?
+        .map(Arc::new);
         let state = Arc::new(AppState {
-            e2b: Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port())),
+            ca_pem: certs.as_ref().and_then(|c| c.ca_pem()).map(str::to_owned),
+            e2b,
             vault,
             public_url,
             node: api.clone(),
@@ -291,19 +309,16 @@ impl Server {
         });
         let app = api::router(state, config.max_body_bytes);
         let (stop, stopped) = oneshot::channel::<()>();
-        // Streamed answers (exec's NDJSON lines) are many small writes: without TCP_NODELAY
-        // each one after the first waits for the client's delayed ACK (~40 ms on Linux).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "setting TCP_NODELAY on an API connection");
-            }
-        });
+        let listener = crate::listen::Listener::new(listener, certs)?;
         let task = tokio::spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
-                })
-                .await;
+            let served = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<crate::listen::Peer>(),
+            )
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await;
             if let Err(e) = served {
                 tracing::error!(error = %e, "the API server stopped");
             }

@@ -21,6 +21,7 @@ const METHODS: &[&str] = &[
 const PUBLIC: &[&str] = &[
     "health",
     "openapi",
+    "tls.ca",
     "metrics",
     "ingress.get",
     "ingress.post",

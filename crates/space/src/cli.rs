@@ -112,6 +112,8 @@ pub struct UpArgs {
     /// Where sandboxes, templates and the state database live.
     #[arg(long, default_value = "/var/lib/space")]
     pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// The address the API listens on.
     #[arg(long, default_value = "127.0.0.1:7070")]
     pub listen: SocketAddr,
@@ -192,9 +194,31 @@ pub struct ArchiveArgs {
     pub upload_interval: Option<u64>,
 }
 
+/// TLS on the API listener (`docs/api.md`): the listener answers TLS and plain HTTP on one
+/// port; the hosts of sandbox ports (`https://{port}-{id}.{domain}`) need the TLS.
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// The certificate chain (PEM) the listener presents; default: leaves of the deployment
+    /// CA (`space up`), served at /v1/tls/ca.pem.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The operator's certificate and key, when given.
+    pub fn pair(&self) -> Option<(PathBuf, PathBuf)> {
+        self.tls_cert.clone().zip(self.tls_key.clone())
+    }
+}
+
 /// `space control`.
 #[derive(Debug, Args)]
 pub struct ControlArgs {
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// The state database: `postgres://user@host/db` (any number of replicas) or a SQLite
     /// file (one replica).
     #[arg(long, env = "SPACE_DATABASE", value_name = "URL")]

@@ -235,6 +235,13 @@ pub async fn up(a: UpArgs) -> Result<()> {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             archive,
             database: None,
+            tls: match a.tls.pair() {
+                Some(pair) => space_control::listen::TlsSettings {
+                    cert: Some(pair),
+                    ..Default::default()
+                },
+                None => ServerConfig::new(&a.data_dir).tls,
+            },
             ..ServerConfig::new(&a.data_dir)
         },
         node,
@@ -625,6 +632,10 @@ pub async fn control(a: ControlArgs) -> Result<()> {
         max_body_bytes: DEFAULT_MAX_BODY_BYTES,
         ready_timeout: std::time::Duration::from_secs(120),
         archive: archive_settings(&a.archive, None)?,
+        tls: space_control::listen::TlsSettings {
+            cert: a.tls.pair(),
+            ..Default::default()
+        },
     })
     .await
     .context("starting the control replica")?;

@@ -116,7 +116,7 @@ fn every_route_is_routed_and_the_rest_is_json() {
                 // Nodes authenticate in the body; without one it is refused as malformed.
                 assert!((400..500).contains(&status), "{r:?}: {status} {body}");
                 assert!(body["error"]["code"].is_string(), "{r:?}: {body}");
-            } else if !matches!(r.operation, "health" | "openapi" | "metrics") {
+            } else if !matches!(r.operation, "health" | "openapi" | "metrics" | "tls.ca") {
                 assert_eq!(status, 401, "{r:?}: {body}");
                 assert_eq!(body["error"]["code"], "unauthorized");
             } else {
@@ -147,7 +147,7 @@ fn every_route_is_routed_and_the_rest_is_json() {
             .filter(|r| {
                 r.operation.starts_with("ingress.")
                     || NODE_ROUTES.contains(&r.operation)
-                    || matches!(r.operation, "health" | "openapi" | "metrics")
+                    || matches!(r.operation, "health" | "openapi" | "metrics" | "tls.ca")
             })
             .count();
         assert_eq!(events.len(), ROUTES.len() - open);

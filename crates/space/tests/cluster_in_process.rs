@@ -128,6 +128,7 @@ fn two_replicas_two_nodes() {
         let database = in_process::postgres::database();
         let vault_key = VaultKey::generate();
         let config = |key: &VaultKey| ReplicaConfig {
+            tls: Default::default(),
             database: database.clone(),
             listen: "127.0.0.1:0".parse().unwrap(),
             vault_key: key.clone(),

@@ -2,7 +2,8 @@
 //! both ways in: the public ingress URL (`/ingress/<token>/echo`) and the authenticated port
 //! proxy (`/v1/sandboxes/{id}/ports/{port}/proxy/echo`). The upgrade must pass, frames must
 //! flow both ways (a short message and one large enough for a 64-bit length), and the close
-//! handshake must complete; a revoked URL and a missing key are refused.
+//! handshake must complete; a revoked URL and a missing key are refused. The ingress URL also
+//! works over TLS on the same port, with the deployment CA served by `/v1/tls/ca.pem`.
 //!
 //! Needs the guest artifacts (`source target/space/env.sh`), including `SPACE_ROOTFS_BASE`.
 
@@ -312,6 +313,75 @@ async fn refused(url: &str, key: Option<&str>) -> (u16, String) {
     }
 }
 
+/// The ingress URL `url` (`http://127.0.0.1:<port>/ingress/<token>/`) as `wss://localhost`
+/// on the same port: the listener answers TLS there with a leaf of the deployment CA, which
+/// `/v1/tls/ca.pem` serves; a name the server does not answer to gets no certificate, and
+/// plain HTTP still works beside it.
+async fn over_tls(s: &TestServer, url: &str) {
+    let ca = reqwest::get(format!("{}/v1/tls/ca.pem", s.url))
+        .await
+        .unwrap();
+    assert_eq!(ca.status(), 200);
+    let pem = ca.text().await.unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pemfile::certs(&mut pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    assert_eq!(roots.len(), 1, "{pem}");
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let client = std::sync::Arc::new(
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    let port = s.url.rsplit(':').next().unwrap().to_owned();
+    let path = url.split_once("/ingress/").unwrap().1;
+    let wss = format!("wss://localhost:{port}/ingress/{path}echo");
+    let mut req = wss.as_str().into_client_request().unwrap();
+    req.headers_mut().insert(
+        SEC_WEBSOCKET_PROTOCOL,
+        HeaderValue::from_static("echo.v1, echo.v0"),
+    );
+    let (mut ws, resp) = tokio::time::timeout(
+        STEP,
+        tokio_tungstenite::connect_async_tls_with_config(
+            req,
+            None,
+            false,
+            Some(tokio_tungstenite::Connector::Rustls(client.clone())),
+        ),
+    )
+    .await
+    .expect("the TLS WebSocket took too long")
+    .unwrap_or_else(|e| panic!("the WebSocket over TLS at {wss} failed: {e}"));
+    assert_eq!(resp.status().as_u16(), 101);
+    match next(&mut ws, "the upgrade over TLS").await {
+        Some(Message::Text(t)) => assert_eq!(t.as_str(), "welcome"),
+        other => panic!("expected the server's greeting, got {other:?}"),
+    }
+    echo(&mut ws, "hello over TLS").await;
+    drop(ws);
+
+    // A name that is not the server's: no certificate, so no handshake.
+    let tcp = tokio::net::TcpStream::connect(format!("127.0.0.1:{port}"))
+        .await
+        .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("bank.example").unwrap();
+    let refused = tokio_rustls::TlsConnector::from(client)
+        .connect(name, tcp)
+        .await;
+    assert!(
+        refused.is_err(),
+        "the listener presented a certificate for bank.example"
+    );
+
+    // Plain HTTP beside it.
+    let health = reqwest::get(format!("{}/v1/health", s.url)).await.unwrap();
+    assert_eq!(health.status(), 200);
+}
+
 #[test]
 fn websocket_through_ingress_and_port_proxy() {
     env_path("SPACE_ROOTFS_BASE");
@@ -375,6 +445,9 @@ fn websocket_through_ingress_and_port_proxy() {
     assert_eq!(status, 404);
     assert!(body.contains("not a websocket echo request"), "{body}");
 
+    // ---- the same URL over TLS on the same port ----
+    rt.block_on(over_tls(&s, &url));
+
     // ---- the authenticated port proxy ----
     let proxied = format!(
         "{}/v1/sandboxes/{id}/ports/{WS_PORT}/proxy/echo",
@@ -397,6 +470,8 @@ fn websocket_through_ingress_and_port_proxy() {
         [
             format!("request GET /echo host=localhost:{WS_PORT} prefix={token_prefix} auth=-"),
             format!("request GET /elsewhere host=localhost:{WS_PORT} prefix={token_prefix} auth=-"),
+            // The same URL over TLS.
+            format!("request GET /echo host=localhost:{WS_PORT} prefix={token_prefix} auth=-"),
             format!(
                 "request GET /echo host=localhost:{WS_PORT} \
                  prefix=/v1/sandboxes/{id}/ports/{WS_PORT}/proxy auth=-"

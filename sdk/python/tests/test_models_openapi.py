@@ -204,6 +204,7 @@ WRAPPED: dict[str, str] = {
 
 NOT_WRAPPED: dict[str, str] = {
     "sandbox.exec_ws": "a WebSocket; exec over NDJSON (Sandbox.exec) does the same but stdin",
+    "tls.ca": "a PEM file for browsers and TLS clients to trust, not an SDK call",
     "sandbox.pty": "a WebSocket terminal",
     "node.join": "called by nodes, with a join token",
     "node.rejoin": "called by nodes, with their secret",

@@ -66,6 +66,7 @@ const fn r(method: &'static str, path: &'static str, operation: &'static str) ->
 pub const ROUTES: &[Route] = &[
     r("GET", "/v1/health", "health"),
     r("GET", "/v1/openapi.json", "openapi"),
+    r("GET", "/v1/tls/ca.pem", "tls.ca"),
     r("GET", "/metrics", "metrics"),
     r("POST", crate::mcp::PATH, "mcp.post"),
     r("GET", crate::mcp::PATH, "mcp.get"),
@@ -194,6 +195,9 @@ pub struct AppState {
     pub cluster: Option<Arc<crate::cluster::Cluster>>,
     /// E2B compatibility.
     pub e2b: Arc<crate::e2b::E2bState>,
+    /// The CA whose leaves the listener presents for TLS, PEM (`None`: no TLS, or the
+    /// operator's certificate).
+    pub ca_pem: Option<String>,
 }
 
 /// The shared state as handlers see it.
@@ -368,6 +372,24 @@ async fn health(State(state): State<Shared>) -> Response {
     }
 }
 
+/// `GET /v1/tls/ca.pem`: the CA to trust for the listener's TLS (the hosts of sandbox ports).
+async fn tls_ca(State(state): State<Shared>) -> Response {
+    match &state.ca_pem {
+        Some(pem) => (
+            [(header::CONTENT_TYPE, "application/x-pem-file")],
+            pem.clone(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "not_found",
+            "this server presents no certificate of its own CA (TLS is off, or the operator's \
+             certificate is used)",
+        )
+        .into_response(),
+    }
+}
+
 async fn openapi() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -428,6 +450,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
     let router = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/tls/ca.pem", get(tls_ca))
         .route("/metrics", get(metrics))
         .route(
             "/v1/templates",

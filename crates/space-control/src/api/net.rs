@@ -570,6 +570,7 @@ pub(crate) async fn proxy_to(
     });
 
     let upgrade = upgrade_of(req.headers());
+    let tls = crate::listen::over_tls(&req);
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let mut path_and_query = format!("/{rest}");
@@ -590,7 +591,8 @@ pub(crate) async fn proxy_to(
     if let Some(h) = original_host {
         headers.insert("x-forwarded-host", h);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    let proto = if tls { "https" } else { "http" };
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(proto));
     if let Ok(v) = HeaderValue::from_str(prefix) {
         headers.insert("x-forwarded-prefix", v);
     }

@@ -18,6 +18,11 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .public()
             .ok(200, "The OpenAPI document.", vec![("application/json", json!({"type": "object"}))])
             .err(&[500]),
+        "tls.ca" => Op::new("The CA of the listener's TLS", "server")
+            .desc("The listener speaks TLS on its port too (the hosts of sandbox ports, `https://{port}-{id}.{domain}`, are reached with it); its certificates are minted by this CA unless the operator gave one. Trust it in the browser or client that opens those URLs.")
+            .public()
+            .ok(200, "The CA certificate, PEM.", vec![("application/x-pem-file", json!({"type": "string"}))])
+            .err(&[404, 500]),
         "metrics" => Op::new("Prometheus metrics", "server")
             .desc("Counters `space_api_requests_total{operation, status}`, histogram `space_api_request_duration_seconds{operation}`, gauges `space_sandboxes{state}`, `space_pool_ready{template}`, `space_pool_size{template}`.")
             .public()
