@@ -169,6 +169,7 @@ impl Served<'_> {
             kernel: self.kernel.to_path_buf(),
             images: BTreeMap::from([(self.template.to_owned(), self.rootfs.to_path_buf())]),
             stock_templates: vec![self.template.to_owned()],
+            prepare: BTreeMap::new(),
             guestd: std::env::var_os("SPACE_GUESTD").map(std::path::PathBuf::from),
             node_over_network,
         }

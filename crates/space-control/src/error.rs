@@ -192,6 +192,9 @@ impl From<Fault> for ApiError {
             FaultCode::TemplateNotFound => {
                 ApiError::new(StatusCode::NOT_FOUND, "template_not_found", m)
             }
+            FaultCode::TemplateNotReady => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "template_not_ready", m)
+            }
             FaultCode::TemplateExists | FaultCode::TemplateStale | FaultCode::TemplateInUse => {
                 ApiError::conflict(m)
             }

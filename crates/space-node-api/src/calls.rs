@@ -291,6 +291,7 @@ pub fn status_of(f: &Fault) -> u16 {
         FaultCode::ShuttingDown
         | FaultCode::Capacity
         | FaultCode::DiskFull
+        | FaultCode::TemplateNotReady
         | FaultCode::Unavailable => 503,
         FaultCode::Archive | FaultCode::Guest => 502,
         FaultCode::Internal => 500,

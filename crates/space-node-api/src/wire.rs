@@ -268,6 +268,8 @@ pub enum FaultCode {
     TemplateExists,
     /// The template build is in use.
     TemplateInUse,
+    /// The template is being prepared (its image built): ask again shortly.
+    TemplateNotReady,
     /// The template cannot be restored on this node any more.
     TemplateStale,
     /// A malformed id or name.

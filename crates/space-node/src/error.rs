@@ -44,6 +44,10 @@ pub enum NodeError {
     /// No such template (or no complete build of it).
     #[error("no template {0}")]
     TemplateNotFound(String),
+    /// The template is being prepared on this node (its image built); the message says how
+    /// far it is.
+    #[error("{0}")]
+    TemplateNotReady(String),
     /// A build of that name and version exists already; versions are immutable.
     #[error("template {0} already exists; build a new version instead")]
     TemplateExists(TemplateRef),

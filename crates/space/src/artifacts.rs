@@ -32,6 +32,10 @@ pub struct Artifacts {
     /// The stock root images by name.
     #[serde(default)]
     pub images: BTreeMap<String, PathBuf>,
+    /// The image recipe (`guest/build-image.sh` of the checkout that built the artifacts),
+    /// with which `space up` makes the `desktop` image in the background when it is missing.
+    #[serde(default)]
+    pub recipe: Option<PathBuf>,
 }
 
 /// The path of the record.

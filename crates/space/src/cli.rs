@@ -126,9 +126,13 @@ pub struct UpArgs {
     /// recorded in the artifacts file].
     #[arg(long = "image", value_name = "NAME=PATH")]
     pub images: Vec<String>,
-    /// Stock templates to build when missing, comma-separated [default: one per image].
+    /// Stock templates to build when missing, comma-separated [default: one per image, and
+    /// `desktop` prepared in the background].
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     pub templates: Option<Vec<String>>,
+    /// Do not prepare the `desktop` template in the background.
+    #[arg(long)]
+    pub no_desktop: bool,
     /// Warm VMs kept ready per stock template even when nobody creates (the pools' floor) [default: 2].
     #[arg(long, value_name = "N")]
     pub pool_size: Option<usize>,

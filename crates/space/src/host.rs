@@ -15,6 +15,7 @@ use std::time::Instant;
 use anyhow::Context as _;
 use space_control::server::{HostedNode, Server, ServerConfig};
 use space_node::api::{ClusterCa, Identity, NodeServer, RemoteNode};
+use space_node::node::preparing::Preparing;
 use space_node::{
     ArchiveConfig, LocalNode, Node, NodeApi, NodeConfig, NodeError, SandboxId, TemplateName,
     TemplateRef, TemplateSpec, VersionReq,
@@ -36,6 +37,10 @@ pub struct HostConfig {
     pub guestd: Option<PathBuf>,
     /// Images to build as same-named templates at start when no build of them exists.
     pub stock_templates: Vec<String>,
+    /// Templates prepared in the background after the start: their image is made by a
+    /// recipe first (the `desktop` image of `space up`), then built like a stock template.
+    /// Until then a create of one is answered `503 template_not_ready` with the progress.
+    pub prepare: BTreeMap<String, Recipe>,
     /// Reach the node through the network node API (mutual TLS on loopback, from a cluster
     /// CA made for the process) instead of in process: every call and guest stream then
     /// takes the path a control replica's takes to a remote node. For tests and benchmarks.
@@ -52,6 +57,7 @@ impl HostConfig {
             images: BTreeMap::new(),
             guestd: std::env::var_os("SPACE_GUESTD").map(PathBuf::from),
             stock_templates: Vec::new(),
+            prepare: BTreeMap::new(),
             node_over_network: false,
         }
     }
@@ -100,9 +106,28 @@ impl Host {
             .await
             .context("opening the node")?;
         for name in &config.stock_templates {
-            if let Err(e) = build_stock(&node, &config, name).await {
+            let Some(rootfs) = config.images.get(name) else {
+                node.shutdown_detach().await;
+                anyhow::bail!("stock template {name}: no image of that name is configured");
+            };
+            if let Err(e) = build_stock(&node, &config, name, rootfs).await {
                 node.shutdown_detach().await;
                 return Err(e);
+            }
+        }
+        for (name, recipe) in &config.prepare {
+            let tname: TemplateName = name.parse()?;
+            if node.template(&tname, &VersionReq::Latest).is_err() {
+                node.set_preparing(
+                    name,
+                    Preparing::new("waiting for the server to start", recipe.expected),
+                );
+                tokio::spawn(prepare(
+                    node.clone(),
+                    config.clone(),
+                    name.clone(),
+                    recipe.clone(),
+                ));
             }
         }
         let local: Arc<dyn NodeApi> = Arc::new(
@@ -191,12 +216,183 @@ async fn loopback_node(local: Arc<dyn NodeApi>) -> anyhow::Result<(Arc<dyn NodeA
     Ok((Arc::new(remote), server))
 }
 
+/// Where a template prepared in the background gets its image.
+#[derive(Debug, Clone)]
+pub enum ImageSource {
+    /// An image built already.
+    Built(PathBuf),
+    /// A program that prints progress on stderr and the image's path as the last line of its
+    /// stdout (`guest/build-image.sh desktop <guestd>`), with its arguments.
+    Recipe(PathBuf, Vec<String>),
+}
+
+/// A template prepared in the background.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    /// Its image.
+    pub image: ImageSource,
+    /// About how long it takes cold, for the progress message.
+    pub expected: std::time::Duration,
+    /// The template's vCPUs and memory.
+    pub vcpus: u32,
+    /// Memory, MiB.
+    pub memory_mib: u64,
+}
+
+/// Longest progress line kept.
+const MAX_STEP: usize = 200;
+
+/// Makes the image of template `name` with `recipe`, then builds the template; progress and
+/// failure go to the node's record of the preparation (and stderr).
+async fn prepare(node: Node, config: HostConfig, name: String, recipe: Recipe) {
+    let started = Instant::now();
+    let path = match &recipe.image {
+        ImageSource::Built(path) => path.clone(),
+        ImageSource::Recipe(program, args) => match make_image(&node, &name, program, args).await {
+            Some(path) => path,
+            None => return,
+        },
+    };
+    node.preparing_step(&name, "booting it once to snapshot the template");
+    let config = HostConfig {
+        stock_templates: Vec::new(),
+        ..config
+    };
+    let spec = StockSpec {
+        vcpus: recipe.vcpus,
+        memory_mib: recipe.memory_mib,
+    };
+    match build_stock_as(&node, &config, &name, &path, spec).await {
+        Ok(()) => {
+            node.prepared(&name);
+            eprintln!(
+                "[up] template {name} prepared ({:.0} s)",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            eprintln!("[up] template {name}: {why}");
+            node.preparing_failed(&name, why);
+        }
+    }
+}
+
+/// Runs the image recipe `program args` of template `name`; the image's path, or `None` when
+/// it failed (recorded in the node's preparation).
+async fn make_image(
+    node: &Node,
+    name: &str,
+    program: &std::path::Path,
+    args: &[String],
+) -> Option<PathBuf> {
+    use tokio::io::AsyncBufReadExt as _;
+    eprintln!(
+        "[up] preparing template {name} in the background: {} {}",
+        program.display(),
+        args.join(" ")
+    );
+    node.preparing_step(name, "building its root image");
+    let child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let why = format!("starting {}: {e}", program.display());
+            eprintln!("[up] template {name}: {why}");
+            node.preparing_failed(name, why);
+            return None;
+        }
+    };
+    let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+        node.preparing_failed(name, "the recipe's output could not be read");
+        return None;
+    };
+    let progress = {
+        let (node, name) = (node.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            let mut last = String::new();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let step: String = line
+                    .trim()
+                    .trim_start_matches("[image]")
+                    .trim()
+                    .chars()
+                    .take(MAX_STEP)
+                    .collect();
+                if !step.is_empty() {
+                    node.preparing_step(&name, step.clone());
+                    last = step;
+                }
+            }
+            last
+        })
+    };
+    let mut out = String::new();
+    {
+        use tokio::io::AsyncReadExt as _;
+        let mut stdout = stdout.take(64 << 10);
+        if let Err(e) = stdout.read_to_string(&mut out).await {
+            tracing::warn!(error = %e, "reading the recipe's output");
+        }
+    }
+    let status = child.wait().await;
+    let last = progress.await.unwrap_or_default();
+    let path = PathBuf::from(out.lines().last().map(str::trim).unwrap_or(""));
+    match status {
+        Ok(s) if s.success() && path.is_file() => Some(path),
+        Ok(s) => {
+            let why = format!("the image recipe ended with {s}: {last}");
+            eprintln!("[up] template {name}: {why}");
+            node.preparing_failed(name, why);
+            None
+        }
+        Err(e) => {
+            node.preparing_failed(name, format!("waiting for the image recipe: {e}"));
+            None
+        }
+    }
+}
+
+/// The shape a stock template is built with.
+#[derive(Debug, Clone, Copy)]
+struct StockSpec {
+    vcpus: u32,
+    memory_mib: u64,
+}
+
 /// Builds image `name` as template `name` version 1 when no build of it exists.
-async fn build_stock(node: &Node, config: &HostConfig, name: &str) -> anyhow::Result<()> {
+async fn build_stock(
+    node: &Node,
+    config: &HostConfig,
+    name: &str,
+    rootfs: &std::path::Path,
+) -> anyhow::Result<()> {
+    let spec = StockSpec {
+        vcpus: space_control::api::templates::DEFAULT_TEMPLATE_VCPUS,
+        memory_mib: space_control::api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
+    };
+    build_stock_as(node, config, name, rootfs, spec).await
+}
+
+/// [`build_stock`] with the shape `spec`.
+async fn build_stock_as(
+    node: &Node,
+    config: &HostConfig,
+    name: &str,
+    rootfs: &std::path::Path,
+    spec: StockSpec,
+) -> anyhow::Result<()> {
     let tname: TemplateName = name.parse()?;
     match node.template(&tname, &VersionReq::Latest) {
         Ok(_) => return Ok(()),
-        Err(NodeError::TemplateNotFound(_)) => {}
+        Err(NodeError::TemplateNotFound(_) | NodeError::TemplateNotReady(_)) => {}
         Err(e) => return Err(e).with_context(|| format!("looking up template {name}")),
     }
     // A node on a new disk over an existing store: the build its archived sandboxes were
@@ -212,10 +408,6 @@ async fn build_stock(node: &Node, config: &HostConfig, name: &str) -> anyhow::Re
             Err(e) => eprintln!("[up] template {tref} not fetched from the object store: {e}"),
         }
     }
-    let rootfs = config
-        .images
-        .get(name)
-        .with_context(|| format!("stock template {name}: no image of that name is configured"))?;
     eprintln!(
         "[up] building template {name} from {} ...",
         rootfs.display()
@@ -225,9 +417,9 @@ async fn build_stock(node: &Node, config: &HostConfig, name: &str) -> anyhow::Re
         .build_template(TemplateSpec {
             template: tref,
             kernel: config.kernel.clone(),
-            rootfs: rootfs.clone(),
-            vcpus: space_control::api::templates::DEFAULT_TEMPLATE_VCPUS,
-            memory_mib: space_control::api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
+            rootfs: rootfs.to_owned(),
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
             kernel_cmdline: None,
             ready_timeout: config.node.ready_timeout,
             guest: Default::default(),

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use space::host::{Host, HostConfig};
+use space::host::{Host, HostConfig, ImageSource, Recipe};
 use space_archive::StoreConfig;
 use space_control::archive::ArchiveSettings;
 use space_control::server::{ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES};
@@ -35,6 +35,7 @@ fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, Path
         for (name, var) in [
             ("minimal", "SPACE_ROOTFS_MINIMAL"),
             ("base", "SPACE_ROOTFS_BASE"),
+            ("desktop", "SPACE_ROOTFS_DESKTOP"),
         ] {
             if let Some(p) = std::env::var_os(var).filter(|v| !v.is_empty()) {
                 images.insert(name.to_owned(), PathBuf::from(p));
@@ -53,6 +54,40 @@ fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, Path
         }
     }
     Ok(images)
+}
+
+/// The template of the desktop image (`docs/guest.md`).
+const DESKTOP: &str = "desktop";
+/// A desktop sandbox's vCPUs by default.
+pub const DESKTOP_VCPUS: u32 = 2;
+/// A desktop sandbox's memory by default: Xfce, Chromium and a page or two.
+pub const DESKTOP_MEMORY_MIB: u64 = 2048;
+/// About how long a cold desktop image takes (packages downloaded and installed).
+const DESKTOP_EXPECTED: std::time::Duration = std::time::Duration::from_secs(8 * 60);
+
+/// How `space up` gets its `desktop` template: from the image when it exists, else from the
+/// recorded recipe with the recorded `space-guestd`; nothing when neither is there.
+fn desktop_recipe(
+    images: &BTreeMap<String, PathBuf>,
+    recorded: &Artifacts,
+) -> BTreeMap<String, Recipe> {
+    let image = match (images.get(DESKTOP), &recorded.recipe, recorded.guestd()) {
+        (Some(path), _, _) => ImageSource::Built(path.clone()),
+        (None, Some(recipe), Some(guestd)) if recipe.is_file() => ImageSource::Recipe(
+            recipe.clone(),
+            vec![DESKTOP.to_owned(), guestd.display().to_string()],
+        ),
+        _ => return BTreeMap::new(),
+    };
+    BTreeMap::from([(
+        DESKTOP.to_owned(),
+        Recipe {
+            image,
+            expected: DESKTOP_EXPECTED,
+            vcpus: DESKTOP_VCPUS,
+            memory_mib: DESKTOP_MEMORY_MIB,
+        },
+    )])
 }
 
 /// Sets the pool size of every stock template (and of any other) to `n`.
@@ -196,9 +231,20 @@ pub async fn up(a: UpArgs) -> Result<()> {
         &a.archive,
         Some(StoreConfig::Local(a.data_dir.join("objects"))),
     )?;
+    // Without --templates: every image's template, `desktop` prepared in the background
+    // (from its image, or from the recipe when the image was never built) so that the start
+    // does not wait for it.
+    let prepare = match (&a.templates, a.no_desktop) {
+        (None, false) => desktop_recipe(&images, &recorded),
+        _ => BTreeMap::new(),
+    };
     let templates = match a.templates {
         Some(t) => t.into_iter().filter(|t| !t.is_empty()).collect(),
-        None => images.keys().cloned().collect::<Vec<_>>(),
+        None => images
+            .keys()
+            .filter(|n| !prepare.contains_key(*n) && *n != DESKTOP)
+            .cloned()
+            .collect::<Vec<_>>(),
     };
     for t in &templates {
         if !images.contains_key(t) {
@@ -248,6 +294,7 @@ pub async fn up(a: UpArgs) -> Result<()> {
         kernel,
         images,
         stock_templates: templates.clone(),
+        prepare,
         guestd: recorded.guestd(),
         node_over_network: false,
     };

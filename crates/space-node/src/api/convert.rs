@@ -117,6 +117,7 @@ impl From<NodeError> for Fault {
             NodeError::IllegalState { .. } => FaultCode::IllegalState,
             NodeError::SnapshotNotFound { .. } => FaultCode::SnapshotNotFound,
             NodeError::TemplateNotFound(_) => FaultCode::TemplateNotFound,
+            NodeError::TemplateNotReady(_) => FaultCode::TemplateNotReady,
             NodeError::TemplateExists(_) => FaultCode::TemplateExists,
             NodeError::TemplateInUse { .. } => FaultCode::TemplateInUse,
             NodeError::TemplateStale { .. } => FaultCode::TemplateStale,
@@ -134,7 +135,9 @@ impl From<NodeError> for Fault {
             NodeError::DiskFull(_) => e.to_string(),
             _ if e.is_disk_full() => format!("the node's disk is full: {}", chain(&e)),
             NodeError::Invalid(m) | NodeError::Capacity(m) | NodeError::Archive(m) => m.clone(),
-            NodeError::Key(m) | NodeError::Internal(m) => m.clone(),
+            NodeError::Key(m) | NodeError::Internal(m) | NodeError::TemplateNotReady(m) => {
+                m.clone()
+            }
             // Never the note naming the snapshot's real owner: it may be another tenant's.
             NodeError::SnapshotNotFound {
                 sandbox, snapshot, ..

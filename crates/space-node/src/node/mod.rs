@@ -56,6 +56,7 @@ mod cluster;
 mod config;
 mod create;
 mod open;
+pub mod preparing;
 mod records;
 mod requests;
 mod templates;
@@ -77,6 +78,8 @@ struct Inner {
     adopted: Mutex<Vec<SandboxRecord>>,
     /// When the archive pass last collected garbage in the store, ms since the epoch.
     last_gc_ms: std::sync::atomic::AtomicU64,
+    /// Templates being prepared (their images built), by name.
+    preparing: Mutex<std::collections::BTreeMap<String, preparing::Preparing>>,
 }
 
 /// One host's node services. Cheap to clone.

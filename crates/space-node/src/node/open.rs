@@ -55,6 +55,7 @@ impl Node {
                 shutting_down: false.into(),
                 adopted: Mutex::default(),
                 last_gc_ms: now_ms().into(),
+                preparing: Mutex::default(),
             }),
         };
         // A node process that died while fenced left its guests stopped (crate::fence):

@@ -28,7 +28,13 @@ impl Node {
 
     /// A complete template build; `latest` resolves to the newest.
     pub fn template(&self, name: &TemplateName, version: &VersionReq) -> Result<Template> {
-        template::resolve(&self.inner.ctx.layout, name, version)
+        match template::resolve(&self.inner.ctx.layout, name, version) {
+            Err(NodeError::TemplateNotFound(what)) => match self.preparation(name.as_str()) {
+                Some(p) => Err(NodeError::TemplateNotReady(p.describe(name.as_str()))),
+                None => Err(NodeError::TemplateNotFound(what)),
+            },
+            other => other,
+        }
     }
 
     /// Every complete template build.

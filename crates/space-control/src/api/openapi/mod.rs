@@ -151,7 +151,7 @@ const ERRORS: &[(u16, &str, &str)] = &[
     (413, "PayloadTooLarge", "The body or upload is over the limit (`payload_too_large`)."),
     (429, "QuotaExceeded", "The tenant's sandbox, vCPU or memory quota would be passed (`quota_exceeded`)."),
     (401, "Unauthorized", "No key, or a wrong or revoked one (`unauthorized`)."),
-    (503, "Unavailable", "The node has no room for another VM (`capacity`), its disk is under the space it keeps free (`disk_full`), or the server is stopping (`shutting_down`)."),
+    (503, "Unavailable", "The node has no room for another VM (`capacity`), its disk is under the space it keeps free (`disk_full`), the template is still being prepared (`template_not_ready`), or the server is stopping (`shutting_down`)."),
     (415, "UnsupportedMediaType", "A JSON route called without `Content-Type: application/json` (`unsupported_media_type`)."),
     (507, "SandboxDiskFull", "The sandbox's own disk is full (`no_space`); free room in it, or create it with a larger `disk_mib`."),
     (502, "BadGateway", "The object store failed, or what it holds is missing or corrupt (`archive_unavailable`)."),
