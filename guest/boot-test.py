@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Boot the guest kernel with an image under QEMU microvm and check the result.
 
-Usage: guest/boot-test.py [--kind minimal|base] [--smp N] [--runs N] [--accel tcg|kvm]
+Usage: guest/boot-test.py [--kind minimal|base|desktop] [--smp N] [--runs N] [--accel tcg|kvm]
 
 Builds (or reuses) the kernel with build-kernel.sh, builds an image of the requested kind
 with test-init.sh as /sbin/init (in a private cache directory, so test images never push
@@ -73,14 +73,14 @@ def build(kind):
                             stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
     cache = tempfile.mkdtemp(prefix="space-boot-test-cache-")
     env = dict(os.environ)
-    if kind == "base":
-        # Reuse the cached debootstrap tree of the real cache; only the image is private.
+    if kind in ("base", "desktop"):
+        # Reuse the cached trees of the real cache; only the image is private.
         real = os.environ.get("SPACE_CACHE", os.path.expanduser("~/.cache/space"))
         os.makedirs(os.path.join(cache, "rootfs"), exist_ok=True)
         rootfs = os.path.join(real, "rootfs")
         if os.path.isdir(rootfs):
             for entry in os.listdir(rootfs):
-                if entry.startswith("base-"):
+                if entry.startswith(("base-", "desktop-")):
                     os.symlink(os.path.join(rootfs, entry), os.path.join(cache, "rootfs", entry))
     env["SPACE_CACHE"] = cache
     image = subprocess.run([os.path.join(HERE, "build-image.sh"), kind,
@@ -185,7 +185,7 @@ def one_run(kernel, image, smp, mem, accel, tsc_khz, timeout):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=["minimal", "base"], default="minimal")
+    ap.add_argument("--kind", choices=["minimal", "base", "desktop"], default="minimal")
     ap.add_argument("--smp", type=int, default=1)
     ap.add_argument("--mem", type=int, default=256, help="MiB")
     ap.add_argument("--runs", type=int, default=5)
