@@ -48,9 +48,11 @@ check: lint
 	@$(CARGO) test --quiet -p space-control
 
 test: check artifacts tools
+	@scripts/artifacts.sh desktop
 	@scripts/python-env.sh
 	@scripts/e2b-env.sh
 	@scripts/mcp-env.sh
+	@scripts/browser-env.sh
 	@echo "[test] cargo test (boots real guests under QEMU)"
 	@source $(ENV) && source $(TOOLS) && $(CARGO) test --workspace
 	@echo "[test] the in-process server's tests again: state in PostgreSQL, node over mutual TLS"

@@ -49,10 +49,11 @@ base_packages=(bash coreutils python3 python3-pip python3-venv git curl ca-certi
 # On top of base, without recommends. What E2B's desktop SDK runs: Xvfb, xdpyinfo (x11-utils),
 # startxfce4 with xfwm4 and xfdesktop, xdotool, scrot, xrandr (x11-xserver-utils), x11vnc,
 # /opt/noVNC/utils/novnc_proxy (novnc, websockify), netstat (net-tools), xdg-open, gtk-launch
-# (libgtk-3-bin). dbus-x11 gives the session its bus (startxfce4 runs dbus-launch).
+# (libgtk-3-bin). dbus-x11 gives the session its bus (startxfce4 runs dbus-launch). certutil
+# (libnss3-tools) puts the gateway's CA into Chromium's certificate store when it starts.
 desktop_packages=(xvfb xauth dbus-x11 xfce4-session xfwm4 xfdesktop4 xfce4-panel xfce4-settings
     xfce4-terminal xdotool scrot x11-xserver-utils x11-utils x11vnc novnc python3-websockify
-    net-tools libgtk-3-bin xdg-utils librsvg2-common chromium firefox-esr fonts-dejavu-core
+    net-tools libgtk-3-bin xdg-utils librsvg2-common chromium firefox-esr libnss3-tools fonts-dejavu-core
     fonts-liberation fonts-noto-color-emoji)
 
 for tool in mkfs.ext4 e2fsck sha256sum flock truncate; do

@@ -65,15 +65,17 @@ cache=${SPACE_CACHE:-$HOME/.cache/space}
 sum=$(sha256sum "$guestd" | cut -c1-16)
 mkdir -p "$cache/guestd/$sum"
 [[ -x $cache/guestd/$sum/space-guestd ]] || install -m 0755 "$guestd" "$cache/guestd/$sum/space-guestd"
-python3 - "$cache/artifacts.json" "$kernel" "$cache/guestd/$sum/space-guestd" "$minimal" "$base" "$desktop" <<'PY'
+# The recipe is recorded too: `space up` makes the desktop image with it, in the background,
+# when no desktop image was built (docs/guest.md).
+python3 - "$cache/artifacts.json" "$kernel" "$cache/guestd/$sum/space-guestd" "$minimal" "$base" "$desktop" "$PWD/guest/build-image.sh" <<'PY'
 import json, os, sys
-path, kernel, guestd, minimal, base, desktop = sys.argv[1:]
+path, kernel, guestd, minimal, base, desktop, recipe = sys.argv[1:]
 images = {"minimal": minimal}
 if base:
     images["base"] = base
 if desktop:
     images["desktop"] = desktop
-doc = {"kernel": kernel, "guestd": guestd, "images": images}
+doc = {"kernel": kernel, "guestd": guestd, "images": images, "recipe": recipe}
 with open(path + ".tmp", "w") as f:
     json.dump(doc, f, indent=2)
     f.write("\n")

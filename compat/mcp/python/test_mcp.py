@@ -32,6 +32,12 @@ TOOLS = {
     "resume_sandbox",
     "kill_sandbox",
     "expose_port",
+    "screenshot",
+    "click",
+    "type_text",
+    "press_key",
+    "scroll",
+    "navigate",
 }
 
 

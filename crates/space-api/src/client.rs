@@ -18,8 +18,8 @@ use crate::enc;
 use crate::error::Failure;
 use crate::exec::{EventStream, ExecRequest};
 use crate::model::{
-    CreateSandbox, DirEntry, DirListing, FileStat, Lifecycle, PortExposed, Sandbox, SandboxFilter,
-    SandboxList, Snapshot, SnapshotList, Template, TemplateList,
+    BrowserSession, CreateSandbox, DirEntry, DirListing, FileStat, Lifecycle, PortExposed, Sandbox,
+    SandboxFilter, SandboxList, Snapshot, SnapshotList, Template, TemplateList,
 };
 use crate::ops::{ByteStream, Caller, Operations};
 
@@ -352,6 +352,15 @@ impl Operations for Client {
         let body = json!({ "port": port });
         self.json(Method::POST, &sandbox_path(id, "/ports"), Some(&body))
             .await
+    }
+
+    async fn browser(&self, _who: &Caller, id: &str) -> Result<BrowserSession, Failure> {
+        self.json(
+            Method::POST,
+            &sandbox_path(id, "/browser"),
+            Some(&json!({})),
+        )
+        .await
     }
 
     async fn templates(&self, _who: &Caller) -> Result<Vec<Template>, Failure> {

@@ -169,6 +169,19 @@ pub struct PortExposed {
     pub created_unix_ms: u64,
 }
 
+/// The URLs of a sandbox's browser (`POST /v1/sandboxes/{id}/browser`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrowserSession {
+    /// The DevTools WebSocket, a token in its query.
+    pub cdp_url: String,
+    /// The live view (noVNC), a token in its path; `None` for a headless browser.
+    pub live_url: Option<String>,
+    /// Whether the browser runs on the desktop's display.
+    pub headful: bool,
+    /// When the tokens of both URLs expire, ms since the epoch.
+    pub expires_unix_ms: u64,
+}
+
 /// A template build.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Template {

@@ -11,8 +11,8 @@ use http::HeaderValue;
 use crate::error::Failure;
 use crate::exec::{EventStream, ExecRequest};
 use crate::model::{
-    CreateSandbox, DirEntry, FileStat, Lifecycle, PortExposed, Sandbox, SandboxFilter, Snapshot,
-    Template,
+    BrowserSession, CreateSandbox, DirEntry, FileStat, Lifecycle, PortExposed, Sandbox,
+    SandboxFilter, Snapshot, Template,
 };
 
 /// Who an operation is for, as the front end that took the request knows them.
@@ -75,4 +75,6 @@ pub trait Operations: Send + Sync + 'static {
     async fn expose_port(&self, who: &Caller, id: &str, port: u16) -> Result<PortExposed>;
     /// The templates the caller may create from.
     async fn templates(&self, who: &Caller) -> Result<Vec<Template>>;
+    /// Starts the sandbox's browser unless it runs; its DevTools and live-view URLs.
+    async fn browser(&self, who: &Caller, id: &str) -> Result<BrowserSession>;
 }

@@ -22,6 +22,7 @@ const PUBLIC: &[&str] = &[
     "health",
     "openapi",
     "tls.ca",
+    "browser.live",
     "metrics",
     "ingress.get",
     "ingress.post",

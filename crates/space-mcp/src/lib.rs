@@ -52,7 +52,7 @@ impl SpaceMcp {
 
     /// Every tool, as `tools/list` answers.
     pub fn tools() -> Vec<Tool> {
-        tools::TOOLS.iter().map(tool_of).collect()
+        tools::all().map(tool_of).collect()
     }
 }
 
@@ -84,7 +84,7 @@ impl ServerHandler for SpaceMcp {
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        tools::TOOLS.iter().find(|t| t.name == name).map(tool_of)
+        tools::all().find(|t| t.name == name).map(tool_of)
     }
 
     async fn call_tool(
@@ -93,7 +93,7 @@ impl ServerHandler for SpaceMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
-        if !tools::TOOLS.iter().any(|t| t.name == name) {
+        if !tools::all().any(|t| t.name == name) {
             return Err(ErrorData::invalid_params(
                 format!("there is no tool {name:?}; tools/list names the tools there are"),
                 None,
@@ -125,7 +125,11 @@ impl ServerHandler for SpaceMcp {
         };
         let result = match outcome {
             Ok(done) => {
-                let mut r = CallToolResult::success(vec![ContentBlock::text(done.text)]);
+                let mut content = vec![ContentBlock::text(done.text)];
+                if let Some((data, mime)) = done.image {
+                    content.push(ContentBlock::image(data, mime));
+                }
+                let mut r = CallToolResult::success(content);
                 if done.data.is_object() {
                     r.structured_content = Some(done.data);
                 }

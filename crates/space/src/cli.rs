@@ -91,6 +91,9 @@ pub enum Command {
     Expose(ExposeArgs),
     /// Revoke the URL of an exposed port.
     Unexpose(UnexposeArgs),
+    /// Start the sandbox's browser (Chromium) and print its DevTools URL (for Playwright's
+    /// connect_over_cdp) and its live view.
+    Browser(BrowserArgs),
     /// Serve the sandbox tools to an agent over MCP on stdin/stdout (with this CLI's URL and
     /// key); `docs/mcp.md` has the agent's configuration.
     Mcp(McpArgs),
@@ -628,6 +631,13 @@ pub struct ExposeArgs {
     /// List the exposed ports instead.
     #[arg(long)]
     pub ls: bool,
+}
+
+/// `space browser`.
+#[derive(Debug, Args)]
+pub struct BrowserArgs {
+    /// The sandbox id (template `desktop`).
+    pub id: String,
 }
 
 /// `space unexpose`.

@@ -234,12 +234,24 @@ pub async fn up(a: UpArgs) -> Result<()> {
     // Without --templates: every image's template, `desktop` prepared in the background
     // (from its image, or from the recipe when the image was never built) so that the start
     // does not wait for it.
+    // Named in --templates, `desktop` is prepared in the background too (with its shape).
+    let named_desktop = a
+        .templates
+        .as_ref()
+        .is_some_and(|t| t.iter().any(|n| n == DESKTOP));
     let prepare = match (&a.templates, a.no_desktop) {
         (None, false) => desktop_recipe(&images, &recorded),
+        (Some(_), _) if named_desktop => desktop_recipe(&images, &recorded),
         _ => BTreeMap::new(),
     };
+    if named_desktop && prepare.is_empty() {
+        bail!("--templates names desktop, but there is no desktop image (scripts/artifacts.sh desktop builds it)");
+    }
     let templates = match a.templates {
-        Some(t) => t.into_iter().filter(|t| !t.is_empty()).collect(),
+        Some(t) => t
+            .into_iter()
+            .filter(|t| !t.is_empty() && t != DESKTOP)
+            .collect(),
         None => images
             .keys()
             .filter(|n| !prepare.contains_key(*n) && *n != DESKTOP)

@@ -61,6 +61,7 @@ from .models import (
     NodeList,
     Port,
     PortExposed,
+    BrowserSession,
     SandboxInfo,
     Secret,
     Snapshot,
@@ -1095,6 +1096,13 @@ class AsyncSandbox:
         applied = EgressPolicy.from_json(value)
         self._info = replace(self._info, egress=applied)
         return applied
+
+    async def browser(self) -> BrowserSession:
+        """Starts the sandbox's Chromium (on the desktop's display when one runs, headless
+        otherwise) unless it runs, and answers its DevTools URL (``cdp_url``, for Playwright's
+        ``connect_over_cdp``) and its live view (``live_url``); their tokens last an hour."""
+        value = await self.client._json("POST", _core.sandbox_path(self.id, "browser"))
+        return BrowserSession.from_json(value)
 
     async def expose(self, port: int) -> PortExposed:
         """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no

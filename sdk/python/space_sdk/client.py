@@ -43,6 +43,7 @@ from .models import (
     NodeList,
     Port,
     PortExposed,
+    BrowserSession,
     SandboxInfo,
     Secret,
     Snapshot,
@@ -1039,6 +1040,13 @@ class Sandbox:
         applied = EgressPolicy.from_json(value)
         self._info = replace(self._info, egress=applied)
         return applied
+
+    def browser(self) -> BrowserSession:
+        """Starts the sandbox's Chromium (on the desktop's display when one runs, headless
+        otherwise) unless it runs, and answers its DevTools URL (``cdp_url``, for Playwright's
+        ``connect_over_cdp``) and its live view (``live_url``); their tokens last an hour."""
+        value = self.client._json("POST", _core.sandbox_path(self.id, "browser"))
+        return BrowserSession.from_json(value)
 
     def expose(self, port: int) -> PortExposed:
         """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no

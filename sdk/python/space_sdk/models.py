@@ -32,6 +32,7 @@ __all__ = [
     "NodeList",
     "Port",
     "PortExposed",
+    "BrowserSession",
     "Quotas",
     "RemoteCopy",
     "RestorePoint",
@@ -694,6 +695,38 @@ class PortExposed:
             port=_get(d, "port", int, w),
             url=_get(d, "url", str, w),
             created_unix_ms=_get(d, "created_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class BrowserSession:
+    """The URLs of a sandbox's browser: DevTools for automation clients, the live view for
+    people."""
+
+    SCHEMA: ClassVar[str] = "BrowserSession"
+
+    # <generated fields: scripts/gen_models.py>
+    #: ws(s)://<server>/v1/sandboxes/{id}/browser/cdp?token=<token>: for Playwright's
+    #: connect_over_cdp and Puppeteer's connect.
+    cdp_url: str
+    #: When the tokens of both URLs stop working; POST again for new ones.
+    expires_unix_ms: int
+    headful: bool
+    #: http(s)://<server>/v1/sandboxes/{id}/browser/live/<token>/vnc.html?...: the display in a
+    #: browser tab; null for a headless browser.
+    live_url: str | None
+    # </generated fields>
+
+    @classmethod
+    def from_json(cls, value: Any) -> BrowserSession:
+        """Reads the answer of a browser start."""
+        w = "browser session"
+        d = _obj(value, w)
+        return cls(
+            cdp_url=_get(d, "cdp_url", str, w),
+            live_url=_opt(d, "live_url", str, w),
+            headful=_get(d, "headful", bool, w),
+            expires_unix_ms=_get(d, "expires_unix_ms", int, w),
         )
 
 

@@ -189,6 +189,7 @@ WRAPPED: dict[str, str] = {
     "egress.get": "Sandbox.egress",
     "egress.update": "Sandbox.set_egress",
     "port.expose": "Sandbox.expose",
+    "browser.start": "Sandbox.browser",
     "port.list": "Sandbox.ports",
     "port.unexpose": "Sandbox.unexpose",
     "port.proxy_get": "Sandbox.proxy",
@@ -204,6 +205,8 @@ WRAPPED: dict[str, str] = {
 
 NOT_WRAPPED: dict[str, str] = {
     "sandbox.exec_ws": "a WebSocket; exec over NDJSON (Sandbox.exec) does the same but stdin",
+    "browser.cdp": "a WebSocket for CDP clients (Playwright, Puppeteer): BrowserSession.cdp_url",
+    "browser.live": "a page for people: BrowserSession.live_url",
     "tls.ca": "a PEM file for browsers and TLS clients to trust, not an SDK call",
     "sandbox.pty": "a WebSocket terminal",
     "node.join": "called by nodes, with a join token",

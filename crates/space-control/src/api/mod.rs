@@ -8,6 +8,7 @@
 //! - [`net`]: secrets, egress policies, exposed ports, ingress and the port proxy.
 
 pub mod admin;
+pub mod browser;
 pub mod cluster;
 mod extract;
 pub mod files;
@@ -130,6 +131,9 @@ pub const ROUTES: &[Route] = &[
     r("DELETE", "/v1/secrets/{name}", "secret.delete"),
     r("GET", "/v1/sandboxes/{id}/egress", "egress.get"),
     r("PUT", "/v1/sandboxes/{id}/egress", "egress.update"),
+    r("POST", "/v1/sandboxes/{id}/browser", "browser.start"),
+    r("GET", "/v1/sandboxes/{id}/browser/cdp", "browser.cdp"),
+    r("GET", BROWSER_LIVE, "browser.live"),
     r("POST", "/v1/sandboxes/{id}/ports", "port.expose"),
     r("GET", "/v1/sandboxes/{id}/ports", "port.list"),
     r("DELETE", "/v1/sandboxes/{id}/ports/{port}", "port.unexpose"),
@@ -156,6 +160,8 @@ pub const ROUTES: &[Route] = &[
 
 /// The authenticated port proxy; `{*path}` is the rest of the path, possibly empty.
 pub const PORT_PROXY: &str = "/v1/sandboxes/{id}/ports/{port}/proxy/{*path}";
+/// The live view of a sandbox's browser; `{*path}` is noVNC's page, files or WebSocket.
+pub const BROWSER_LIVE: &str = "/v1/sandboxes/{id}/browser/live/{token}/{*path}";
 /// The public ingress route; `{*path}` is the rest of the path, possibly empty.
 pub const INGRESS: &str = "/ingress/{token}/{*path}";
 
@@ -514,6 +520,9 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
             post(n::expose).get(n::list_ports),
         )
         .route("/v1/sandboxes/{id}/ports/{port}", delete(n::unexpose))
+        .route("/v1/sandboxes/{id}/browser", post(browser::start))
+        .route("/v1/sandboxes/{id}/browser/cdp", get(browser::cdp))
+        .route(BROWSER_LIVE, get(browser::live))
         .route("/v1/cluster/join-tokens", post(c::create_join_token))
         .route(cluster_paths::JOIN_PATH, post(c::join))
         .route(cluster_paths::REJOIN_PATH, post(c::rejoin))

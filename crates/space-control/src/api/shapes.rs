@@ -115,6 +115,8 @@ shape!(SecretList [Secret], {"type": "object", "required": ["secrets"], "propert
 
 shape!(SecretBindingInfo [SecretName], {"type": "object", "required": ["name", "placeholder"], "properties": {"name": {"$ref": "#/components/schemas/SecretName"}, "placeholder": {"type": "string", "pattern": "^space-secret-[0-9a-f]{32}$", "description": "What the sandbox sees in the environment variable `name`; not secret."}}});
 
+shape!(BrowserSession [], {"type": "object", "required": ["cdp_url", "live_url", "headful", "expires_unix_ms"], "properties": {"cdp_url": {"type": "string", "description": "ws(s)://<server>/v1/sandboxes/{id}/browser/cdp?token=<token>: for Playwright's connect_over_cdp and Puppeteer's connect."}, "live_url": {"type": ["string", "null"], "description": "http(s)://<server>/v1/sandboxes/{id}/browser/live/<token>/vnc.html?...: the display in a browser tab; null for a headless browser."}, "headful": {"type": "boolean"}, "expires_unix_ms": {"type": "integer", "format": "int64", "minimum": 0, "description": "When the tokens of both URLs stop working; POST again for new ones."}}});
+
 shape!(PortExposed [], {"type": "object", "required": ["port", "url", "created_unix_ms"], "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}, "url": {"type": "string", "description": "http(s)://<server>/ingress/<32-character token>/; shown only this once."}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});
 
 shape!(Port [], {"type": "object", "required": ["port", "created_unix_ms"], "properties": {"port": {"type": "integer", "minimum": 1, "maximum": 65535}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});

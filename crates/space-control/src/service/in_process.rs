@@ -12,7 +12,7 @@ use space_api::{self as api, Caller, Failure, Operations};
 use space_node_api::SnapshotKind;
 use space_proto::WriteOptions;
 
-use super::{create, exec, files, ports, sandboxes, templates, Shared};
+use super::{browser, create, exec, files, ports, sandboxes, templates, Shared};
 use crate::error::{ApiError, ApiResult};
 use crate::store::Principal;
 
@@ -246,6 +246,18 @@ impl Operations for InProcess {
         let host = who.host.as_ref().and_then(|h| h.to_str().ok());
         self.run(who, "port.expose", |st, p| async move {
             ports::expose(&st, &p, id, port, host).await
+        })
+        .await
+    }
+
+    async fn browser(&self, who: &Caller, id: &str) -> api::ops::Result<api::BrowserSession> {
+        let mut headers = http::HeaderMap::new();
+        if let Some(h) = &who.host {
+            headers.insert(http::header::HOST, h.clone());
+        }
+        self.run(who, "browser.start", |st, p| async move {
+            let base = crate::api::browser::base(&st, &headers, false)?;
+            browser::session(&st, &p, id, &base).await
         })
         .await
     }

@@ -11,8 +11,10 @@
 //! - [`exec`]: commands and their events;
 //! - [`files`]: file reads, writes and file system operations;
 //! - [`ports`]: exposed ports;
-//! - [`templates`]: the templates a caller sees.
+//! - [`templates`]: the templates a caller sees;
+//! - [`browser`]: the sandbox's Chromium for automation clients, and its live view.
 
+pub mod browser;
 pub mod create;
 pub mod exec;
 pub mod files;

@@ -2,6 +2,7 @@
 //! public API; their arguments are in [`args`].
 
 mod args;
+pub mod computer;
 
 pub use args::*;
 
@@ -37,6 +38,8 @@ pub struct Done {
     pub text: String,
     /// The structured result.
     pub data: Value,
+    /// An image for the model (base64, MIME type), beside the text.
+    pub image: Option<(String, &'static str)>,
 }
 
 impl Done {
@@ -44,8 +47,14 @@ impl Done {
         Done {
             text: serde_json::to_string_pretty(&data).unwrap_or_default(),
             data,
+            image: None,
         }
     }
+}
+
+/// Every tool: the sandbox tools, then the computer-use ones.
+pub fn all() -> impl Iterator<Item = &'static Spec> {
+    TOOLS.iter().chain(computer::TOOLS.iter())
 }
 
 /// A tool that went wrong, said so that the model can act on it.
@@ -325,7 +334,11 @@ fn sandbox_done(sb: &Sandbox, lead: &str) -> Done {
         sb.memory_mib,
         serde_json::to_string_pretty(&data).unwrap_or_default()
     );
-    Done { text, data }
+    Done {
+        text,
+        data,
+        image: None,
+    }
 }
 
 fn data<T: serde::Serialize>(v: &T) -> Value {
@@ -435,6 +448,7 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
                 out.stderr
             );
             Ok(Done {
+                image: None,
                 text,
                 data: data(&out),
             })
@@ -455,6 +469,7 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
                 ),
             };
             Ok(Done {
+                image: None,
                 text,
                 data: data(&stopped),
             })
@@ -540,6 +555,7 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
             })
             .await?;
             Ok(Done {
+                image: None,
                 text: format!(
                     "port {} of {} is at {}\n(anyone with this URL can reach it)",
                     a.port, a.sandbox_id, exposed.url
@@ -547,9 +563,12 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
                 data: data(&exposed),
             })
         }
-        other => Err(ToolError(format!(
-            "there is no tool {other:?}; call tools/list for the tools there are"
-        ))),
+        other => match computer::call(conn, other, raw).await {
+            Some(done) => done,
+            None => Err(ToolError(format!(
+                "there is no tool {other:?}; call tools/list for the tools there are"
+            ))),
+        },
     }
 }
 
@@ -622,6 +641,7 @@ async fn run_command(conn: &Conn, a: RunArgs, status: &Status) -> Result<Done> {
         ran.stderr
     );
     Ok(Done {
+        image: None,
         text,
         data: data(&ran),
     })
@@ -649,6 +669,7 @@ async fn read_file(conn: &Conn, a: ReadFileArgs) -> Result<Done> {
         String::new()
     };
     Ok(Done {
+        image: None,
         text: format!("{content}{note}"),
         data: json!({
             "path": a.path, "size": total, "truncated": truncated,
@@ -699,6 +720,7 @@ async fn write_file(conn: &Conn, a: WriteFileArgs) -> Result<Done> {
     .await
     .map_err(|f| name_the_path(f, &a.path))?;
     Ok(Done {
+        image: None,
         text: format!("wrote {} bytes to {}", stat.size, a.path),
         data: data(&stat),
     })
@@ -711,7 +733,7 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema_with_described_properties() {
         let mut names = std::collections::HashSet::new();
-        for t in TOOLS {
+        for t in all() {
             assert!(names.insert(t.name), "{} twice", t.name);
             let s = (t.schema)();
             assert_eq!(s["type"], "object", "{}", t.name);

@@ -62,6 +62,7 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Secret(cmd) => net::secret(c, cmd, json).await?,
         Command::Net(args) => net::net(c, args, json).await?,
         Command::Expose(args) => net::expose(c, args, json).await?,
+        Command::Browser(args) => net::browser(c, args, json).await?,
         Command::Unexpose(a) => net::unexpose(c, &a.id, a.port, json).await?,
         Command::Mcp(args) => mcp::serve(c, args).await?,
     }

@@ -7,7 +7,7 @@ use anyhow::{bail, Context as _, Result};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::cli::{DefaultArg, ExposeArgs, NetArgs, NetCmd, SecretCmd, SecretSetArgs};
+use crate::cli::{BrowserArgs, DefaultArg, ExposeArgs, NetArgs, NetCmd, SecretCmd, SecretSetArgs};
 use crate::client::{seg, Client};
 use crate::output::{self, field};
 
@@ -179,6 +179,27 @@ pub async fn net(c: &Client, a: NetArgs, json: bool) -> Result<()> {
 }
 
 /// `space expose ID PORT` (prints the URL) or `space expose ID --ls`.
+/// `space browser ID`: the DevTools URL on the first line, the live view (if any) on the
+/// second.
+pub async fn browser(c: &Client, a: BrowserArgs, json: bool) -> Result<()> {
+    let v: Value = c
+        .post(
+            &format!("/v1/sandboxes/{}/browser", seg(&a.id)?),
+            &json!({}),
+        )
+        .await?;
+    if json {
+        output::json(&v);
+        return Ok(());
+    }
+    println!("cdp:  {}", field(&v, "cdp_url"));
+    match v.get("live_url").and_then(Value::as_str) {
+        Some(live) => println!("live: {live}"),
+        None => println!("live: none (the browser is headless: no display runs in the sandbox)"),
+    }
+    Ok(())
+}
+
 pub async fn expose(c: &Client, a: ExposeArgs, json: bool) -> Result<()> {
     let path = format!("/v1/sandboxes/{}/ports", seg(&a.id)?);
     let Some(port) = a.port.filter(|_| !a.ls) else {

@@ -82,7 +82,7 @@ pub fn document() -> Value {
         "info": {"title": "space", "version": "0.1.0", "description": "The public API of space: sandboxes (QEMU microVMs), exec, files, snapshots, templates, tenants, keys, audit, the credentials vault, egress policies and ingress. See docs/api.md.", "license": {"name": "Apache-2.0", "identifier": "Apache-2.0"}},
         "servers": [{"url": "http://127.0.0.1:7070"}],
         "security": [{"bearerAuth": []}],
-        "tags": [{"name": "server"}, {"name": "templates"}, {"name": "sandboxes"}, {"name": "exec"}, {"name": "files"}, {"name": "snapshots"}, {"name": "audit"}, {"name": "tenants"}, {"name": "secrets"}, {"name": "egress"}, {"name": "ingress"}, {"name": "cluster", "description": "Nodes of a cluster: join, heartbeats, drain and removal (docs/cluster.md)."}, {"name": "mcp", "description": "The MCP server (docs/mcp.md)."}],
+        "tags": [{"name": "server"}, {"name": "templates"}, {"name": "sandboxes"}, {"name": "exec"}, {"name": "files"}, {"name": "snapshots"}, {"name": "audit"}, {"name": "tenants"}, {"name": "secrets"}, {"name": "egress"}, {"name": "ingress"}, {"name": "browser", "description": "The sandbox's Chromium for automation clients, and the live view of its display."}, {"name": "cluster", "description": "Nodes of a cluster: join, heartbeats, drain and removal (docs/cluster.md)."}, {"name": "mcp", "description": "The MCP server (docs/mcp.md)."}],
         "paths": paths,
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer", "description": "An API key, `space_<key id>_<secret>`."}},
@@ -390,6 +390,12 @@ fn parameter(name: &str, g: &mut SchemaGenerator) -> Value {
         }
         "IngressToken" => {
             json!({"name": "token", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[A-Za-z0-9]{32}$"}, "description": "The token of an exposed port's URL."})
+        }
+        "BrowserToken" => {
+            json!({"name": "token", "in": "path", "required": true, "schema": {"type": "string", "pattern": "^[0-9]{1,20}\\.[0-9a-f]{64}$"}, "description": "The token of a live-view URL (`POST /v1/sandboxes/{id}/browser` makes them)."})
+        }
+        "BrowserQueryToken" => {
+            json!({"name": "token", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^[0-9]{1,20}\\.[0-9a-f]{64}$"}, "description": "The token of the DevTools URL, for clients that cannot send the key header; without it the key header is needed."})
         }
         "ProxyPath" => {
             json!({"name": "path", "in": "path", "required": true, "schema": {"type": "string"}, "description": "The rest of the path (may be empty and may contain slashes), passed on with the query string."})

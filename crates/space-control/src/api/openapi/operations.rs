@@ -223,6 +223,25 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .body(true, vec![("application/json", s::<sh::EgressPolicy>(g))])
             .ok(200, "The policy in effect.", vec![("application/json", s::<sh::EgressPolicy>(g))])
             .err(&[400, 401, 404, 409, 413, 415, 500]),
+        "browser.start" => Op::new("Start the sandbox's browser (Chromium) and get its DevTools and live-view URLs", "browser")
+            .desc("Starts Chromium unless it runs: on the desktop's display when an X server runs there (the `desktop` template after its SDK or `DISPLAY` started one), headless otherwise; its profile is on the sandbox's disk, so logins live with the sandbox. `cdp_url` works as is with Playwright's `connect_over_cdp` and Puppeteer's `connect` (a token good for an hour is in its query; the key header works too); `live_url` is the noVNC view of the display, its token in the path. The sandbox's template must have Chromium (`desktop`): else `409 illegal_state`.")
+            .param("SandboxId")
+            .ok(200, "The URLs.", vec![("application/json", s::<sh::BrowserSession>(g))])
+            .err(&[400, 401, 404, 409, 500, 502, 503]),
+        "browser.cdp" => Op::new("The browser's DevTools WebSocket (CDP)", "browser")
+            .desc("Upgrades to a WebSocket to the browser's DevTools, whatever its current path in the guest (a restarted browser keeps the URL). Authenticated by the key header or by the URL's `token`. `409 illegal_state` when the browser does not run.")
+            .param("SandboxId")
+            .param("BrowserQueryToken")
+            .ok(101, "Switching Protocols: the DevTools WebSocket is open.", vec![])
+            .err(&[400, 401, 404, 409, 500, 502]),
+        "browser.live" => Op::new("The live view of the sandbox's display (noVNC)", "browser")
+            .desc("noVNC's page, its files and its WebSocket, reached with the token of the `live_url` that `POST .../browser` answered (no key); a wrong or expired token is `404 not_found`.")
+            .public()
+            .param("SandboxId")
+            .param("BrowserToken")
+            .param("ProxyPath")
+            .ok(200, "What noVNC answers (101 for its WebSocket).", vec![("*/*", json!({}))])
+            .err(&[400, 404, 409, 500, 502]),
         "port.expose" => Op::new("Expose a port at a URL (a port exposed already gets a new URL)", "ingress")
             .param("SandboxId")
             .body(true, vec![("application/json", s::<crate::api::net::ExposeBody>(g))])

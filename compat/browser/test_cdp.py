@@ -1,0 +1,184 @@
+"""Playwright (unmodified, pinned) drives a sandbox's Chromium over the DevTools URL that
+``POST /v1/sandboxes/{id}/browser`` answers, against a page served here on the host and
+reached through the sandbox's gateway: a login sets a cookie, the cookie survives a suspend
+and the wake on access after it, a fork of the logged-in sandbox is logged in too, and
+another tenant's key (or a forged token) opens nothing.
+
+Environment: SPACE_URL, SPACE_API_KEY (a tenant's key), SPACE_OTHER_KEY (another tenant's).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+URL = os.environ["SPACE_URL"].rstrip("/")
+KEY = os.environ["SPACE_API_KEY"]
+OTHER = os.environ["SPACE_OTHER_KEY"]
+
+#: Generous: Chromium under TCG starts in tens of seconds.
+SLOW = 600
+
+
+def api(method: str, path: str, key: str = KEY, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(URL + path, data=data, method=method)
+    req.add_header("Authorization", f"Bearer {key}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=SLOW) as r:
+            raw = r.read()
+            return r.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as e:
+        raw = e.read()
+        try:
+            return e.code, json.loads(raw)
+        except ValueError:
+            return e.code, raw.decode(errors="replace")
+
+
+class Site(http.server.BaseHTTPRequestHandler):
+    """/login sets a lasting session cookie; /whoami says whose session the request has."""
+
+    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+        if self.path.startswith("/login"):
+            body = b"<html><title>in</title><body>welcome</body></html>"
+            self.send_response(200)
+            self.send_header("Set-Cookie", "session=s3cr3t-session; Max-Age=86400; Path=/")
+        elif self.path.startswith("/whoami"):
+            cookie = self.headers.get("Cookie", "")
+            who = "s3cr3t-session" if "session=s3cr3t-session" in cookie else "nobody"
+            body = f"<html><title>{who}</title><body>{who}</body></html>".encode()
+            self.send_response(200)
+        else:
+            body = b"no"
+            self.send_response(404)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def host_address() -> str:
+    """This host's address on its default route: Chromium sends loopback addresses to its
+    own loopback, never through a proxy, so the page is served on an address the gateway
+    reaches for the guest."""
+    import socket
+
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks the route
+        return s.getsockname()[0]
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def site() -> Any:
+    addr = host_address()
+    server = http.server.ThreadingHTTPServer((addr, 0), Site)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://{addr}:{server.server_address[1]}"
+    server.shutdown()
+
+
+def wait_desktop_template() -> None:
+    """The desktop template is prepared in the background: wait until creates pass."""
+    deadline = time.time() + SLOW
+    while True:
+        status, v = api("GET", "/v1/templates")
+        names = [t["name"] for t in v["templates"]] if status == 200 else []
+        if "desktop" in names:
+            return
+        assert time.time() < deadline, f"no desktop template: {status} {v}"
+        time.sleep(2)
+
+
+def create(site: str) -> str:
+    wait_desktop_template()
+    hostport = site.split("://", 1)[1]
+    status, sb = api(
+        "POST",
+        "/v1/sandboxes",
+        body={
+            "template": "desktop",
+            "egress": {"default": "deny", "allow": [hostport]},
+        },
+    )
+    assert status == 201, sb
+    return sb["id"]
+
+
+def browser(sid: str, key: str = KEY) -> tuple[int, Any]:
+    return api("POST", f"/v1/sandboxes/{sid}/browser", key=key)
+
+
+def title_at(cdp_url: str, url: str) -> str:
+    with sync_playwright() as p:
+        b = p.chromium.connect_over_cdp(cdp_url, timeout=SLOW * 1000)
+        ctx = b.contexts[0] if b.contexts else b.new_context()
+        page = ctx.new_page()
+        page.goto(url, timeout=SLOW * 1000)
+        title = page.title()
+        page.close()
+        b.close()
+        return title
+
+
+def test_cdp_login_survives_suspend_and_fork(site: str) -> None:
+    sid = create(site)
+    status, s = browser(sid)
+    assert status == 200, s
+    assert s["cdp_url"].startswith("ws") and "/browser/cdp?token=" in s["cdp_url"], s
+    assert s["headful"] is False and s["live_url"] is None, s
+    assert title_at(s["cdp_url"], site + "/whoami") == "nobody"
+    assert title_at(s["cdp_url"], site + "/login") == "in"
+    assert title_at(s["cdp_url"], site + "/whoami") == "s3cr3t-session"
+
+    # Another tenant: not its sandbox, with the key or with a forged token.
+    status, v = browser(sid, key=OTHER)
+    assert status == 404, v
+    forged = s["cdp_url"].rsplit(".", 1)[0] + "." + "0" * 64
+    with pytest.raises(Exception):
+        title_at(forged, site + "/whoami")
+
+    # Suspended, then woken by the next browser start: still logged in.
+    status, v = api("POST", f"/v1/sandboxes/{sid}/suspend", body={})
+    assert status == 200 and v["state"] == "suspended", v
+    status, s2 = browser(sid)
+    assert status == 200, s2
+    assert title_at(s2["cdp_url"], site + "/whoami") == "s3cr3t-session"
+
+    # A fork of the logged-in sandbox is logged in.
+    status, child = api("POST", f"/v1/sandboxes/{sid}/fork", body={})
+    assert status == 201, child
+    status, s3 = browser(child["id"])
+    assert status == 200, s3
+    assert title_at(s3["cdp_url"], site + "/whoami") == "s3cr3t-session"
+
+    for x in (child["id"], sid):
+        api("DELETE", f"/v1/sandboxes/{x}")
+
+
+def test_a_template_without_chromium_is_refused() -> None:
+    status, sb = api("POST", "/v1/sandboxes", body={"template": "base"})
+    assert status == 201, sb
+    status, v = browser(sb["id"])
+    assert status == 409 and v["error"]["code"] == "illegal_state", v
+    assert "chromium" in v["error"]["message"], v
+    api("DELETE", f"/v1/sandboxes/{sb['id']}")

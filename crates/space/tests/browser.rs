@@ -1,0 +1,52 @@
+//! A sandbox's browser through its DevTools URL, driven by Playwright (unmodified, pinned in
+//! `compat/browser`) against a real `space up` with the `desktop` template (real Chromium in
+//! a real guest under TCG): a login's cookie survives a suspend and a fork, another tenant
+//! opens nothing, a template without Chromium is refused. `scripts/browser-env.sh` (run by
+//! `make test`) installs Playwright; the desktop image comes from `scripts/artifacts.sh
+//! desktop` (`SPACE_ROOTFS_DESKTOP`). A missing one fails this test, never skips it.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{assert_pytest_passed, env_path, ok, repo_root, run_suite, TestServer};
+
+/// How long the suite may take (Chromium under TCG, a suspend, a fork).
+const SUITE_TIMEOUT: Duration = Duration::from_secs(2400);
+
+#[test]
+fn playwright_drives_the_sandbox_browser_over_cdp() {
+    let root = repo_root();
+    let python = root.join("target/space/venv-browser/bin/python");
+    assert!(
+        python.exists(),
+        "{} does not exist: run scripts/browser-env.sh (make test does)",
+        python.display()
+    );
+    let base = env_path("SPACE_ROOTFS_BASE");
+    let desktop = env_path("SPACE_ROOTFS_DESKTOP");
+    let server = TestServer::start_with(vec![
+        "--image".into(),
+        format!("base={}", base.display()),
+        "--image".into(),
+        format!("desktop={}", desktop.display()),
+        "--templates".into(),
+        "base,desktop".into(),
+        "--pool-size".into(),
+        "0".into(),
+        "--pool-max".into(),
+        "0".into(),
+    ]);
+    let other_key = ok(&server.cli(["tenant", "create", "browser-other"]))
+        .trim()
+        .to_owned();
+    let mut cmd = Command::new(&python);
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "."])
+        .current_dir(root.join("compat/browser"))
+        .env("SPACE_URL", &server.url)
+        .env("SPACE_API_KEY", &server.admin_key)
+        .env("SPACE_OTHER_KEY", &other_key);
+    let output = run_suite(cmd, SUITE_TIMEOUT);
+    assert_pytest_passed(&output);
+}
