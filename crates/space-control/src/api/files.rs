@@ -82,6 +82,11 @@ pub async fn upload(
             .and_then(|s| s.parse().ok())
             .ok_or_else(|| ApiError::invalid("Content-Length is not a number"))?;
         if len > limit {
+            // Read what is sent (a bounded amount) before answering: closing on a client
+            // that is still sending resets the connection, and the client loses the 413.
+            if len <= DRAIN_BYTES {
+                drain(body.into_data_stream()).await;
+            }
             return Err(too_large());
         }
     }
