@@ -18,8 +18,9 @@ use crate::config;
 /// `space up`'s data directory when none is given.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/space";
 
-/// Parses the `--image NAME=PATH` arguments; without any, the images of the environment
-/// (`SPACE_ROOTFS_MINIMAL`, `SPACE_ROOTFS_BASE`), else those of the artifacts record.
+/// Parses the `--image NAME=PATH` arguments; without any, the images of the artifacts
+/// record, each replaced (or joined) by the environment's (`SPACE_ROOTFS_MINIMAL`,
+/// `SPACE_ROOTFS_BASE`, `SPACE_ROOTFS_DESKTOP`).
 fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, PathBuf>> {
     let mut images = BTreeMap::new();
     for a in args {
@@ -32,6 +33,8 @@ fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, Path
         images.insert(name.to_owned(), PathBuf::from(path));
     }
     if args.is_empty() {
+        // The record's images, each replaced (or joined) by the environment's.
+        images = recorded.images();
         for (name, var) in [
             ("minimal", "SPACE_ROOTFS_MINIMAL"),
             ("base", "SPACE_ROOTFS_BASE"),
@@ -41,9 +44,6 @@ fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, Path
                 images.insert(name.to_owned(), PathBuf::from(p));
             }
         }
-    }
-    if images.is_empty() && args.is_empty() {
-        images = recorded.images();
     }
     if images.is_empty() {
         bail!("no root images: {}", crate::artifacts::how_to_build());
@@ -610,11 +610,19 @@ async fn member(
             let _: TemplateName = name
                 .parse()
                 .map_err(|e| anyhow::anyhow!("image name {name:?}: {e}"))?;
+            let (vcpus, memory_mib) = if name == DESKTOP {
+                (DESKTOP_VCPUS, DESKTOP_MEMORY_MIB)
+            } else {
+                (
+                    space_control::api::templates::DEFAULT_TEMPLATE_VCPUS,
+                    space_control::api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
+                )
+            };
             builds.push(space_node::api::TemplateBuild::stock(
                 space_node::TemplateRef::new(name, "1")?,
                 name,
-                space_control::api::templates::DEFAULT_TEMPLATE_VCPUS,
-                space_control::api::templates::DEFAULT_TEMPLATE_MEMORY_MIB,
+                vcpus,
+                memory_mib,
             ));
         }
     }

@@ -271,6 +271,7 @@ impl TestServer {
                 "SPACE_KERNEL",
                 "SPACE_ROOTFS_MINIMAL",
                 "SPACE_ROOTFS_BASE",
+                "SPACE_ROOTFS_DESKTOP",
                 "SPACE_GUESTD",
             ] {
                 cmd.env_remove(var);
