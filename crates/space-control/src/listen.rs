@@ -35,8 +35,8 @@ pub struct TlsSettings {
     /// The deployment CA's directory, whose leaves are presented when there is no operator
     /// certificate.
     pub ca_dir: Option<PathBuf>,
-    /// Names (besides `localhost` and IP addresses) the CA's leaves are minted for, each with
-    /// its subdomains.
+    /// Names (besides `localhost`, IP addresses and the hosts of the deployment's URLs) the
+    /// CA's leaves are minted for, each with its subdomains.
     pub names: Vec<String>,
 }
 
@@ -57,9 +57,15 @@ impl std::fmt::Debug for Certificates {
 }
 
 impl Certificates {
-    /// The certificates of `settings` for a listener on `addr`; `None` when TLS is off (no
-    /// operator certificate and no CA).
-    pub fn open(settings: &TlsSettings, addr: SocketAddr) -> anyhow::Result<Option<Certificates>> {
+    /// The certificates of `settings` for a listener on `addr` that answers to the hosts of
+    /// `public_url` and `sandbox_domain` too; `None` when TLS is off (no operator certificate
+    /// and no CA).
+    pub fn open(
+        settings: &TlsSettings,
+        addr: SocketAddr,
+        public_url: Option<&str>,
+        sandbox_domain: &str,
+    ) -> anyhow::Result<Option<Certificates>> {
         let operator = match &settings.cert {
             Some((cert, key)) => Some(Arc::new(load_pair(cert, key)?)),
             None => None,
@@ -74,7 +80,11 @@ impl Certificates {
             return Ok(None);
         }
         let mut names: Vec<String> = vec!["localhost".to_owned()];
-        for n in &settings.names {
+        for n in settings
+            .names
+            .iter()
+            .chain(&host_names(public_url, sandbox_domain))
+        {
             let n = n.trim_end_matches('.').to_ascii_lowercase();
             if !n.is_empty() && !names.contains(&n) {
                 names.push(n);
@@ -324,9 +334,14 @@ mod tests {
             ca_dir: Some(tmp.path().join("ca")),
             names: vec!["Sandboxes.Example.com.".into()],
         };
-        let c = Certificates::open(&settings, "127.0.0.1:7070".parse().unwrap())
-            .unwrap()
-            .unwrap();
+        let c = Certificates::open(
+            &settings,
+            "127.0.0.1:7070".parse().unwrap(),
+            Some("https://space.example.org"),
+            "localhost:7070",
+        )
+        .unwrap()
+        .unwrap();
         assert!(c.serves("localhost"));
         assert!(c.serves("6080-sbx-1.localhost"));
         assert!(c.serves("sandboxes.example.com"));
@@ -334,11 +349,17 @@ mod tests {
         assert!(!c.serves("example.com"));
         assert!(!c.serves("evilsandboxes.example.com"));
         assert!(!c.serves("bank.com"));
+        assert!(c.serves("space.example.org"));
         assert!(c
             .ca_pem()
             .unwrap()
             .starts_with("-----BEGIN CERTIFICATE-----"));
-        let off = Certificates::open(&TlsSettings::default(), "127.0.0.1:1".parse().unwrap());
+        let off = Certificates::open(
+            &TlsSettings::default(),
+            "127.0.0.1:1".parse().unwrap(),
+            None,
+            "localhost:1",
+        );
         assert!(off.unwrap().is_none());
     }
 

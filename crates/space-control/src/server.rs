@@ -282,11 +282,10 @@ impl Server {
         let api = node.api();
         let e2b = Arc::new(crate::e2b::E2bState::new(vault.clone(), addr.port()));
         let certs = crate::listen::Certificates::open(
-            &crate::listen::TlsSettings {
-                names: crate::listen::host_names(public_url.as_deref(), &e2b.domain),
-                ..config.tls.clone()
-            },
+            &config.tls,
             addr,
+            public_url.as_deref(),
+            &e2b.domain,
         )?
         .map(Arc::new);
         let state = Arc::new(AppState {

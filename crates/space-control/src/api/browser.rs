@@ -17,26 +17,6 @@ use crate::service::browser::{self as service, CDP_PORT, LIVE_PORT};
 
 use space_api::BrowserSession;
 
-/// The `http(s)://host` the caller reached the server by (or the public URL).
-pub(crate) fn base(st: &Shared, headers: &HeaderMap, tls: bool) -> ApiResult<String> {
-    if let Some(u) = &st.public_url {
-        return Ok(u.clone());
-    }
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .filter(|h| {
-            !h.is_empty()
-                && h.len() <= 261
-                && h.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
-        })
-        .ok_or_else(|| {
-            ApiError::invalid("the request has no usable Host header to build a URL on")
-        })?;
-    Ok(format!("{}://{host}", if tls { "https" } else { "http" }))
-}
-
 /// `POST /v1/sandboxes/{id}/browser`
 pub async fn start(
     State(st): State<Shared>,
@@ -46,7 +26,8 @@ pub async fn start(
     headers: HeaderMap,
 ) -> ApiResult<Json<BrowserSession>> {
     let tls = peer.is_some_and(|p| p.0 .0.tls);
-    let http_base = base(&st, &headers, tls)?;
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let http_base = crate::service::public_base(&st, host, tls)?;
     service::session(&st, &who, &raw, &http_base)
         .await
         .map(Json)

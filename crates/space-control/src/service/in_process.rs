@@ -251,12 +251,9 @@ impl Operations for InProcess {
     }
 
     async fn browser(&self, who: &Caller, id: &str) -> api::ops::Result<api::BrowserSession> {
-        let mut headers = http::HeaderMap::new();
-        if let Some(h) = &who.host {
-            headers.insert(http::header::HOST, h.clone());
-        }
+        let host = who.host.as_ref().and_then(|h| h.to_str().ok());
         self.run(who, "browser.start", |st, p| async move {
-            let base = crate::api::browser::base(&st, &headers, false)?;
+            let base = super::public_base(&st, host, false)?;
             browser::session(&st, &p, id, &base).await
         })
         .await

@@ -24,3 +24,24 @@ pub mod sandboxes;
 pub mod templates;
 
 pub use crate::api::Shared;
+
+use crate::error::{ApiError, ApiResult};
+
+/// The `http(s)://host` URLs made for a caller start with: the server's public URL, else the
+/// `Host` the caller reached the server by (`https` when it came over TLS).
+pub fn public_base(st: &Shared, host: Option<&str>, tls: bool) -> ApiResult<String> {
+    if let Some(u) = &st.public_url {
+        return Ok(u.clone());
+    }
+    let host = host
+        .filter(|h| {
+            !h.is_empty()
+                && h.len() <= 261
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
+        })
+        .ok_or_else(|| {
+            ApiError::invalid("the request has no usable Host header to build a URL on")
+        })?;
+    Ok(format!("{}://{host}", if tls { "https" } else { "http" }))
+}

@@ -26,22 +26,7 @@ pub async fn expose(
     port: u16,
     host: Option<&str>,
 ) -> ApiResult<api::PortExposed> {
-    let base = match &st.public_url {
-        Some(u) => u.clone(),
-        None => {
-            let host = host
-                .filter(|h| {
-                    !h.is_empty()
-                        && h.len() <= 261
-                        && h.bytes()
-                            .all(|b| b.is_ascii_alphanumeric() || b".-:[]".contains(&b))
-                })
-                .ok_or_else(|| {
-                    ApiError::invalid("the request has no usable Host header to build a URL on")
-                })?;
-            format!("http://{host}")
-        }
-    };
+    let base = super::public_base(st, host, false)?;
     let id = super::sandboxes::scoped(st, who, raw, "port.expose").await?;
     let result = async {
         let port = check_port(port)?;
