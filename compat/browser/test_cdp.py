@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -140,12 +141,51 @@ def title_at(cdp_url: str, url: str) -> str:
         return title
 
 
+# How many colours noVNC's canvas shows once it is connected (0 before).
+CANVAS_COLOURS = """() => {
+    const c = document.querySelector('#noVNC_container canvas, canvas');
+    if (!document.documentElement.classList.contains('noVNC_connected') || !c || !c.width) return 0;
+    const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+    const seen = new Set();
+    for (let i = 0; i < d.length && seen.size < 64; i += 4 * 97) seen.add((d[i] << 16) | (d[i + 1] << 8) | d[i + 2]);
+    return seen.size;
+}"""
+
+
+def live_view_colours(live_url: str) -> int:
+    """Opens `live_url` in the host's Chromium (headless) and waits for noVNC's canvas to
+    show the sandbox's screen; answers how many colours it shows."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(
+            executable_path=os.environ.get("SPACE_CHROMIUM", "/usr/bin/chromium"),
+            headless=True,
+            args=["--no-sandbox"],
+        )
+        try:
+            page = b.new_page()
+            page.goto(live_url, timeout=SLOW * 1000)
+            deadline = time.time() + SLOW
+            while (n := page.evaluate(CANVAS_COLOURS)) <= 4:
+                assert time.time() < deadline, f"the live view shows nothing ({n} colours)"
+                time.sleep(1)
+            return n
+        finally:
+            b.close()
+
+
 def test_cdp_login_survives_suspend_and_fork(site: str) -> None:
     sid = create(site)
     status, s = browser(sid)
     assert status == 200, s
     assert s["cdp_url"].startswith("ws") and "/browser/cdp?token=" in s["cdp_url"], s
-    assert s["headful"] is False and s["live_url"] is None, s
+    # The desktop template has an X server: the browser is headful, and its screen is in
+    # the live view, which a browser on the host opens with the URL alone.
+    assert s["headful"] is True and "/browser/live/" in s["live_url"], s
+    assert live_view_colours(s["live_url"]) > 4
+    # A made-up token opens nothing.
+    sandbox_path = urllib.parse.urlsplit(s["live_url"]).path.split("/browser/live/")[0]
+    status, v = api("GET", f"{sandbox_path}/browser/live/{'0' * 40}/vnc.html")
+    assert status == 404, v
     assert title_at(s["cdp_url"], site + "/whoami") == "nobody"
     assert title_at(s["cdp_url"], site + "/login") == "in"
     assert title_at(s["cdp_url"], site + "/whoami") == "s3cr3t-session"

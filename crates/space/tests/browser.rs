@@ -1,9 +1,11 @@
 //! A sandbox's browser through its DevTools URL, driven by Playwright (unmodified, pinned in
 //! `compat/browser`) against a real `space up` with the `desktop` template (real Chromium in
-//! a real guest under TCG): a login's cookie survives a suspend and a fork, another tenant
-//! opens nothing, a template without Chromium is refused. `scripts/browser-env.sh` (run by
-//! `make test`) installs Playwright; the desktop image comes from `scripts/artifacts.sh
-//! desktop` (`SPACE_ROOTFS_DESKTOP`). A missing one fails this test, never skips it.
+//! a real guest under TCG, headful on the desktop's display): the live view opens in the
+//! host's Chromium and shows the screen, a login's cookie survives a suspend and a fork,
+//! another tenant opens nothing, a template without Chromium is refused.
+//! `scripts/browser-env.sh` (run by `make test`) installs Playwright, `scripts/deps.sh` the
+//! host's Chromium; the desktop image comes from `scripts/artifacts.sh desktop`
+//! (`SPACE_ROOTFS_DESKTOP`). A missing one fails this test, never skips it.
 
 mod common;
 
@@ -11,6 +13,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{assert_pytest_passed, env_path, ok, repo_root, run_suite, TestServer};
+
+/// The host's Chromium, which opens the live view.
+const CHROMIUM: &str = "/usr/bin/chromium";
 
 /// How long the suite may take (Chromium under TCG, a suspend, a fork).
 const SUITE_TIMEOUT: Duration = Duration::from_secs(2400);
@@ -23,6 +28,10 @@ fn playwright_drives_the_sandbox_browser_over_cdp() {
         python.exists(),
         "{} does not exist: run scripts/browser-env.sh (make test does)",
         python.display()
+    );
+    assert!(
+        std::path::Path::new(CHROMIUM).exists(),
+        "{CHROMIUM} does not exist: run scripts/deps.sh (make test does)"
     );
     let base = env_path("SPACE_ROOTFS_BASE");
     let desktop = env_path("SPACE_ROOTFS_DESKTOP");
@@ -46,7 +55,8 @@ fn playwright_drives_the_sandbox_browser_over_cdp() {
         .current_dir(root.join("compat/browser"))
         .env("SPACE_URL", &server.url)
         .env("SPACE_API_KEY", &server.admin_key)
-        .env("SPACE_OTHER_KEY", &other_key);
+        .env("SPACE_OTHER_KEY", &other_key)
+        .env("SPACE_CHROMIUM", CHROMIUM);
     let output = run_suite(cmd, SUITE_TIMEOUT);
     assert_pytest_passed(&output);
 }

@@ -1098,7 +1098,7 @@ class AsyncSandbox:
         return applied
 
     async def browser(self) -> BrowserSession:
-        """Starts the sandbox's Chromium (on the desktop's display when one runs, headless
+        """Starts the sandbox's Chromium (on the desktop's display in a template with X, headless
         otherwise) unless it runs, and answers its DevTools URL (``cdp_url``, for Playwright's
         ``connect_over_cdp``) and its live view (``live_url``); their tokens last an hour."""
         value = await self.client._json("POST", _core.sandbox_path(self.id, "browser"))

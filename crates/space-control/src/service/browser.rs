@@ -1,6 +1,7 @@
 //! A browser for automation clients: the sandbox's Chromium, started on demand with its
-//! DevTools endpoint on `127.0.0.1:9222` inside the guest (headful on the desktop's display
-//! when an X server runs, headless otherwise), its profile on the sandbox's disk
+//! DevTools endpoint on `127.0.0.1:9222` inside the guest (headful on the desktop's display:
+//! the one that runs, or an X server started for it where the template has one; headless in
+//! templates without X), its profile on the sandbox's disk
 //! (`/home/user/.config/space-browser`), so cookies and logins live with the sandbox through
 //! pause, suspend, restore elsewhere, rollback and fork.
 //!
@@ -9,7 +10,7 @@
 //! `/json/version`, so a Chromium restart, a suspend and a wake on access keep the URL
 //! working. The URL is authenticated by the API key header, or by a token in its query made
 //! with the deployment's MAC key ([`token`]) for clients that cannot send headers. The live
-//! view (noVNC on port 6080, behind x11vnc on the display) is reached the same way, its
+//! view (noVNC on port 6081, behind an x11vnc of its own on the display) is reached the same way, its
 //! token in the path.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -23,8 +24,9 @@ use crate::store::Principal;
 
 /// The DevTools port inside the guest.
 pub const CDP_PORT: u16 = 9222;
-/// noVNC's port inside the guest (where e2b-desktop puts it too).
-pub const LIVE_PORT: u16 = 6080;
+/// The live view's noVNC port inside the guest (6080, where e2b-desktop puts its stream, is
+/// left to the SDK).
+pub const LIVE_PORT: u16 = 6081;
 /// How long a token of a CDP or live-view URL is good for.
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// How long Chromium may take to open its DevTools port under TCG.
@@ -39,7 +41,24 @@ profile="$HOME/.config/space-browser"
 log=/tmp/space-browser.log
 ready() { curl -fsS -m 2 http://127.0.0.1:9222/json/version >/dev/null 2>&1; }
 display=""
-if [ -e /tmp/.X11-unix/X0 ] && xdpyinfo -display :0 >/dev/null 2>&1; then display=:0; fi
+# A display answers on :0 (through its abstract socket: the e2b-desktop SDK starts Xvfb with
+# -nolisten unix, which leaves no /tmp/.X11-unix/X0).
+if command -v xdpyinfo >/dev/null 2>&1 && xdpyinfo -display :0 >/dev/null 2>&1; then display=:0; fi
+# A template that has an X server (desktop) but runs none yet gets one for the browser: the X
+# server and the window manager only, in a few seconds, not Xfce's whole session (tens of
+# seconds under TCG; the e2b-desktop SDK and the MCP tools start that when they need it).
+if [ -z "$display" ] && ! ready && command -v Xvfb >/dev/null 2>&1; then
+    setsid Xvfb :0 -ac -screen 0 1280x800x24 -nolisten tcp </dev/null >/tmp/space-xvfb.log 2>&1 &
+    i=0
+    until xdpyinfo -display :0 >/dev/null 2>&1; do
+        i=$((i + 1)); [ "$i" -gt 60 ] && break; sleep 0.5
+    done
+    if xdpyinfo -display :0 >/dev/null 2>&1; then
+        display=:0
+        command -v xfwm4 >/dev/null 2>&1 &&
+            (DISPLAY=:0 setsid xfwm4 --compositor=off </dev/null >/tmp/space-xfwm4.log 2>&1 &)
+    fi
+fi
 if ! ready; then
     command -v chromium >/dev/null 2>&1 || { echo "this sandbox's template has no chromium (use template desktop)" >&2; exit 3; }
     mkdir -p "$profile"
@@ -71,13 +90,17 @@ if ! ready; then
     done
 fi
 if [ -n "$display" ]; then
-    if ! pgrep -x x11vnc >/dev/null 2>&1; then
-        x11vnc -bg -display :0 -forever -shared -rfbport 5900 -localhost -nopw -quiet >/dev/null 2>&1 || true
+    # The live view: an x11vnc of its own (under its own process name, on 5901) and noVNC on
+    # 6081, apart from the e2b-desktop SDK's stream (x11vnc on 5900, noVNC on 6080), which
+    # finds, starts and stops its own by name and port.
+    if ! pgrep -x space-live-vnc >/dev/null 2>&1; then
+        mkdir -p /tmp/.space-live && ln -sfn "$(command -v x11vnc)" /tmp/.space-live/space-live-vnc
+        /tmp/.space-live/space-live-vnc -bg -display :0 -forever -shared -rfbport 5901 -localhost -nopw -quiet >/dev/null 2>&1 || true
     fi
-    if ! curl -fsS -m 2 -o /dev/null http://127.0.0.1:6080/vnc.html 2>/dev/null; then
-        (cd /opt/noVNC/utils && setsid ./novnc_proxy --vnc localhost:5900 --listen 6080 --web /opt/noVNC </dev/null >/tmp/space-novnc.log 2>&1 &)
+    if ! curl -fsS -m 2 -o /dev/null http://127.0.0.1:6081/vnc.html 2>/dev/null; then
+        (cd /opt/noVNC/utils && setsid ./novnc_proxy --vnc localhost:5901 --listen 6081 --web /opt/noVNC </dev/null >/tmp/space-novnc.log 2>&1 &)
         i=0
-        until curl -fsS -m 2 -o /dev/null http://127.0.0.1:6080/vnc.html 2>/dev/null; do
+        until curl -fsS -m 2 -o /dev/null http://127.0.0.1:6081/vnc.html 2>/dev/null; do
             i=$((i + 1)); [ "$i" -gt 60 ] && break; sleep 1
         done
     fi

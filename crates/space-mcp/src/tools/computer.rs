@@ -375,8 +375,11 @@ async fn navigate(conn: &Conn, a: NavigateArgs) -> Result<Done> {
     run(conn, &a.sandbox_id, "true", BTreeMap::new()).await?;
     conn.ops.browser(&conn.who, &a.sandbox_id).await?;
     let env = BTreeMap::from([("SPACE_URL".to_owned(), url.to_owned())]);
-    let line = "w=$(xdotool search --onlyvisible --class chromium | tail -n 1); \
-                [ -n \"$w\" ] || { echo 'no browser window on the display' >&2; exit 5; }; \
+    // The DevTools port answers before the first window is mapped: wait for it a little.
+    let line = "i=0; until w=$(xdotool search --onlyvisible --class chromium | tail -n 1); \
+                [ -n \"$w\" ]; do i=$((i + 1)); \
+                [ \"$i\" -gt 60 ] && { echo 'no browser window on the display' >&2; exit 5; }; \
+                sleep 0.5; done; \
                 xdotool windowactivate --sync \"$w\" key --clearmodifiers ctrl+l && \
                 xdotool type --delay 10 -- \"$SPACE_URL\" && xdotool key Return";
     run(conn, &a.sandbox_id, line, env).await?;
