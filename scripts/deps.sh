@@ -16,6 +16,8 @@ PACKAGES=(
     util-linux procps ca-certificates curl python3-venv tmux
     # images: a registry, and the tools that make and push test images (no Docker daemon)
     docker-registry umoci skopeo apache2-utils
+    # the live view's end-to-end tests open it in a real browser that trusts the deployment CA
+    chromium libnss3-tools
 )
 
 if [[ $(id -u) -ne 0 ]]; then

@@ -9,7 +9,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{assert_pytest_passed, ok, repo_root, run_suite, TestServer};
+use common::{
+    assert_node_tests_passed, assert_pytest_passed, e2b_sdk_command, ok, repo_root, run_suite,
+    TestServer,
+};
 
 /// How long one suite may take (it boots guests under TCG).
 const SUITE_TIMEOUT: Duration = Duration::from_secs(1200);
@@ -22,17 +25,13 @@ fn suite(
     server: &TestServer,
     other_key: &str,
 ) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .current_dir(dir)
-        .env("E2B_API_URL", &server.url)
-        .env("E2B_SANDBOX_URL", &server.url)
-        .env("E2B_API_KEY", &server.admin_key)
-        .env("SPACE_OTHER_KEY", other_key)
-        .env("SPACE_TEMPLATE", "base")
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG");
-    cmd
+    e2b_sdk_command(
+        program,
+        args,
+        dir,
+        server,
+        &[("SPACE_OTHER_KEY", other_key), ("SPACE_TEMPLATE", "base")],
+    )
 }
 
 #[test]
@@ -83,22 +82,5 @@ fn the_e2b_sdks_drive_space() {
         ),
         SUITE_TIMEOUT,
     );
-    // node's runner (TAP when not on a terminal) ends with its counts: all passed, none
-    // skipped.
-    let count = |what: &str| {
-        output
-            .lines()
-            .find_map(|l| {
-                l.trim()
-                    .strip_prefix(&format!("# {what} "))
-                    .map(str::to_owned)
-            })
-            .and_then(|n| n.trim().parse::<u32>().ok())
-    };
-    assert!(
-        count("pass").is_some_and(|n| n > 0)
-            && count("fail") == Some(0)
-            && count("skipped") == Some(0),
-        "unexpected node test summary:\n{output}"
-    );
+    assert_node_tests_passed(&output);
 }

@@ -520,6 +520,48 @@ pub fn assert_pytest_passed(output: &str) {
     );
 }
 
+/// `program args` in `dir` with an E2B SDK's environment pointed at `server` (its admin key)
+/// and `env` besides; the caller's own E2B settings are dropped.
+pub fn e2b_sdk_command(
+    program: &Path,
+    args: &[&str],
+    dir: &Path,
+    server: &TestServer,
+    env: &[(&str, &str)],
+) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(dir)
+        .env("E2B_API_URL", &server.url)
+        .env("E2B_SANDBOX_URL", &server.url)
+        .env("E2B_API_KEY", &server.admin_key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .envs(env.iter().copied());
+    cmd
+}
+
+/// Panics unless `output` (node's test runner, TAP when not on a terminal) ends with counts
+/// that say everything passed and nothing was skipped.
+pub fn assert_node_tests_passed(output: &str) {
+    let count = |what: &str| {
+        output
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix(&format!("# {what} "))
+                    .map(str::to_owned)
+            })
+            .and_then(|n| n.trim().parse::<u32>().ok())
+    };
+    assert!(
+        count("pass").is_some_and(|n| n > 0)
+            && count("fail") == Some(0)
+            && count("skipped") == Some(0),
+        "unexpected node test summary:\n{output}"
+    );
+}
+
 /// Kills live QEMU processes that belong to the data directory `data` (by command line, or
 /// by a root or working directory under it, which is how a jailed QEMU shows) and waits for
 /// them to go.
