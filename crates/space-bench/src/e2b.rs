@@ -70,17 +70,9 @@ pub async fn run(plan: &E2bPlan, interrupted: impl Future<Output = &'static str>
             "--template".into(),
             TEMPLATE.into(),
         ],
-        env: vec![
-            (
-                "PYTHONPATH".into(),
-                plan.repo.join("sdk/python").display().to_string(),
-            ),
-            // The SDK's own settings of the caller's shell must not point it elsewhere.
-            ("E2B_API_URL".into(), "{url}".into()),
-            ("E2B_SANDBOX_URL".into(), "{url}".into()),
-            ("E2B_API_KEY".into(), "{key}".into()),
-        ],
+        env: crate::script::e2b_env(&plan.repo),
         unset: vec!["E2B_DOMAIN"],
+        configure: None,
     };
     crate::script::run(&script, interrupted).await
 }

@@ -19,6 +19,8 @@
 //! source target/space/env.sh && cargo run --release -p space-bench -- e2b [--runs N]
 //!     [--round-trips N] [--pool-size N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- mcp [--round-trips N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- desktop [--runs N]
+//!     [--actions N] [--pool-size N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- templates [--runs N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- hostile [--seconds N]
 //! ```
@@ -131,6 +133,11 @@ enum Command {
     /// SDK over stdio (`space mcp`) and over HTTP (`/mcp`), against the same command through
     /// the REST exec, on one `base` sandbox.
     Mcp(McpArgs),
+    /// Measures a desktop sandbox through the clients an agent uses: create to first
+    /// screenshot (pool and without a pool member), screenshot, click and typing through the
+    /// e2b-desktop SDK, the native API and the MCP tools, the browser over CDP, and idle
+    /// memory, CPU and first-suspend size beside `base`.
+    Desktop(DesktopArgs),
     /// Measures template builds: a small Dockerfile cold and with its cache warm, the import
     /// of an image per 100 MB, and create from the Dockerfile's template against the stock
     /// one. `--runs` defaults to 5 here.
@@ -254,6 +261,26 @@ struct McpArgs {
     /// The `space` binary to start as `space mcp` (default: target/release/space).
     #[arg(long)]
     space: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct DesktopArgs {
+    /// Rounds of actions per client.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    actions: u64,
+    /// Members of the `desktop` pool.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=8))]
+    pool_size: u64,
+    /// The `desktop` root image.
+    #[arg(long, env = "SPACE_ROOTFS_DESKTOP")]
+    rootfs_desktop: Option<PathBuf>,
+    /// The `base` root image.
+    #[arg(long, env = "SPACE_ROOTFS_BASE")]
+    rootfs_base: Option<PathBuf>,
+    /// The Python that has the e2b-desktop SDK (default:
+    /// target/space/venv-e2b-desktop/bin/python).
+    #[arg(long)]
+    python: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -473,6 +500,30 @@ async fn run(cli: Cli) -> Result<()> {
             repo,
         };
         return space_bench::mcp::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Desktop(args)) = &cli.command {
+        let image = |path: &Option<PathBuf>, name: &str, var: &str| {
+            path.clone().filter(|r| r.is_file()).ok_or_else(|| {
+                anyhow!("no {name} image: pass --rootfs-{name} or set {var} (`source target/space/env.sh`)")
+            })
+        };
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let plan = space_bench::desktop::DesktopPlan {
+            // Each create starts Xfce under TCG (tens of seconds): fewer unless asked.
+            runs: if cli.runs_given { cli.runs } else { 5 },
+            actions: args.actions as usize,
+            pool_size: args.pool_size as usize,
+            kernel,
+            rootfs: image(&args.rootfs_desktop, "desktop", "SPACE_ROOTFS_DESKTOP")?,
+            rootfs_base: image(&args.rootfs_base, "base", "SPACE_ROOTFS_BASE")?,
+            qemu: cli.qemu.clone(),
+            python: args
+                .python
+                .clone()
+                .unwrap_or_else(|| repo.join("target/space/venv-e2b-desktop/bin/python")),
+            repo,
+        };
+        return space_bench::desktop::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Hostile(args)) = &cli.command {
         let plan = space_bench::hostile::HostilePlan {

@@ -60,6 +60,7 @@ pub async fn run(plan: &McpPlan, interrupted: impl Future<Output = &'static str>
         ],
         env: vec![("SPACE_BIN".into(), plan.space.display().to_string())],
         unset: vec!["SPACE_CONFIG"],
+        configure: None,
     };
     crate::script::run(&script, interrupted).await
 }

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _, Result};
-use space::host::Host;
+use space::host::{Host, HostConfig};
 
 use crate::api::Served;
 use crate::bench::progress;
@@ -36,12 +36,33 @@ pub struct ScriptPlan {
     pub script: PathBuf,
     /// Its arguments.
     pub args: Vec<String>,
-    /// Environment besides `SPACE_URL` and `SPACE_API_KEY`; `{url}` and `{key}` in a value
-    /// are replaced.
+    /// Environment besides `SPACE_URL`, `SPACE_API_KEY` and `SPACE_DATA_DIR`; `{url}` and
+    /// `{key}` in a value are replaced.
     pub env: Vec<(String, String)>,
     /// Environment variables removed (the caller's shell may have set them).
     pub unset: Vec<&'static str>,
+    /// Changes to the server's configuration beyond the one pooled template (more images,
+    /// templates prepared in the background).
+    pub configure: Option<Configure>,
 }
+
+/// The environment of a script that drives the server through an E2B SDK: space's Python SDK
+/// from `repo` on the path, the E2B SDK's variables pointed at the server (the caller's
+/// shell's own must not point it elsewhere).
+pub fn e2b_env(repo: &std::path::Path) -> Vec<(String, String)> {
+    vec![
+        (
+            "PYTHONPATH".into(),
+            repo.join("sdk/python").display().to_string(),
+        ),
+        ("E2B_API_URL".into(), "{url}".into()),
+        ("E2B_SANDBOX_URL".into(), "{url}".into()),
+        ("E2B_API_KEY".into(), "{key}".into()),
+    ]
+}
+
+/// A change to the server's configuration.
+pub type Configure = Box<dyn Fn(&mut HostConfig) + Send + Sync>;
 
 /// Runs the plan; `interrupted` ends it early (with everything cleaned up).
 pub async fn run(plan: &ScriptPlan, interrupted: impl Future<Output = &'static str>) -> Result<()> {
@@ -81,7 +102,11 @@ async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Host>) -> R
         pool_size: plan.pool_size,
         follow_demand: false,
     };
-    let server = Host::start(served.config(dir, false))
+    let mut config = served.config(dir, false);
+    if let Some(configure) = &plan.configure {
+        configure(&mut config);
+    }
+    let server = Host::start(config)
         .await
         .context("starting the server (needs root for the loop-mounted btrfs image)")?;
     let key = server
@@ -96,7 +121,8 @@ async fn measure(plan: &ScriptPlan, dir: &DataDir, slot: &mut Option<Host>) -> R
     cmd.arg(&plan.script)
         .args(&plan.args)
         .env("SPACE_URL", &url)
-        .env("SPACE_API_KEY", &key);
+        .env("SPACE_API_KEY", &key)
+        .env("SPACE_DATA_DIR", dir.data());
     for (k, v) in &plan.env {
         cmd.env(k, v.replace("{url}", &url).replace("{key}", &key));
     }

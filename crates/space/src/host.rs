@@ -216,6 +216,11 @@ async fn loopback_node(local: Arc<dyn NodeApi>) -> anyhow::Result<(Arc<dyn NodeA
     Ok((Arc::new(remote), server))
 }
 
+/// A desktop sandbox's vCPUs by default.
+pub const DESKTOP_VCPUS: u32 = 2;
+/// A desktop sandbox's memory by default: Xfce, Chromium and a page or two.
+pub const DESKTOP_MEMORY_MIB: u64 = 2048;
+
 /// Where a template prepared in the background gets its image.
 #[derive(Debug, Clone)]
 pub enum ImageSource {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use space::host::{Host, HostConfig, ImageSource, Recipe};
+use space::host::{Host, HostConfig, ImageSource, Recipe, DESKTOP_MEMORY_MIB, DESKTOP_VCPUS};
 use space_archive::StoreConfig;
 use space_control::archive::ArchiveSettings;
 use space_control::server::{ServerConfig, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_UPLOAD_BYTES};
@@ -58,10 +58,6 @@ fn images(args: &[String], recorded: &Artifacts) -> Result<BTreeMap<String, Path
 
 /// The template of the desktop image (`docs/guest.md`).
 const DESKTOP: &str = "desktop";
-/// A desktop sandbox's vCPUs by default.
-pub const DESKTOP_VCPUS: u32 = 2;
-/// A desktop sandbox's memory by default: Xfce, Chromium and a page or two.
-pub const DESKTOP_MEMORY_MIB: u64 = 2048;
 /// About how long a cold desktop image takes (packages downloaded and installed).
 const DESKTOP_EXPECTED: std::time::Duration = std::time::Duration::from_secs(8 * 60);
 
