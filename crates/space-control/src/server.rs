@@ -172,7 +172,7 @@ impl Server {
 
     /// Opens the store at `<data_dir>/state/control.db` (or the configured database), makes
     /// the default tenant and its admin key on the first start, records who owns what the
-    /// node found in the object store, kills sandboxes no tenant owns, binds and serves in a
+    /// node found in the object store, discards sandboxes no tenant owns, binds and serves in a
     /// spawned task. The hooks' secrets and audit sink are connected to the store and the
     /// vault once those are open. A vault key that does not match the database stops the
     /// start with a clear error; a start that fails shuts the node down.
@@ -404,8 +404,10 @@ impl Server {
     }
 }
 
-/// Kills every sandbox no tenant owns: left by a crash between the node's create and the
-/// ownership write, nobody could reach it through the API.
+/// Discards every sandbox no tenant owns: left by a crash between the node's create and the
+/// ownership write, nobody could reach it through the API, and nobody got an answer about
+/// it, so nothing of it stays (its VM, its directories, its record), as after a failed
+/// create. A kill would leave a terminated record that no tenant's list shows.
 async fn kill_unowned(node: &dyn NodeApi, store: &Store) -> anyhow::Result<()> {
     let all = node
         .list()
@@ -415,15 +417,15 @@ async fn kill_unowned(node: &dyn NodeApi, store: &Store) -> anyhow::Result<()> {
         if sb.state == State::Terminated || store.sandbox_tenant(sb.id.as_str()).await?.is_some() {
             continue;
         }
-        tracing::warn!(id = %sb.id, state = %sb.state, "killing a sandbox no tenant owns");
+        tracing::warn!(id = %sb.id, state = %sb.state, "discarding a sandbox no tenant owns");
         eprintln!(
-            "[up] killing sandbox {} ({}): no tenant owns it (left by a crash during create)",
+            "[up] discarding sandbox {} ({}): no tenant owns it (left by a crash during create)",
             sb.id, sb.state
         );
-        match node.kill(&sb.id).await {
+        match node.discard(&sb.id).await {
             Ok(()) => {}
-            Err(f) if matches!(f.code, FaultCode::IllegalState | FaultCode::NotFound) => {}
-            Err(f) => tracing::error!(id = %sb.id, error = %f, "killing an unowned sandbox"),
+            Err(f) if f.code == FaultCode::NotFound => {}
+            Err(f) => tracing::error!(id = %sb.id, error = %f, "discarding an unowned sandbox"),
         }
     }
     Ok(())

@@ -242,8 +242,8 @@ node_calls! {
     /// Takes sandbox `id` of `tenant` from the object store under ownership `epoch`: it is
     /// Suspended here on its newest archived snapshot.
     Adopt adopt(&id: SandboxId, &tenant: str, epoch: u64) -> Sandbox;
-    /// Forgets a sandbox that belongs to another node now (its VM killed, its local state
-    /// dropped, nothing written to the store).
+    /// Forgets a sandbox (its VM killed, its local state dropped, nothing written to the
+    /// store): one that belongs to another node now, or one no tenant owns.
     Discard discard(&id: SandboxId) -> ();
     /// Publishes a template build of this node's to the object store.
     PublishTemplate publish_template(&template: TemplateRef) -> ();

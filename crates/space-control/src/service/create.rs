@@ -152,13 +152,14 @@ pub async fn create_sandbox_once(
     }
 }
 
-/// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is killed
-/// (nobody could reach it) and the failure answered.
+/// Records that `tenant` owns the new sandbox `id`; if that fails, the sandbox is discarded
+/// (nobody could reach it, so nothing of it stays, as after a failed create) and the failure
+/// answered.
 pub(crate) async fn own(st: &Shared, id: &SandboxId, tenant: &TenantName) -> ApiResult<()> {
     if let Err(e) = st.store.add_sandbox(id.as_str(), tenant).await {
-        tracing::error!(%id, error = %e, "recording a new sandbox's tenant; killing it");
-        if let Err(k) = st.node.kill(id).await {
-            tracing::error!(%id, error = %k, "killing a sandbox no tenant owns");
+        tracing::error!(%id, error = %e, "recording a new sandbox's tenant; discarding it");
+        if let Err(k) = st.node.discard(id).await {
+            tracing::error!(%id, error = %k, "discarding a sandbox no tenant owns");
         }
         return Err(e.into());
     }

@@ -446,7 +446,7 @@ impl Sandbox {
         self.stop_vm().await;
         let (s, d) = (self.ctx.storage.clone(), self.dir.clone());
         blocking(move || Ok(s.delete_volume(&d)?)).await?;
-        // Its snapshots are in the store, under the new owner's control.
+        // What it has in the store is left alone (another node may own it now).
         let snaps = self.ctx.layout.snapshots_of(self.record.id.as_str())?;
         for snap in &self.record.snapshots {
             let dir = snaps.join(snap.id.as_str());
@@ -462,7 +462,7 @@ impl Sandbox {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.record.id);
-        tracing::warn!(id = %self.record.id, "sandbox discarded: it belongs to another node now");
+        tracing::warn!(id = %self.record.id, "sandbox discarded: its local state dropped");
         Ok(())
     }
 
