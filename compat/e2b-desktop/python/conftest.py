@@ -104,25 +104,23 @@ class EventLog:
     def text(self):
         return self.sbx.files.read(self.path)
 
-    def buttons(self, kind="ButtonPress"):
-        """The buttons of the `kind` events so far, in order."""
+    def _fields(self, kind, pattern):
+        """`pattern`'s first group in each `kind` event logged so far that has it, in order."""
         out = []
         for block in self.text().split("\n\n"):
             if block.startswith(kind + " event"):
-                m = re.search(r"button (\d+)", block)
-                if m:
-                    out.append(int(m.group(1)))
-        return out
-
-    def keys(self, kind="KeyPress"):
-        """The key symbol names of the `kind` events so far, in order."""
-        out = []
-        for block in self.text().split("\n\n"):
-            if block.startswith(kind + " event"):
-                m = re.search(r"\(keysym 0x[0-9a-f]+, ([^)]+)\)", block)
+                m = re.search(pattern, block)
                 if m:
                     out.append(m.group(1))
         return out
+
+    def buttons(self, kind="ButtonPress"):
+        """The buttons of the `kind` events so far, in order."""
+        return [int(b) for b in self._fields(kind, r"button (\d+)")]
+
+    def keys(self, kind="KeyPress"):
+        """The key symbol names of the `kind` events so far, in order."""
+        return self._fields(kind, r"\(keysym 0x[0-9a-f]+, ([^)]+)\)")
 
     def close(self):
         self.sbx.commands.run(f"xdotool windowkill {self.window} || true")

@@ -249,7 +249,7 @@ impl Server {
         own_adopted(node.take_adopted(), &store)
             .await
             .context("recording sandboxes found in the object store")?;
-        kill_unowned(node.api().as_ref(), &store).await?;
+        discard_unowned(node.api().as_ref(), &store).await?;
         Ok((store, vault, bootstrap))
     }
 
@@ -408,7 +408,7 @@ impl Server {
 /// ownership write, nobody could reach it through the API, and nobody got an answer about
 /// it, so nothing of it stays (its VM, its directories, its record), as after a failed
 /// create. A kill would leave a terminated record that no tenant's list shows.
-async fn kill_unowned(node: &dyn NodeApi, store: &Store) -> anyhow::Result<()> {
+async fn discard_unowned(node: &dyn NodeApi, store: &Store) -> anyhow::Result<()> {
     let all = node
         .list()
         .await
