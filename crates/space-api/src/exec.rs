@@ -20,6 +20,7 @@ pub const MAX_LINE: usize = 4 << 20;
 
 /// What to run: exactly one of `cmd` (an argv) or `shell` (a line for `/bin/sh -c`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The argv.
     #[serde(default, skip_serializing_if = "Option::is_none")]

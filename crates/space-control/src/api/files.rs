@@ -174,6 +174,7 @@ pub async fn stat(
 
 /// Body of `mkdir`.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct MkdirBody {
     path: String,
     #[serde(default)]
@@ -194,6 +195,7 @@ pub async fn mkdir(
 
 /// Body of `rename`.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RenameBody {
     from: String,
     to: String,

@@ -278,6 +278,7 @@ async fn exec_session(
 
 /// First message of a PTY session.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PtyRequest {
     rows: u16,
     cols: u16,

@@ -89,6 +89,7 @@ pub async fn list_templates(
 
 /// Registry credentials in a request.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ImageBody {
     reference: String,
     #[serde(default)]
