@@ -14,15 +14,16 @@ use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
+use super::exchange;
 use super::hello::{self, Hello};
-use super::http1::{self, BodyLen, Scan};
+use super::http1::{self, BodyLen};
 use super::policy::{private_reason, Decision, Host, MAX_HOST};
 use super::streams::*;
-use super::{EgressEvent, SandboxGateway, SecretBinding, SecretValue};
+use super::{EgressEvent, SandboxGateway};
 
 /// The most bytes of a refusal's text.
 const MAX_REASON: usize = 4096;
@@ -79,7 +80,13 @@ impl Refusal {
     }
 }
 
-fn event(sb: &SandboxGateway, operation: &'static str, host: &Host, port: u16, detail: String) {
+pub(super) fn event(
+    sb: &SandboxGateway,
+    operation: &'static str,
+    host: &Host,
+    port: u16,
+    detail: String,
+) {
     sb.gateway.audit(EgressEvent {
         sandbox: sb.id.clone(),
         operation,
@@ -394,69 +401,9 @@ fn allowed(sb: &SandboxGateway, host: &Host, port: u16, kind: &str, rule: &str, 
     );
 }
 
-/// The credential step shared by intercepted and forwarded requests: refuses an
-/// exfiltration, fetches the values to put in, and writes the head to send.
-async fn credentials(
-    sb: &SandboxGateway,
-    host: &Host,
-    port: u16,
-    raw: &[u8],
-    head: &http1::Head,
-    target: &str,
-) -> Result<(SecretValue, Vec<String>), (u16, String)> {
-    let used: Vec<&SecretBinding> = match http1::scan(raw, &sb.bindings, host, port) {
-        Scan::Exfiltration(b) => {
-            event(
-                sb,
-                "credential.exfiltration",
-                host,
-                port,
-                format!("secret={} host={host}", b.name),
-            );
-            return Err((
-                403,
-                format!("credential {} may not be sent to {host}", b.name),
-            ));
-        }
-        Scan::Use(used) => used,
-    };
-    let mut secrets = Vec::new();
-    if let Some(source) = &sb.gateway.config.secrets {
-        for b in used {
-            if let Some(v) = source.value(&sb.id, &b.name).await {
-                secrets.push((b, v));
-            }
-        }
-    }
-    let out = http1::rewrite(head, target, &secrets).map_err(|e| (502, e))?;
-    Ok((out, secrets.iter().map(|(b, _)| b.name.clone()).collect()))
-}
-
-/// Reads one request head from `r` into `buf` (bounded); `Err` carries the refusal.
-async fn read_head<R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-) -> Result<Option<http1::Head>, (u16, String)> {
-    let mut chunk = vec![0u8; CHUNK];
-    loop {
-        match http1::parse_head(buf) {
-            Ok(Some(h)) => return Ok(Some(h)),
-            Ok(None) => {}
-            Err(e) if e.contains("larger") => return Err((431, e)),
-            Err(e) => return Err((400, e)),
-        }
-        let room = http1::MAX_HEAD - buf.len().min(http1::MAX_HEAD) + 1;
-        let n = match r.read(&mut chunk[..room.min(CHUNK)]).await {
-            Ok(0) | Err(_) => return Ok(None),
-            Ok(n) => n,
-        };
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
 /// One intercepted request inside a CONNECT tunnel: TLS with a minted leaf towards the guest,
-/// TLS verified against the roots towards the upstream, credentials put in, one request with
-/// `Connection: close`, the response streamed back.
+/// TLS verified against the roots towards the upstream, and the exchange between them
+/// (credentials put in, the response scrubbed; `exchange`).
 async fn intercept(
     sb: &SandboxGateway,
     host: &Host,
@@ -472,41 +419,13 @@ async fn intercept(
         }
     };
     let accept = tokio_rustls::TlsAcceptor::from(cfg).accept(guest_side);
-    let mut tls = match tokio::time::timeout(HELLO_TIMEOUT, accept).await {
+    let tls = match tokio::time::timeout(HELLO_TIMEOUT, accept).await {
         Ok(Ok(t)) => t,
         Ok(Err(e)) => {
             tracing::debug!(id = %sb.id, %host, error = %e, "guest TLS handshake failed");
             return;
         }
         Err(_) => return,
-    };
-    let mut buf = Vec::new();
-    let refuse = |status: u16, reason: String| http1::refusal(status, &reason);
-    let head = match read_head(&mut tls, &mut buf).await {
-        Ok(Some(h)) => h,
-        Ok(None) => return,
-        Err((status, reason)) => {
-            let _ = tls.write_all(&refuse(status, reason)).await;
-            let _ = tls.shutdown().await;
-            return;
-        }
-    };
-    let framing = match head.body_len() {
-        Ok(f) => f,
-        Err(e) => {
-            let _ = tls.write_all(&refuse(400, e)).await;
-            let _ = tls.shutdown().await;
-            return;
-        }
-    };
-    let (out, used) = match credentials(sb, host, port, &buf[..head.len], &head, &head.target).await
-    {
-        Ok(x) => x,
-        Err((status, reason)) => {
-            let _ = tls.write_all(&refuse(status, reason)).await;
-            let _ = tls.shutdown().await;
-            return;
-        }
     };
     let name = match host {
         Host::Name(n) => rustls::pki_types::ServerName::try_from(n.clone()),
@@ -515,49 +434,17 @@ async fn intercept(
     let Ok(name) = name else { return };
     let connector = tokio_rustls::TlsConnector::from(sb.gateway.client_tls.clone());
     let limit = sb.gateway.config.connect_timeout;
-    let up = match tokio::time::timeout(limit, connector.connect(name, upstream)).await {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            let reason = format!("TLS to {host}:{port} failed: {e}");
-            let _ = tls.write_all(&refuse(502, reason)).await;
-            let _ = tls.shutdown().await;
-            return;
-        }
-        Err(_) => {
-            let reason = format!("TLS to {host}:{port} timed out after {limit:?}");
-            let _ = tls.write_all(&refuse(504, reason)).await;
-            let _ = tls.shutdown().await;
-            return;
+    let connect = async move {
+        match tokio::time::timeout(limit, connector.connect(name, upstream)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(e)) => Err((502, format!("TLS to {host}:{port} failed: {e}"))),
+            Err(_) => Err((
+                504,
+                format!("TLS to {host}:{port} timed out after {limit:?}"),
+            )),
         }
     };
-    let (mut ur, mut uw) = tokio::io::split(up);
-    if uw.write_all(out.as_bytes()).await.is_err() {
-        return;
-    }
-    drop(out);
-    for name in used {
-        event(
-            sb,
-            "credential.use",
-            host,
-            port,
-            format!("secret={name} host={host}"),
-        );
-    }
-    let leftover = buf.split_off(head.len);
-    let (mut gr, mut gw) = tokio::io::split(tls);
-    let request_body = async {
-        let _ = send_body(&mut gr, &mut uw, leftover, framing).await;
-        std::future::pending::<()>().await
-    };
-    let response = async {
-        let _ = tokio::io::copy(&mut ur, &mut gw).await;
-        let _ = gw.shutdown().await;
-    };
-    tokio::select! {
-        _ = request_body => {}
-        _ = response => {}
-    }
+    exchange::exchange(sb, host, port, tls, |h| Ok(h.target.clone()), connect).await;
 }
 
 async fn handle_forward(
@@ -601,12 +488,16 @@ async fn handle_forward(
         Ok(f) => f,
         Err(e) => return text(400, &e),
     };
-    let raw = body.buf[..head.len].to_vec();
-    let (out, used) = match credentials(&sb, &host, port, &raw, &head, &target).await {
-        Ok(x) => x,
-        Err((status, reason)) => return text(status, &reason),
+    if let Err((status, reason)) = exchange::exfiltration(&sb, &host, port, &body.buf[..head.len]) {
+        return text(status, &reason);
+    }
+    if !sb.bindings.is_empty() {
+        return forward_with_credentials(sb, host, port, body, decision, permit, target);
+    }
+    let out = match http1::rewrite(&head, &target, &[], &[], &[]) {
+        Ok(o) => o,
+        Err(e) => return text(502, &e),
     };
-    drop(raw);
     let mut upstream = match open_upstream(&sb, &host, port, &decision).await {
         Ok(s) => s,
         Err(r) => return r.answer(&sb, &host, port),
@@ -615,15 +506,6 @@ async fn handle_forward(
         return text(502, &format!("writing to {host}:{port}: {e}"));
     }
     drop(out);
-    for name in used {
-        event(
-            &sb,
-            "credential.use",
-            &host,
-            port,
-            format!("secret={name} host={host}"),
-        );
-    }
     body.buf.advance(head.len);
     let limit = match framing {
         BodyLen::Fixed(n) => Some(n),
@@ -633,6 +515,42 @@ async fn handle_forward(
     tokio::spawn(async move {
         let meter = Meter::new();
         pump(&sb, &mut body, &tx, upstream, &meter, limit).await;
+        allowed(&sb, &host, port, "forward", &decision.rule, &meter);
+        drop(permit);
+    });
+    Response::new(ChannelBody(rx).boxed())
+}
+
+/// A plain-HTTP forward from a sandbox with credentials: the request and its response go
+/// through the exchange (`exchange`), whose refusals are HTTP/1.1 responses in the stream.
+fn forward_with_credentials(
+    sb: Arc<SandboxGateway>,
+    host: Host,
+    port: u16,
+    mut body: BodyReader,
+    decision: Decision,
+    permit: OwnedSemaphorePermit,
+    target: String,
+) -> Response<Body> {
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let meter = Meter::new();
+        let (guest_side, inner) = tokio::io::duplex(64 * 1024);
+        let connect = async {
+            open_upstream(&sb, &host, port, &decision)
+                .await
+                .map_err(|r| {
+                    deny(&sb, &host, port, &r.rule, r.reason);
+                    (r.status, r.text)
+                })
+        };
+        let mut pumped = std::pin::pin!(pump(&sb, &mut body, &tx, inner, &meter, None));
+        tokio::select! {
+            _ = &mut pumped => {}
+            _ = exchange::exchange(&sb, &host, port, guest_side, |_| Ok(target), connect) => {
+                pumped.await
+            }
+        }
         allowed(&sb, &host, port, "forward", &decision.rule, &meter);
         drop(permit);
     });

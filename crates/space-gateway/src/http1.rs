@@ -202,14 +202,16 @@ const HOP_HEADERS: &[&str] = &[
 ];
 
 /// Writes the head to send upstream: `target` as the request target, the secrets' values in
-/// place of their placeholders in the request line and header values, hop-by-hop headers
-/// dropped and `Connection: close` added. Fails when a value cannot be placed (control bytes
-/// in a header value, whitespace in the request line). The result holds secrets: it is a
-/// [`SecretValue`] so it is wiped when dropped.
+/// place of their placeholders in the request line and header values, hop-by-hop headers and
+/// those named in `drop` left out, `add` and `Connection: close` added. Fails when a value
+/// cannot be placed (control bytes in a header value, whitespace in the request line). The
+/// result holds secrets: it is a [`SecretValue`] so it is wiped when dropped.
 pub fn rewrite(
     head: &Head,
     target: &str,
     secrets: &[(&SecretBinding, SecretValue)],
+    drop: &[&str],
+    add: &[(&str, String)],
 ) -> Result<SecretValue, String> {
     let mut out = Vec::with_capacity(head.len + 256);
     let put = |input: &[u8], out: &mut Vec<u8>, in_line: bool| -> Result<(), String> {
@@ -249,7 +251,11 @@ pub fn rewrite(
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for (name, value) in &head.headers {
-        if HOP_HEADERS.iter().any(|h| name.eq_ignore_ascii_case(h)) {
+        if HOP_HEADERS
+            .iter()
+            .chain(drop)
+            .any(|h| name.eq_ignore_ascii_case(h))
+        {
             continue;
         }
         out.extend_from_slice(name.as_bytes());
@@ -260,8 +266,61 @@ pub fn rewrite(
         }
         out.extend_from_slice(b"\r\n");
     }
+    for (name, value) in add {
+        out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+    }
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     Ok(SecretValue::new(out))
+}
+
+/// A parsed response head.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    /// The status code.
+    pub code: u16,
+    /// The reason phrase.
+    pub reason: String,
+    /// Header fields in order (values as bytes).
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Bytes the head took.
+    pub len: usize,
+}
+
+impl ResponseHead {
+    /// The values of every header `name` (case-insensitive), in order.
+    pub fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.headers
+            .iter()
+            .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_slice())
+    }
+}
+
+/// Parses a response head from the start of `buf` (at most [`MAX_HEAD`] bytes): `Ok(None)`
+/// when more bytes are needed.
+pub fn parse_response_head(buf: &[u8]) -> Result<Option<ResponseHead>, String> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    match resp.parse(buf) {
+        Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD => {
+            Err(format!("response head larger than {MAX_HEAD} bytes"))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+            Err(format!("response head larger than {MAX_HEAD} bytes"))
+        }
+        Ok(httparse::Status::Complete(len)) => Ok(Some(ResponseHead {
+            code: resp.code.unwrap_or(0),
+            reason: resp.reason.unwrap_or_default().to_owned(),
+            headers: resp
+                .headers
+                .iter()
+                .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                .collect(),
+            len,
+        })),
+        Err(e) => Err(format!("malformed response head: {e}")),
+    }
 }
 
 fn wipe(v: &mut [u8]) {
@@ -383,7 +442,7 @@ mod tests {
         };
         assert_eq!(used.len(), 1);
         let value = SecretValue::new(b"ghp_realvalue".to_vec());
-        let out = rewrite(&head, &head.target, &[(used[0], value)]).unwrap();
+        let out = rewrite(&head, &head.target, &[(used[0], value)], &[], &[]).unwrap();
         let text = String::from_utf8(out.as_bytes().to_vec()).unwrap();
         assert_eq!(
             text,
@@ -420,6 +479,8 @@ mod tests {
             &head,
             &head.target,
             &[(&gh, SecretValue::new(b"a\r\nEvil: 1".to_vec()))],
+            &[],
+            &[],
         )
         .unwrap_err();
         assert!(err.contains("credential T"), "{err}");
@@ -427,13 +488,34 @@ mod tests {
             &head,
             &head.target,
             &[(&gh, SecretValue::new(b"a b".to_vec()))],
+            &[],
+            &[],
         )
         .unwrap_err();
         assert!(err.contains("request line"), "{err}");
         // In a header only, a space is fine.
         let raw = format!("GET / HTTP/1.1\r\nA: {p}\r\n\r\n", p = gh.placeholder);
         let head = parse_head(raw.as_bytes()).unwrap().unwrap();
-        let out = rewrite(&head, "/", &[(&gh, SecretValue::new(b"a b".to_vec()))]).unwrap();
+        let out = rewrite(
+            &head,
+            "/",
+            &[(&gh, SecretValue::new(b"a b".to_vec()))],
+            &["a"],
+            &[("B", "1".into())],
+        )
+        .unwrap();
+        assert!(!out.as_bytes().windows(6).any(|w| w == b"A: a b"));
+        assert!(out
+            .as_bytes()
+            .ends_with(b"B: 1\r\nConnection: close\r\n\r\n"));
+        let out = rewrite(
+            &head,
+            "/",
+            &[(&gh, SecretValue::new(b"a b".to_vec()))],
+            &[],
+            &[],
+        )
+        .unwrap();
         assert!(out.as_bytes().windows(6).any(|w| w == b"A: a b"));
     }
 

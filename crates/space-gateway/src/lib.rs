@@ -2,7 +2,9 @@
 //!
 //! - [`policy`]: rules (`host[:port]`), the per-sandbox [`EgressPolicy`], private addresses.
 //! - [`hello`]: the bounded TLS ClientHello parser of the SNI check.
-//! - [`http1`]: request heads, credential placeholders, rewriting.
+//! - [`http1`]: request and response heads, credential placeholders, rewriting.
+//! - [`substitute`]: values in request bodies and scrubbed from responses; [`chunked`]: the
+//!   chunked coding; `exchange`: one request and response of a sandbox with credentials.
 //! - [`resolve`]: name resolution, once per connection (the checked address is the one used).
 //! - [`ca`]: the deployment CA, leaf certificates and both TLS configurations.
 //! - [`serve`]: the HTTP/2 server on the `space.egress` port; `handlers`: its two handlers.
@@ -13,6 +15,8 @@
 //! ([`spawn_vm_loop`]) that connects to its `egress.sock` and serves it.
 
 pub mod ca;
+pub mod chunked;
+mod exchange;
 mod handlers;
 pub mod hello;
 pub mod http1;
@@ -20,6 +24,7 @@ pub use space_node_api::policy;
 pub mod resolve;
 pub mod serve;
 mod streams;
+pub mod substitute;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};

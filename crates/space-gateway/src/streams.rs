@@ -15,7 +15,6 @@ use hyper::body::{Frame, Incoming};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use super::http1::BodyLen;
 use super::SandboxGateway;
 
 /// Chunk size of the copy loops.
@@ -225,48 +224,6 @@ pub(super) async fn pump<S>(
         _ = down => {}
         _ = meter.idle(sb.gateway.config.idle_timeout) => {
             let _ = tx.try_send(Err(io::Error::new(io::ErrorKind::TimedOut, "idle")));
-        }
-    }
-}
-
-/// Sends the request body: the bytes already read, then the rest per the framing (a fixed
-/// length exactly; chunked as it comes until the client stops).
-pub(super) async fn send_body<R, W>(
-    r: &mut R,
-    w: &mut W,
-    leftover: Vec<u8>,
-    framing: BodyLen,
-) -> io::Result<()>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut left = match framing {
-        BodyLen::Fixed(n) => Some(n),
-        BodyLen::Chunked => None,
-    };
-    let first = match left {
-        Some(n) => &leftover[..leftover.len().min(n as usize)],
-        None => &leftover[..],
-    };
-    w.write_all(first).await?;
-    if let Some(l) = left.as_mut() {
-        *l -= first.len() as u64;
-    }
-    let mut chunk = vec![0u8; CHUNK];
-    loop {
-        let want = match left {
-            Some(0) => return Ok(()),
-            Some(n) => (n as usize).min(CHUNK),
-            None => CHUNK,
-        };
-        let n = r.read(&mut chunk[..want]).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        w.write_all(&chunk[..n]).await?;
-        if let Some(l) = left.as_mut() {
-            *l -= n as u64;
         }
     }
 }

@@ -206,7 +206,8 @@ async fn interception_puts_the_secret_in_and_refuses_exfiltration() {
     );
     let resp = https_get(t, &ca, "localhost", &req).await.unwrap();
     assert!(resp.starts_with("HTTP/1.1 200 OK"), "{resp}");
-    assert!(resp.ends_with("with 3 body bytes"), "{resp}");
+    let body = String::from_utf8(response_body(resp.as_bytes())).unwrap();
+    assert!(body.ends_with("with 3 body bytes"), "{resp}");
     let (head, body) = s.https_seen.0.lock().unwrap()[0].clone();
     assert!(
         head.contains(&format!("Authorization: Bearer {SECRET}\r\n")),

@@ -69,14 +69,85 @@ pub async fn answer_one<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, seen: Arc<S
     }
     let head = String::from_utf8_lossy(&buf[..head_len]).into_owned();
     let body = buf[head_len..head_len + body_len].to_vec();
-    let reply = format!("upstream saw {path} with {} body bytes", body.len());
-    seen.0.lock().unwrap().push((head, body));
-    let resp = format!(
-        "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
-    let _ = s.write_all(resp.as_bytes()).await;
+    seen.0.lock().unwrap().push((head.clone(), body.clone()));
+    let _ = s.write_all(&reply(&path, &head, &body)).await;
     let _ = s.shutdown().await;
+}
+
+/// The upstream's answer: `/echo...` paths send the request body back (`-gzip`: compressed,
+/// `-chunked`: chunked, `-header`: in a header too, `-br`: labelled as brotli), `/big?n=N`
+/// sends N bytes, anything else says what it saw.
+fn reply(path: &str, head: &str, body: &[u8]) -> Vec<u8> {
+    let text = |status: &str, extra: &str, payload: &[u8]| {
+        let mut out = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n{extra}Content-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            payload.len()
+        )
+        .into_bytes();
+        if !head.starts_with("HEAD ") {
+            out.extend_from_slice(payload);
+        }
+        out
+    };
+    let mut echoed = b"you sent: ".to_vec();
+    echoed.extend_from_slice(body);
+    match path {
+        "/echo" => text("200 OK", "", &echoed),
+        "/echo-gzip" => {
+            use std::io::Write as _;
+            let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            z.write_all(&echoed).unwrap();
+            text("200 OK", "Content-Encoding: gzip\r\n", &z.finish().unwrap())
+        }
+        "/echo-br" => text("200 OK", "Content-Encoding: br\r\n", &echoed),
+        "/echo-header" => {
+            let v = String::from_utf8_lossy(body).replace(['\r', '\n'], "");
+            text(
+                "302 Found",
+                &format!("Location: /login?was={v}\r\n"),
+                &echoed,
+            )
+        }
+        "/echo-chunked" => {
+            let mut out =
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                    .to_vec();
+            // Cut the echo into one-byte chunks so every value straddles chunk boundaries.
+            for b in &echoed {
+                out.extend_from_slice(format!("1\r\n{}\r\n", *b as char).as_bytes());
+            }
+            out.extend_from_slice(b"0\r\n\r\n");
+            out
+        }
+        p if p.starts_with("/big?n=") => {
+            let n: usize = p["/big?n=".len()..].parse().unwrap();
+            text("200 OK", "", &vec![b'x'; n])
+        }
+        _ => text(
+            "200 OK",
+            "",
+            format!("upstream saw {path} with {} body bytes", body.len()).as_bytes(),
+        ),
+    }
+}
+
+/// The body of an HTTP/1.1 response text: after the head, de-chunked when it is chunked.
+pub fn response_body(resp: &[u8]) -> Vec<u8> {
+    let at = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a response head")
+        + 4;
+    let head = String::from_utf8_lossy(&resp[..at]).to_ascii_lowercase();
+    if !head.contains("transfer-encoding: chunked") {
+        return resp[at..].to_vec();
+    }
+    let mut d = space_gateway::chunked::Decoder::new();
+    let mut out = Vec::new();
+    d.feed(&resp[at..], &mut out).unwrap();
+    assert!(d.done(), "the chunked body is complete");
+    out
 }
 
 /// A plain HTTP server on 127.0.0.1; answers its port.
@@ -187,6 +258,8 @@ impl SecretSource for Vault {
 }
 
 pub const SECRET: &str = "ghp_the-real-value-0123456789";
+/// A password with characters every body encoding changes.
+pub const PASSWORD: &str = "p@ss \"wörd\" &+/<x>'=%";
 
 // ---- the guest's end --------------------------------------------------------------------
 
@@ -365,10 +438,10 @@ pub async fn setup(tune: impl FnOnce(&mut GatewayConfig)) -> Setup {
     let mut config = GatewayConfig {
         extra_roots: vec![ca_file],
         audit: Some(audit.clone()),
-        secrets: Some(Arc::new(Vault(HashMap::from([(
-            "GITHUB_TOKEN".to_owned(),
-            SECRET.to_owned(),
-        )])))),
+        secrets: Some(Arc::new(Vault(HashMap::from([
+            ("GITHUB_TOKEN".to_owned(), SECRET.to_owned()),
+            ("PASSWORD".to_owned(), PASSWORD.to_owned()),
+        ])))),
         ..GatewayConfig::default()
     };
     tune(&mut config);
