@@ -51,7 +51,7 @@ impl VaultSecrets {
             }
         };
         match vault.value(&tenant, name).await {
-            Ok(Some(v)) => Some(SecretValue::new(v)),
+            Ok(Some(stored)) => stored.current(),
             Ok(None) => None,
             Err(e) => {
                 tracing::error!(%sandbox, secret = name, error = %e, "reading a secret");

@@ -24,6 +24,8 @@ use aes_gcm::{Aes256Gcm, KeyInit, Nonce};
 use rand::rngs::OsRng;
 use rand::RngCore;
 
+use space_node_api::secrets::{SecretKind, SecretValue, StoredSecret};
+
 use crate::store::{SecretInfo, SecretRow, Store, StoreError, TenantName};
 
 /// The environment variable that holds the vault key.
@@ -168,11 +170,17 @@ impl fmt::Debug for Vault {
     }
 }
 
-fn aad(tenant: &TenantName, name: &str) -> Vec<u8> {
-    let mut a = Vec::with_capacity(tenant.as_str().len() + name.len() + 1);
+/// What a value is sealed with besides the key: tenant and name, and for any kind but a
+/// plain value the kind too, so a row whose kind was changed does not open.
+fn aad(tenant: &TenantName, name: &str, kind: SecretKind) -> Vec<u8> {
+    let mut a = Vec::with_capacity(tenant.as_str().len() + name.len() + 8);
     a.extend_from_slice(tenant.as_str().as_bytes());
     a.push(0);
     a.extend_from_slice(name.as_bytes());
+    if kind != SecretKind::Value {
+        a.push(0);
+        a.extend_from_slice(kind.as_str().as_bytes());
+    }
     a
 }
 
@@ -277,16 +285,29 @@ impl Vault {
             })
     }
 
-    /// Sets (or replaces) secret `name` of `tenant` to `value`, bound to `hosts` (rule
-    /// strings the caller has validated); returns the listing and whether it is new.
+    /// Sets (or replaces) secret `name` of `tenant` to `value` of `kind` (for a TOTP
+    /// secret, its seed in base32 or an `otpauth://totp` URI), bound to `hosts` (rule strings
+    /// the caller has validated); returns the listing and whether it is new.
     pub async fn put(
         &self,
         tenant: &TenantName,
         name: &str,
+        kind: SecretKind,
         value: &[u8],
         hosts: Vec<String>,
     ) -> Result<(SecretInfo, bool), StoreError> {
         validate_secret_name(name)?;
+        let canonical;
+        let value = match kind {
+            SecretKind::Value => value,
+            SecretKind::Totp => {
+                let text = std::str::from_utf8(value)
+                    .map_err(|_| StoreError::Invalid("a TOTP seed is base32 text".into()))?;
+                let totp = space_node_api::totp::Totp::parse(text).map_err(StoreError::Invalid)?;
+                canonical = SecretValue::new(totp.to_text().into_bytes());
+                canonical.as_bytes()
+            }
+        };
         if value.is_empty() {
             return Err(StoreError::Invalid(
                 "a secret value must not be empty".into(),
@@ -314,7 +335,7 @@ impl Vault {
                 "a tenant keeps at most {MAX_SECRETS_PER_TENANT} secrets"
             )));
         }
-        let (nonce, ciphertext) = self.seal(&aad(tenant, name), value)?;
+        let (nonce, ciphertext) = self.seal(&aad(tenant, name, kind), value)?;
         let now = now_ms();
         let row = SecretRow {
             tenant: tenant.clone(),
@@ -324,6 +345,7 @@ impl Vault {
             ciphertext,
             created_unix_ms: existing.as_ref().map_or(now, |e| e.created_unix_ms),
             updated_unix_ms: now,
+            kind,
         };
         let created = self.store.put_secret(&row).await?;
         Ok((SecretInfo::from(&row), created))
@@ -361,13 +383,18 @@ impl Vault {
         &self,
         tenant: &TenantName,
         name: &str,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
+    ) -> Result<Option<StoredSecret>, StoreError> {
         validate_secret_name(name)?;
         let Some(row) = self.store.secret(tenant, name).await? else {
             return Ok(None);
         };
-        self.unseal(&aad(tenant, name), &row.nonce, &row.ciphertext)
-            .map(Some)
+        self.unseal(&aad(tenant, name, row.kind), &row.nonce, &row.ciphertext)
+            .map(|held| {
+                Some(StoredSecret {
+                    kind: row.kind,
+                    held: SecretValue::new(held),
+                })
+            })
             .map_err(|_| {
                 StoreError::Vault(format!(
                     "secret {name} of tenant {tenant} does not decrypt: the vault key is not \
@@ -429,6 +456,7 @@ mod tests {
             .put(
                 &t("acme"),
                 "GITHUB_TOKEN",
+                SecretKind::Value,
                 value,
                 vec!["api.github.com".into()],
             )
@@ -441,6 +469,7 @@ mod tests {
                 .value(&t("acme"), "GITHUB_TOKEN")
                 .await
                 .unwrap()
+                .map(|s| s.held.as_bytes().to_vec())
                 .as_deref(),
             Some(&value[..])
         );
@@ -450,6 +479,7 @@ mod tests {
             .put(
                 &t("acme"),
                 "GITHUB_TOKEN",
+                SecretKind::Value,
                 b"v2",
                 vec!["*.github.com".into()],
             )
@@ -463,11 +493,18 @@ mod tests {
                 .value(&t("acme"), "GITHUB_TOKEN")
                 .await
                 .unwrap()
+                .map(|s| s.held.as_bytes().to_vec())
                 .as_deref(),
             Some(&b"v2"[..])
         );
         vault
-            .put(&t("acme"), "OTHER", value, vec!["x.example".into()])
+            .put(
+                &t("acme"),
+                "OTHER",
+                SecretKind::Value,
+                value,
+                vec!["x.example".into()],
+            )
             .await
             .unwrap();
         let names: Vec<String> = vault
@@ -494,7 +531,13 @@ mod tests {
             .await
             .unwrap();
         vault
-            .put(&t("acme"), "TOKEN", b"value", vec!["h.example".into()])
+            .put(
+                &t("acme"),
+                "TOKEN",
+                SecretKind::Value,
+                b"value",
+                vec!["h.example".into()],
+            )
             .await
             .unwrap();
         let e = Vault::open(store.clone(), &VaultKey::generate())
@@ -525,10 +568,10 @@ mod tests {
         let store = store_with(&["a", "b"]).await;
         let vault = Vault::open(store, &VaultKey::generate()).await.unwrap();
         vault
-            .put(&t("a"), "TOKEN", b"va", vec!["h".into()])
+            .put(&t("a"), "TOKEN", SecretKind::Value, b"va", vec!["h".into()])
             .await
             .unwrap();
-        assert_eq!(vault.value(&t("b"), "TOKEN").await.unwrap(), None);
+        assert!(vault.value(&t("b"), "TOKEN").await.unwrap().is_none());
         assert!(vault.list(&t("b")).await.unwrap().is_empty());
         assert!(!vault.delete(&t("b"), "TOKEN").await.unwrap());
         assert!(vault.value(&t("a"), "TOKEN").await.unwrap().is_some());
@@ -541,7 +584,9 @@ mod tests {
         ] {
             assert!(
                 matches!(
-                    vault.put(&t("a"), name, value, hosts).await,
+                    vault
+                        .put(&t("a"), name, SecretKind::Value, value, hosts)
+                        .await,
                     Err(StoreError::Invalid(_))
                 ),
                 "{name} {}",
@@ -549,17 +594,75 @@ mod tests {
             );
         }
         assert!(vault
-            .put(&t("a"), "MAX", &big[..MAX_SECRET_BYTES], vec!["h".into()])
+            .put(
+                &t("a"),
+                "MAX",
+                SecretKind::Value,
+                &big[..MAX_SECRET_BYTES],
+                vec!["h".into()]
+            )
             .await
             .is_ok());
         assert!(matches!(
             vault
-                .put(&t("nobody"), "TOKEN", b"v", vec!["h".into()])
+                .put(
+                    &t("nobody"),
+                    "TOKEN",
+                    SecretKind::Value,
+                    b"v",
+                    vec!["h".into()]
+                )
                 .await,
             Err(StoreError::NotFound { what: "tenant", .. })
         ));
         assert!(vault.delete(&t("a"), "TOKEN").await.unwrap());
-        assert_eq!(vault.value(&t("a"), "TOKEN").await.unwrap(), None);
+        assert!(vault.value(&t("a"), "TOKEN").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn totp_seeds_are_kept_canonical_and_their_kind_is_sealed() {
+        let store = store_with(&["a"]).await;
+        let vault = Vault::open(store.clone(), &VaultKey::generate())
+            .await
+            .unwrap();
+        let (info, _) = vault
+            .put(
+                &t("a"),
+                "SITE_OTP",
+                SecretKind::Totp,
+                b"jbsw y3dp ehpk 3pxp",
+                vec!["login.example".into()],
+            )
+            .await
+            .unwrap();
+        assert_eq!(info.kind, SecretKind::Totp);
+        let stored = vault.value(&t("a"), "SITE_OTP").await.unwrap().unwrap();
+        assert_eq!(stored.kind, SecretKind::Totp);
+        let text = String::from_utf8(stored.held.as_bytes().to_vec()).unwrap();
+        assert!(text.starts_with("otpauth://totp/"), "{text}");
+        let code = stored.current().unwrap();
+        assert!(code.is_one_time());
+        assert_eq!(code.as_bytes().len(), 6);
+        // A seed that is not one is refused, with the reason.
+        let e = vault
+            .put(
+                &t("a"),
+                "SITE_OTP",
+                SecretKind::Totp,
+                b"not a seed!",
+                vec!["h".into()],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, StoreError::Invalid(m) if m.contains("base32")),
+            "{e}"
+        );
+        // Flipping the kind in the database makes the row not open.
+        let mut row = store.secret(&t("a"), "SITE_OTP").await.unwrap().unwrap();
+        row.kind = SecretKind::Value;
+        store.put_secret(&row).await.unwrap();
+        assert!(vault.value(&t("a"), "SITE_OTP").await.is_err());
     }
 
     #[test]

@@ -308,7 +308,14 @@ where
     let mut out = Vec::with_capacity(head_out.as_bytes().len() + body_out.as_bytes().len());
     out.extend_from_slice(head_out.as_bytes());
     out.extend_from_slice(body_out.as_bytes());
-    let scrubber = Scrubber::new(bound.values.iter().map(|(b, v)| (*b, v.as_bytes())));
+    // One-time codes are put in but not looked for: short, common as text, spent once used.
+    let scrubber = Scrubber::new(
+        bound
+            .values
+            .iter()
+            .filter(|(_, v)| !v.is_one_time())
+            .map(|(b, v)| (*b, v.as_bytes())),
+    );
     drop_wiped(buf);
     Ok(Prepared {
         out: SecretValue::new(out),

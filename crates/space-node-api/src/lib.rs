@@ -25,6 +25,7 @@ pub mod serve;
 pub mod settings;
 pub mod template;
 pub mod tls;
+pub mod totp;
 pub mod wire;
 
 pub use calls::{Call, Gate, Gated, NodeApi, NodeResult};

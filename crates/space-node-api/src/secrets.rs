@@ -96,18 +96,38 @@ pub fn validate_bindings(bindings: &[SecretBinding]) -> Result<(), String> {
 }
 
 /// A secret's value. Its `Debug` shows nothing, and its buffer is overwritten with zeros when
-/// it is dropped.
-pub struct SecretValue(Vec<u8>);
+/// it is dropped. A one-time value (a TOTP code) is put in like any other but not looked for
+/// in responses: it is short, common as text, and worth nothing once used.
+pub struct SecretValue {
+    bytes: Vec<u8>,
+    one_time: bool,
+}
 
 impl SecretValue {
     /// Wraps `bytes`.
     pub fn new(bytes: Vec<u8>) -> SecretValue {
-        SecretValue(bytes)
+        SecretValue {
+            bytes,
+            one_time: false,
+        }
+    }
+
+    /// A one-time code.
+    pub fn one_time(code: String) -> SecretValue {
+        SecretValue {
+            bytes: code.into_bytes(),
+            one_time: true,
+        }
+    }
+
+    /// Whether this is a one-time code.
+    pub fn is_one_time(&self) -> bool {
+        self.one_time
     }
 
     /// The value.
     pub fn as_bytes(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 
     /// Overwrites `buf` with zeros in a way the compiler does not remove.
@@ -122,13 +142,13 @@ impl SecretValue {
 
 impl From<Vec<u8>> for SecretValue {
     fn from(v: Vec<u8>) -> Self {
-        SecretValue(v)
+        SecretValue::new(v)
     }
 }
 
 impl From<String> for SecretValue {
     fn from(v: String) -> Self {
-        SecretValue(v.into_bytes())
+        SecretValue::new(v.into_bytes())
     }
 }
 
@@ -140,11 +160,94 @@ impl std::fmt::Debug for SecretValue {
 
 impl Drop for SecretValue {
     fn drop(&mut self) {
-        let len = self.0.len();
+        let len = self.bytes.len();
         // Zero the spare capacity too: earlier contents may have been moved there.
-        self.0.resize(self.0.capacity(), 0);
-        SecretValue::wipe(&mut self.0);
-        self.0.truncate(len);
+        self.bytes.resize(self.bytes.capacity(), 0);
+        SecretValue::wipe(&mut self.bytes);
+        self.bytes.truncate(len);
+    }
+}
+
+/// What a secret holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecretKind {
+    /// A value sent as it is.
+    #[default]
+    Value,
+    /// A TOTP seed: the code of the moment is sent ([`crate::totp`]).
+    Totp,
+}
+
+impl SecretKind {
+    /// The kind's name in the API and the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SecretKind::Value => "value",
+            SecretKind::Totp => "totp",
+        }
+    }
+
+    /// The kind named `s`.
+    pub fn parse(s: &str) -> Option<SecretKind> {
+        match s {
+            "value" => Some(SecretKind::Value),
+            "totp" => Some(SecretKind::Totp),
+            _ => None,
+        }
+    }
+}
+
+/// A secret as the vault keeps it: its kind and what it holds (the value, or the canonical
+/// text of a TOTP generator).
+#[derive(Debug)]
+pub struct StoredSecret {
+    /// Its kind.
+    pub kind: SecretKind,
+    /// What it holds.
+    pub held: SecretValue,
+}
+
+impl StoredSecret {
+    /// What goes in place of the placeholder at this moment: the value, or the current code;
+    /// `None` when a TOTP secret's text does not parse (logged).
+    pub fn current(&self) -> Option<SecretValue> {
+        match self.kind {
+            SecretKind::Value => Some(SecretValue::new(self.held.as_bytes().to_vec())),
+            SecretKind::Totp => {
+                let text = std::str::from_utf8(self.held.as_bytes()).ok()?;
+                match crate::totp::Totp::parse(text) {
+                    Ok(t) => Some(SecretValue::one_time(t.now())),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a stored TOTP seed does not parse");
+                        None
+                    }
+                }
+            }
+        }
+    }
+
+    /// The form a call to a node carries it in: base64, prefixed `totp:` for a TOTP seed
+    /// (base64 has no `:`, so a value never looks like one).
+    pub fn to_wire(&self) -> String {
+        let b64 = crate::calls::encode_bytes(self.held.as_bytes());
+        match self.kind {
+            SecretKind::Value => b64,
+            SecretKind::Totp => format!("totp:{b64}"),
+        }
+    }
+
+    /// Reads [`StoredSecret::to_wire`]'s form.
+    pub fn from_wire(text: &str) -> Option<StoredSecret> {
+        let (kind, b64) = match text.strip_prefix("totp:") {
+            Some(rest) => (SecretKind::Totp, rest),
+            None => (SecretKind::Value, text),
+        };
+        let held = crate::calls::decode_bytes(b64).ok()?;
+        Some(StoredSecret {
+            kind,
+            held: SecretValue::new(held),
+        })
     }
 }
 

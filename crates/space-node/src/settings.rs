@@ -15,6 +15,7 @@ use space_archive::{
     Archive, BoxFuture, KeyAudit, KeyError, KeyEvent, Keyring, MasterDescription, MasterKey,
     MasterResolver, StoreConfig,
 };
+use space_node_api::secrets::StoredSecret;
 
 use crate::archive::ArchiveConfig;
 pub use space_node_api::settings::{
@@ -280,7 +281,8 @@ impl Applied {
 /// node's [`space_gateway::SecretSource`].
 #[derive(Default)]
 pub struct SecretValues {
-    values: RwLock<std::collections::HashMap<crate::ids::SandboxId, BTreeMap<String, Vec<u8>>>>,
+    values:
+        RwLock<std::collections::HashMap<crate::ids::SandboxId, BTreeMap<String, StoredSecret>>>,
 }
 
 impl std::fmt::Debug for SecretValues {
@@ -295,11 +297,10 @@ impl std::fmt::Debug for SecretValues {
 impl SecretValues {
     /// Replaces what sandbox `id` has (the values of the secrets it is bound to that
     /// exist; a secret deleted from the vault is absent).
-    pub fn set(&self, id: &crate::ids::SandboxId, values: BTreeMap<String, Vec<u8>>) {
+    pub fn set(&self, id: &crate::ids::SandboxId, values: BTreeMap<String, StoredSecret>) {
         let mut all = self.values.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(old) = all.insert(id.clone(), values) {
-            wipe(old);
-        }
+        // Values are wiped as they drop.
+        all.insert(id.clone(), values);
     }
 
     /// Forgets sandbox `id`'s values.
@@ -309,9 +310,7 @@ impl SecretValues {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
-        if let Some(old) = old {
-            wipe(old);
-        }
+        drop(old);
     }
 
     /// Forgets the values of every sandbox that has secret `name` (its value changed), so
@@ -324,9 +323,7 @@ impl SecretValues {
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
-            if let Some(old) = all.remove(&id) {
-                wipe(old);
-            }
+            all.remove(&id);
         }
     }
 
@@ -338,19 +335,27 @@ impl SecretValues {
             .contains_key(id)
     }
 
-    /// The value of `name` sandbox `id` has, if any (tests look with this).
+    /// What sandbox `id` holds of secret `name`, if anything (tests look with this).
     pub fn get(&self, id: &crate::ids::SandboxId, name: &str) -> Option<Vec<u8>> {
         self.values
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
-            .and_then(|v| v.get(name).cloned())
+            .and_then(|v| v.get(name).map(|s| s.held.as_bytes().to_vec()))
     }
-}
 
-fn wipe(values: BTreeMap<String, Vec<u8>>) {
-    for (_, v) in values {
-        drop(space_gateway::SecretValue::new(v));
+    /// What goes in place of `name`'s placeholder for sandbox `id` now.
+    fn current(
+        &self,
+        id: &crate::ids::SandboxId,
+        name: &str,
+    ) -> Option<space_gateway::SecretValue> {
+        self.values
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .and_then(|v| v.get(name))
+            .and_then(StoredSecret::current)
     }
 }
 
@@ -362,7 +367,7 @@ impl space_gateway::SecretSource for SecretValues {
     ) -> std::pin::Pin<
         Box<dyn std::future::Future<Output = Option<space_gateway::SecretValue>> + Send + 'a>,
     > {
-        let v = self.get(sandbox, name).map(space_gateway::SecretValue::new);
+        let v = self.current(sandbox, name);
         Box::pin(async move { v })
     }
 }

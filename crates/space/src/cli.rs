@@ -572,6 +572,10 @@ pub struct SecretSetArgs {
     /// The value (visible in the process list and shell history: prefer stdin).
     #[arg(long)]
     pub value: Option<String>,
+    /// A one-time password seed (base32, or an otpauth://totp URI): the gateway sends the
+    /// code of the moment in place of the placeholder.
+    #[arg(long)]
+    pub totp: bool,
 }
 
 /// `space net`.

@@ -306,8 +306,10 @@ def egress_update(
     )
 
 
-def secret_body(value: str | bytes, hosts: Sequence[str]) -> dict[str, Any]:
+def secret_body(value: str | bytes, hosts: Sequence[str], kind: str = "value") -> dict[str, Any]:
     """The body of ``PUT /v1/secrets/{name}``."""
+    if kind not in ("value", "totp"):
+        raise invalid("a secret's kind is 'value' or 'totp'")
     if isinstance(value, bytes):
         try:
             value = value.decode("utf-8")
@@ -318,7 +320,7 @@ def secret_body(value: str | bytes, hosts: Sequence[str]) -> dict[str, Any]:
     names = str_list(hosts, "hosts")
     if not names:
         raise invalid("a secret needs at least one host it may be sent to")
-    return {"value": value, "hosts": names}
+    return {"value": value, "hosts": names, "kind": kind}
 
 
 def count(value: Any, what: str) -> int:

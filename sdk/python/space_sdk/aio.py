@@ -446,11 +446,15 @@ class AsyncSpace:
         value = await self._json("GET", "/v1/secrets")
         return [Secret.from_json(s) for s in _core.list_field(value, "secrets")]
 
-    async def set_secret(self, name: str, value: str | bytes, hosts: Sequence[str]) -> Secret:
+    async def set_secret(
+        self, name: str, value: str | bytes, hosts: Sequence[str], *, kind: str = "value"
+    ) -> Secret:
         """Stores the secret ``name`` (``[A-Z_][A-Z0-9_]*``) with ``value``, which the egress
         gateway may send to ``hosts`` (egress rules) only; replaces one of that name (its
-        creation time stays). Sandboxes created with ``secrets=[name]`` see a placeholder."""
-        body = _core.secret_body(value, hosts)
+        creation time stays). Sandboxes created with ``secrets=[name]`` see a placeholder.
+        ``kind="totp"``: ``value`` is a one-time password seed (base32 or an otpauth URI) and
+        the gateway sends the code of the moment."""
+        body = _core.secret_body(value, hosts, kind)
         return Secret.from_json(
             await self._json("PUT", f"/v1/secrets/{_core.seg(name)}", json=body)
         )

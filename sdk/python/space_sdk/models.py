@@ -658,6 +658,8 @@ class Secret:
     hosts: list[str]
     created_unix_ms: int
     updated_unix_ms: int
+    #: `value`: sent as it is; `totp`: a one-time password seed whose current code is sent.
+    kind: str
     # </generated fields>
 
     @classmethod

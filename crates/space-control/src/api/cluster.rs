@@ -564,8 +564,8 @@ fn send_secrets(st: &Shared, row: &NodeRow, wanted: Vec<space_node_api::settings
                 };
                 let mut values = std::collections::BTreeMap::new();
                 for name in w.names.iter().take(64) {
-                    if let Some(v) = st.vault.value(&tenant, name).await? {
-                        values.insert(name.clone(), space_node_api::calls::encode_bytes(&v));
+                    if let Some(stored) = st.vault.value(&tenant, name).await? {
+                        values.insert(name.clone(), stored.to_wire());
                     }
                 }
                 let client = cluster

@@ -75,9 +75,15 @@ pub async fn list_secrets(State(st): State<Shared>, Caller(who): Caller) -> ApiR
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "SecretSetRequest")]
 pub struct SecretBody {
-    /// At most 65536 bytes of UTF-8.
+    /// At most 65536 bytes of UTF-8; for `kind: totp`, the seed in base32 or an
+    /// `otpauth://totp/...` URI.
     #[schemars(length(min = 1))]
     value: String,
+    /// `value` (default): sent as it is; `totp`: a one-time password seed, whose current
+    /// code is sent.
+    #[serde(default)]
+    #[schemars(with = "Option<crate::api::shapes::SecretKind>")]
+    kind: space_node_api::secrets::SecretKind,
     /// Where the gateway may send the value.
     #[schemars(
         with = "Vec<crate::api::shapes::EgressRule>",
@@ -107,7 +113,7 @@ pub async fn put_secret(
         let hosts: Vec<String> = rules.iter().map(ToString::to_string).collect();
         Ok(st
             .vault
-            .put(&who.tenant, &name, body.value.as_bytes(), hosts)
+            .put(&who.tenant, &name, body.kind, body.value.as_bytes(), hosts)
             .await?)
     }
     .await;
@@ -118,8 +124,9 @@ pub async fn put_secret(
         result.as_ref().err(),
         result.as_ref().ok().map(|(info, created)| {
             format!(
-                "secret={} {} hosts={}",
+                "secret={} kind={} {} hosts={}",
                 info.name,
+                info.kind.as_str(),
                 if *created { "created" } else { "replaced" },
                 info.hosts.join(",")
             )

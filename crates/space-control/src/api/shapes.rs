@@ -109,7 +109,9 @@ shape!(EgressPolicy [EgressRule], {"type": "object", "additionalProperties": fal
 
 shape!(SecretName [], {"type": "string", "pattern": "^[A-Z_][A-Z0-9_]{0,63}$"});
 
-shape!(Secret [EgressRule, SecretName], {"type": "object", "required": ["name", "hosts", "created_unix_ms", "updated_unix_ms"], "description": "A secret of the vault; its value is never returned.", "properties": {"name": {"$ref": "#/components/schemas/SecretName"}, "hosts": {"type": "array", "items": {"$ref": "#/components/schemas/EgressRule"}}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}, "updated_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});
+shape!(SecretKind [], {"type": "string", "enum": ["value", "totp"], "description": "`value`: sent as it is; `totp`: a one-time password seed whose current code is sent."});
+
+shape!(Secret [EgressRule, SecretKind, SecretName], {"type": "object", "required": ["name", "kind", "hosts", "created_unix_ms", "updated_unix_ms"], "description": "A secret of the vault; its value is never returned.", "properties": {"name": {"$ref": "#/components/schemas/SecretName"}, "kind": {"$ref": "#/components/schemas/SecretKind"}, "hosts": {"type": "array", "items": {"$ref": "#/components/schemas/EgressRule"}}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}, "updated_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});
 
 shape!(SecretList [Secret], {"type": "object", "required": ["secrets"], "properties": {"secrets": {"type": "array", "items": {"$ref": "#/components/schemas/Secret"}}}});
 

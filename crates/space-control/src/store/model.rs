@@ -346,6 +346,8 @@ pub struct SecretRow {
     pub created_unix_ms: u64,
     /// When its value or hosts last changed.
     pub updated_unix_ms: u64,
+    /// What it holds.
+    pub kind: space_node_api::secrets::SecretKind,
 }
 
 impl fmt::Debug for SecretRow {
@@ -363,6 +365,8 @@ impl fmt::Debug for SecretRow {
 pub struct SecretInfo {
     /// Its name.
     pub name: String,
+    /// What it holds: `value` or `totp`.
+    pub kind: space_node_api::secrets::SecretKind,
     /// The host patterns it may be sent to.
     pub hosts: Vec<String>,
     /// When it was first set.
@@ -375,6 +379,7 @@ impl From<&SecretRow> for SecretInfo {
     fn from(r: &SecretRow) -> Self {
         SecretInfo {
             name: r.name.clone(),
+            kind: r.kind,
             hosts: r.hosts.clone(),
             created_unix_ms: r.created_unix_ms,
             updated_unix_ms: r.updated_unix_ms,

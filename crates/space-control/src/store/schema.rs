@@ -153,6 +153,10 @@ CREATE TABLE template_builds (
 ) STRICT;
 CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
 "#,
+    // 10: what a secret holds (a value, or a TOTP seed).
+    r#"
+ALTER TABLE secrets ADD COLUMN kind TEXT NOT NULL DEFAULT 'value';
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -302,6 +306,10 @@ CREATE TABLE template_builds (
     finished_ms BIGINT
 );
 CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
+"#,
+    // 7: what a secret holds (a value, or a TOTP seed).
+    r#"
+ALTER TABLE secrets ADD COLUMN kind TEXT NOT NULL DEFAULT 'value';
 "#,
 ];
 

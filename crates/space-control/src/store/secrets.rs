@@ -1,6 +1,7 @@
 //! Secrets (sealed by the vault), exposed ports, and small metadata values.
 
 use super::*;
+use space_node_api::secrets::SecretKind;
 
 fn secret_row(row: &Row) -> Result<SecretRow, StoreError> {
     let hosts: Vec<String> = serde_json::from_str(&row.text(2)?)
@@ -13,11 +14,16 @@ fn secret_row(row: &Row) -> Result<SecretRow, StoreError> {
         ciphertext: row.blob(4)?,
         created_unix_ms: from_db(row.int(5)?),
         updated_unix_ms: from_db(row.int(6)?),
+        kind: {
+            let k = row.text(7)?;
+            SecretKind::parse(&k)
+                .ok_or_else(|| StoreError::Database(format!("a secret of unknown kind {k:?}")))?
+        },
     })
 }
 
 const SECRET_COLUMNS: &str =
-    "tenant, name, hosts, nonce, ciphertext, created_unix_ms, updated_unix_ms";
+    "tenant, name, hosts, nonce, ciphertext, created_unix_ms, updated_unix_ms, kind";
 
 fn port_row(row: &Row) -> Result<PortInfo, StoreError> {
     Ok(PortInfo {
@@ -57,15 +63,16 @@ impl Store {
                 });
             }
             let replaced = c.execute(
-                "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6
-                 WHERE tenant = $1 AND name = $2",
+                "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6,
+                 kind = $7 WHERE tenant = $1 AND name = $2",
                 args![
                     row.tenant.as_str(),
                     row.name.as_str(),
                     hosts.as_str(),
                     row.nonce.as_slice(),
                     row.ciphertext.as_slice(),
-                    to_db(row.updated_unix_ms)
+                    to_db(row.updated_unix_ms),
+                    row.kind.as_str()
                 ],
             )?;
             if replaced > 0 {
@@ -73,7 +80,7 @@ impl Store {
             }
             c.execute(
                 &format!(
-                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7)"
+                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
                 ),
                 args![
                     row.tenant.as_str(),
@@ -82,7 +89,8 @@ impl Store {
                     row.nonce.as_slice(),
                     row.ciphertext.as_slice(),
                     to_db(row.created_unix_ms),
-                    to_db(row.updated_unix_ms)
+                    to_db(row.updated_unix_ms),
+                    row.kind.as_str()
                 ],
             )?;
             Ok(true)

@@ -437,8 +437,13 @@ impl NodeApi for LocalNode {
         };
         let mut decoded = BTreeMap::new();
         for (name, v) in values.0 {
-            let bytes = rpc::decode_bytes(&v)?;
-            decoded.insert(name, bytes);
+            let secret = space_node_api::secrets::StoredSecret::from_wire(&v).ok_or_else(|| {
+                space_node_api::wire::Fault::new(
+                    space_node_api::wire::FaultCode::Invalid,
+                    format!("the value of secret {name} is not in its wire form"),
+                )
+            })?;
+            decoded.insert(name, secret);
         }
         // Only for a sandbox this node holds.
         self.node.info(id).await.map_err(fault)?;

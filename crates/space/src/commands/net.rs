@@ -50,12 +50,13 @@ pub async fn secret(c: &Client, cmd: SecretCmd, json: bool) -> Result<()> {
                 .map(|s| {
                     vec![
                         field(s, "name"),
+                        field(s, "kind"),
                         strings(s, "hosts").join(","),
                         output::age(s, "updated_unix_ms"),
                     ]
                 })
                 .collect();
-            output::print_table(&["NAME", "HOSTS", "UPDATED"], &rows);
+            output::print_table(&["NAME", "KIND", "HOSTS", "UPDATED"], &rows);
             Ok(())
         }
         SecretCmd::Rm { name } => {
@@ -93,7 +94,11 @@ async fn set(c: &Client, a: SecretSetArgs, json: bool) -> Result<()> {
     let resp = c
         .send(
             c.request(Method::PUT, &format!("/v1/secrets/{}", seg(&a.name)?))
-                .json(&json!({"value": value, "hosts": a.hosts})),
+                .json(&json!({
+                    "value": value,
+                    "hosts": a.hosts,
+                    "kind": if a.totp { "totp" } else { "value" },
+                })),
         )
         .await?;
     let created = resp.status() == reqwest::StatusCode::CREATED;
@@ -102,8 +107,9 @@ async fn set(c: &Client, a: SecretSetArgs, json: bool) -> Result<()> {
         output::json(&info);
     } else {
         println!(
-            "secret {} {} (hosts {})",
+            "secret {}{} {} (hosts {})",
             field(&info, "name"),
+            if a.totp { " (one-time codes)" } else { "" },
             if created { "created" } else { "replaced" },
             strings(&info, "hosts").join(",")
         );

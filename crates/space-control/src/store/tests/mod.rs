@@ -929,7 +929,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
-    assert_eq!(SCHEMA_VERSION, 9);
+    assert_eq!(SCHEMA_VERSION, 10);
     let acme = t("acme");
     assert_eq!(
         store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
