@@ -1108,6 +1108,21 @@ class AsyncSandbox:
         value = await self.client._json("POST", _core.sandbox_path(self.id, "browser"))
         return BrowserSession.from_json(value)
 
+    async def fill_credential(
+        self, secret: str, selector: str, *, mode: str = "placeholder"
+    ) -> dict[str, str]:
+        """Types secret ``secret`` into the field ``selector`` of the page in front of the
+        sandbox's browser: its placeholder by default (the gateway puts the value in when the
+        form goes to a host the secret is bound to); ``mode="value"`` types the value itself,
+        only on an https page of a bound host. Answers what was filled, never the value."""
+        if mode not in ("placeholder", "value"):
+            raise _core.invalid("mode is 'placeholder' or 'value'")
+        body = {"secret": secret, "selector": selector, "mode": mode}
+        value = await self.client._json(
+            "POST", _core.sandbox_path(self.id, "browser") + "/fill", json=body
+        )
+        return {k: str(v) for k, v in dict(value).items()}
+
     async def expose(self, port: int) -> PortExposed:
         """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no
         key and is shown only now); exposing it again makes a new URL and revokes the old."""

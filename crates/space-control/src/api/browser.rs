@@ -1,7 +1,8 @@
 //! Browser routes: `POST /v1/sandboxes/{id}/browser` starts the sandbox's Chromium and
 //! answers its DevTools URL (for Playwright's `connect_over_cdp`, Puppeteer's `connect`) and
 //! its live view; `GET .../browser/cdp` is that DevTools WebSocket; `.../browser/live/{token}/`
-//! is the live view (noVNC). See [`crate::service::browser`].
+//! is the live view (noVNC); `POST .../browser/fill` types a credential into a field. See
+//! [`crate::service::browser`] and [`crate::service::fill`].
 
 use axum::extract::{ConnectInfo, FromRequestParts as _, Request, State};
 use axum::http::{header, HeaderMap};
@@ -10,7 +11,7 @@ use axum::Json;
 use serde::Deserialize;
 use space_node_api::SandboxId;
 
-use super::{ApiPath, ApiQuery, Caller, Shared};
+use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use crate::error::{node_error, ApiError, ApiResult};
 use crate::listen::Peer;
 use crate::service::browser::{self as service, CDP_PORT, LIVE_PORT};
@@ -29,6 +30,39 @@ pub async fn start(
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let http_base = crate::service::public_base(&st, host, tls)?;
     service::session(&st, &who, &raw, &http_base)
+        .await
+        .map(Json)
+}
+
+/// Body of `POST /v1/sandboxes/{id}/browser/fill`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FillBody {
+    secret: String,
+    selector: String,
+    #[serde(default)]
+    mode: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/browser/fill`
+pub async fn fill(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiJson(body): ApiJson<FillBody>,
+) -> ApiResult<Json<crate::service::fill::Filled>> {
+    use crate::service::fill::{self, FillMode};
+    let mode = match body.mode.as_deref() {
+        None | Some("placeholder") => FillMode::Placeholder,
+        Some("value") => FillMode::Value,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "mode must be \"placeholder\" or \"value\", not {:?}",
+                other.chars().take(40).collect::<String>()
+            )))
+        }
+    };
+    fill::fill(&st, &who, &raw, &body.secret, &body.selector, mode)
         .await
         .map(Json)
 }

@@ -133,6 +133,7 @@ pub const ROUTES: &[Route] = &[
     r("PUT", "/v1/sandboxes/{id}/egress", "egress.update"),
     r("POST", "/v1/sandboxes/{id}/browser", "browser.start"),
     r("GET", "/v1/sandboxes/{id}/browser/cdp", "browser.cdp"),
+    r("POST", "/v1/sandboxes/{id}/browser/fill", "browser.fill"),
     r("GET", BROWSER_LIVE, "browser.live"),
     r("POST", "/v1/sandboxes/{id}/ports", "port.expose"),
     r("GET", "/v1/sandboxes/{id}/ports", "port.list"),
@@ -522,6 +523,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}", delete(n::unexpose))
         .route("/v1/sandboxes/{id}/browser", post(browser::start))
         .route("/v1/sandboxes/{id}/browser/cdp", get(browser::cdp))
+        .route("/v1/sandboxes/{id}/browser/fill", post(browser::fill))
         .route(BROWSER_LIVE, get(browser::live))
         .route("/v1/cluster/join-tokens", post(c::create_join_token))
         .route(cluster_paths::JOIN_PATH, post(c::join))

@@ -31,8 +31,6 @@ pub const LIVE_PORT: u16 = 6081;
 pub const TOKEN_TTL: Duration = Duration::from_secs(3600);
 /// How long Chromium may take to open its DevTools port under TCG.
 const START_TIMEOUT_MS: u64 = 180_000;
-/// The most of `/json/version` read.
-const MAX_VERSION_BODY: usize = 64 << 10;
 
 /// Starts Chromium when its DevTools port does not answer, and the live view when there is a
 /// display; prints `headful` or `headless`. Runs as `user`.
@@ -215,39 +213,8 @@ pub async fn devtools_path(
     who: Option<&Principal>,
     id: &SandboxId,
 ) -> ApiResult<String> {
-    use http_body_util::BodyExt as _;
-    let guest = st.guest(who, id).await?;
-    let tunnel = guest.tcp(CDP_PORT).await.map_err(|_| {
-        ApiError::new(
-            axum::http::StatusCode::CONFLICT,
-            "illegal_state",
-            format!(
-                "the browser of sandbox {id} is not running: POST /v1/sandboxes/{id}/browser \
-                 starts it"
-            ),
-        )
-    })?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tunnel))
-            .await
-            .map_err(|e| ApiError::guest(format!("the browser's DevTools port: {e}")))?;
-    tokio::spawn(conn);
-    let req = http::Request::get("/json/version")
-        .header(http::header::HOST, format!("localhost:{CDP_PORT}"))
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .map_err(|e| ApiError::internal(e.to_string()))?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| ApiError::guest(format!("the browser's /json/version: {e}")))?;
-    let body = http_body_util::Limited::new(resp.into_body(), MAX_VERSION_BODY)
-        .collect()
-        .await
-        .map_err(|e| ApiError::guest(format!("the browser's /json/version: {e}")))?
-        .to_bytes();
+    let v = super::cdp::devtools_json(st, who, id, "/json/version").await?;
     // What the guest's browser says is hostile: only a path of the expected shape is used.
-    let v: serde_json::Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiError::guest(format!("the browser's /json/version is not JSON: {e}")))?;
     let url = v["webSocketDebuggerUrl"].as_str().unwrap_or_default();
     let path = url
         .split_once("://")
@@ -255,12 +222,7 @@ pub async fn devtools_path(
         .map(|(_, p)| format!("/{p}"))
         .unwrap_or_default();
     let id_part = path.strip_prefix("/devtools/browser/").unwrap_or_default();
-    if id_part.is_empty()
-        || id_part.len() > 64
-        || !id_part
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    {
+    if !super::cdp::devtools_id(id_part) {
         return Err(ApiError::guest(
             "the browser's /json/version names no DevTools WebSocket",
         ));

@@ -15,9 +15,11 @@
 //! - [`browser`]: the sandbox's Chromium for automation clients, and its live view.
 
 pub mod browser;
+pub mod cdp;
 pub mod create;
 pub mod exec;
 pub mod files;
+pub mod fill;
 pub mod in_process;
 pub mod ports;
 pub mod sandboxes;

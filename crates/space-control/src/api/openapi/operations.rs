@@ -234,6 +234,12 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param("BrowserQueryToken")
             .ok(101, "Switching Protocols: the DevTools WebSocket is open.", vec![])
             .err(&[400, 401, 404, 409, 500, 502]),
+        "browser.fill" => Op::new("Type a credential into a field of the sandbox's browser", "browser")
+            .desc("Fills the field `selector` of the page in front with the secret's placeholder (the default): the gateway puts the value in when the form is sent to a host the secret is bound to, so the value never enters the VM. `mode: value` types the value itself (the current code for a TOTP secret) for pages whose script hashes or encrypts the field; it does so only when the page is https on a bound host (`403 forbidden` otherwise), and the value then is in the VM. Audited as `credential.fill`. The browser must run (`409 illegal_state`); the sandbox must have the secret bound (`400`).")
+            .param("SandboxId")
+            .body(true, vec![("application/json", s::<sh::BrowserFillRequest>(g))])
+            .ok(200, "What was filled (never the value).", vec![("application/json", s::<sh::BrowserFill>(g))])
+            .err(&[400, 401, 403, 404, 409, 413, 415, 500, 502]),
         "browser.live" => Op::new("The live view of the sandbox's display (noVNC)", "browser")
             .desc("noVNC's page, its files and its WebSocket, reached with the token of the `live_url` that `POST .../browser` answered (no key); a wrong or expired token is `404 not_found`.")
             .public()
