@@ -26,7 +26,7 @@ use super::handlers::event;
 use super::http1::{self, BodyLen, Head};
 use super::policy::Host;
 use super::streams::CHUNK;
-use super::substitute::{self, BodyKind, Scrubber};
+use super::substitute::{self, BodyKind, Scratch, Scrubber};
 use super::{SandboxGateway, SecretBinding, SecretValue};
 
 /// The largest request body (after chunked decoding) read whole, searched and given values;
@@ -35,6 +35,8 @@ use super::{SandboxGateway, SecretBinding, SecretValue};
 pub const MAX_SCANNED_BODY: usize = 256 * 1024;
 /// What upstream is asked to encode responses in when they are scrubbed.
 const ACCEPTED_ENCODINGS: &str = "gzip, deflate";
+/// Bytes read from upstream at a time while scrubbing a response.
+const RELAY_CHUNK: usize = 64 * 1024;
 /// The most bytes a decompressor takes at once (a step's output stays bounded).
 const INFLATE_STEP: usize = 1024;
 
@@ -598,7 +600,7 @@ where
     G: AsyncWrite + Unpin,
 {
     let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; CHUNK];
+    let mut chunk = Scratch(vec![0u8; RELAY_CHUNK]);
     let head = loop {
         match http1::parse_response_head(&buf) {
             Ok(Some(h)) if (100..200).contains(&h.code) && h.code != 101 => {
@@ -658,12 +660,15 @@ where
     if no_body {
         return Ok(());
     }
-    let mut pending = buf.split_off(head.len);
+    // The response may hold values until scrubbed: its buffers are reused and wiped once,
+    // when they drop (on every way out of here).
+    let mut pending = Scratch(buf.split_off(head.len));
+    drop(Scratch(buf));
     let mut framing = framing;
-    let mut body = Vec::new();
-    let mut plain = Vec::new();
-    let mut scrubbed = Vec::new();
-    let mut framed = Vec::new();
+    let identity = matches!(inflate, Inflate::Identity);
+    let (mut body, mut plain, mut scrubbed) =
+        (Scratch::default(), Scratch::default(), Scratch::default());
+    let mut framed = Scratch::default();
     loop {
         // Unframe what was read.
         let complete = match &mut framing {
@@ -684,17 +689,18 @@ where
                 false
             }
         };
-        SecretValue::wipe(&mut pending);
         pending.clear();
-        inflate.push(&body, &mut plain).map_err(|_| None)?;
-        SecretValue::wipe(&mut body);
-        body.clear();
-        if complete {
-            inflate.finish(&mut plain).map_err(|_| None)?;
+        if identity {
+            scrubber.push(&body, &mut scrubbed);
+        } else {
+            inflate.push(&body, &mut plain).map_err(|_| None)?;
+            if complete {
+                inflate.finish(&mut plain).map_err(|_| None)?;
+            }
+            scrubber.push(&plain, &mut scrubbed);
+            plain.clear();
         }
-        scrubber.push(&plain, &mut scrubbed);
-        SecretValue::wipe(&mut plain);
-        plain.clear();
+        body.clear();
         if complete {
             scrubber.finish(&mut scrubbed);
         }

@@ -201,7 +201,36 @@ pub struct Scrubber {
     patterns: Vec<(SecretValue, usize)>,
     placeholders: Vec<String>,
     longest: usize,
-    pending: SecretValue,
+    /// The bytes held back from the last push.
+    pending: Scratch,
+    /// Held bytes and the next input together, reused push after push.
+    work: Scratch,
+}
+
+/// A buffer that may hold secrets, reused rather than reallocated, and overwritten with zeros
+/// (its whole capacity) once, when dropped: wiping every piece of a stream as it passes would
+/// cost a pass over each byte.
+#[derive(Default)]
+pub struct Scratch(pub Vec<u8>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        self.0.resize(self.0.capacity(), 0);
+        SecretValue::wipe(&mut self.0);
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Vec<u8>;
+    fn deref(&self) -> &Vec<u8> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.0
+    }
 }
 
 impl std::fmt::Debug for Scrubber {
@@ -232,7 +261,8 @@ impl Scrubber {
             patterns,
             placeholders,
             longest,
-            pending: SecretValue::new(Vec::new()),
+            pending: Scratch::default(),
+            work: Scratch::default(),
         }
     }
 
@@ -266,29 +296,28 @@ impl Scrubber {
             out.extend_from_slice(input);
             return;
         }
-        let mut buf = std::mem::replace(&mut self.pending, SecretValue::new(Vec::new()));
-        let mut data = Vec::with_capacity(buf.as_bytes().len() + input.len());
-        data.extend_from_slice(buf.as_bytes());
-        data.extend_from_slice(input);
-        drop(buf);
-        buf = SecretValue::new(data);
-        let data = buf.as_bytes();
+        let mut work = std::mem::take(&mut self.work);
+        work.clear();
+        work.extend_from_slice(&self.pending);
+        work.extend_from_slice(input);
         let mut start = 0;
-        while let Some((at, len, idx)) = self.earliest(&data[start..]) {
-            out.extend_from_slice(&data[start..start + at]);
+        while let Some((at, len, idx)) = self.earliest(&work[start..]) {
+            out.extend_from_slice(&work[start..start + at]);
             out.extend_from_slice(self.placeholders[idx].as_bytes());
             start += at + len;
         }
         // A value may begin in the last longest-1 bytes: keep them for the next push.
-        let keep = data.len().saturating_sub(self.longest - 1).max(start);
-        out.extend_from_slice(&data[start..keep]);
-        self.pending = SecretValue::new(data[keep..].to_vec());
+        let keep = work.len().saturating_sub(self.longest - 1).max(start);
+        out.extend_from_slice(&work[start..keep]);
+        self.pending.clear();
+        self.pending.extend_from_slice(&work[keep..]);
+        self.work = work;
     }
 
     /// The stream ended: appends what was held back.
     pub fn finish(&mut self, out: &mut Vec<u8>) {
-        out.extend_from_slice(self.pending.as_bytes());
-        self.pending = SecretValue::new(Vec::new());
+        out.extend_from_slice(&self.pending);
+        self.pending.clear();
     }
 
     /// Scrubs one whole piece (a header value).

@@ -642,6 +642,17 @@ pub struct ExposeArgs {
 pub struct BrowserArgs {
     /// The sandbox id (template `desktop`).
     pub id: String,
+    /// Type this secret into the field `--selector` of the page in front (its placeholder;
+    /// the gateway puts the value in when the form goes to a bound host).
+    #[arg(long, value_name = "SECRET", requires = "selector")]
+    pub fill: Option<String>,
+    /// The CSS selector of the field `--fill` types into.
+    #[arg(long, requires = "fill")]
+    pub selector: Option<String>,
+    /// With --fill: type the value itself, only on an https page of a host the secret is
+    /// bound to (the value then is in the VM: for pages that hash the field in script).
+    #[arg(long, requires = "fill")]
+    pub value: bool,
 }
 
 /// `space unexpose`.

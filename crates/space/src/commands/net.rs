@@ -188,6 +188,30 @@ pub async fn net(c: &Client, a: NetArgs, json: bool) -> Result<()> {
 /// `space browser ID`: the DevTools URL on the first line, the live view (if any) on the
 /// second.
 pub async fn browser(c: &Client, a: BrowserArgs, json: bool) -> Result<()> {
+    if let (Some(secret), Some(selector)) = (&a.fill, &a.selector) {
+        let v: Value = c
+            .post(
+                &format!("/v1/sandboxes/{}/browser/fill", seg(&a.id)?),
+                &json!({
+                    "secret": secret,
+                    "selector": selector,
+                    "mode": if a.value { "value" } else { "placeholder" },
+                }),
+            )
+            .await?;
+        if json {
+            output::json(&v);
+        } else {
+            println!(
+                "filled {} with the {} of {} on {}",
+                field(&v, "field"),
+                field(&v, "mode"),
+                field(&v, "secret"),
+                field(&v, "origin")
+            );
+        }
+        return Ok(());
+    }
     let v: Value = c
         .post(
             &format!("/v1/sandboxes/{}/browser", seg(&a.id)?),
