@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes what the browser tests drive a sandbox's Chromium with: Playwright for Python (its
-# `connect_over_cdp` needs no browser of its own) and pytest, at the versions pinned in
-# compat/browser/requirements.txt, in a venv at target/space/venv-browser. Idempotent: the
+# `connect_over_cdp` needs no browser of its own), pytest and pyotp, at the versions pinned in
+# compat/browser/requirements.txt and compat/logins/requirements.txt, in a venv at
+# target/space/venv-browser. Idempotent: the
 # venv keeps a hash of its pins and this script, and a warm run that finds the same hash does
 # nothing.
 set -euo pipefail
@@ -12,16 +13,17 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="$root/target/space/venv-browser"
 python=${PYTHON:-python3}
 
-want=$(cat "$root/compat/browser/requirements.txt" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-64)
+reqs=("$root/compat/browser/requirements.txt" "$root/compat/logins/requirements.txt")
+want=$(cat "${reqs[@]}" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-64)
 if [[ -x "$venv/bin/python" && "$(cat "$venv/.space-stamp" 2>/dev/null)" == "$want" ]] &&
-    "$venv/bin/python" -c 'import playwright, pytest' 2>/dev/null; then
+    "$venv/bin/python" -c 'import playwright, pytest, pyotp' 2>/dev/null; then
     exit 0
 fi
-log "installing Playwright for Python (pinned) into target/space/venv-browser"
+log "installing Playwright for Python and pyotp (pinned) into target/space/venv-browser"
 rm -rf "$venv"
 mkdir -p "$(dirname "$venv")"
 "$python" -m venv "$venv" >&2 || { log "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    -r "$root/compat/browser/requirements.txt" >&2
+    -r "${reqs[0]}" -r "${reqs[1]}" >&2
 printf '%s\n' "$want" >"$venv/.space-stamp"
 log "ready"

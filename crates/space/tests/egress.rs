@@ -401,7 +401,10 @@ fn egress_credentials_and_ingress_end_to_end() {
         .map(|e| e["result"].as_str().unwrap_or(""))
         .collect();
     assert_eq!(results, ["invalid_request", "invalid_request", "ok"]);
-    assert_eq!(set[2]["detail"], "secret=TOKEN created hosts=127.0.0.1");
+    assert_eq!(
+        set[2]["detail"],
+        "secret=TOKEN kind=value created hosts=127.0.0.1"
+    );
     assert!(!set.to_string().contains(&value));
 
     // ---- ingress ----

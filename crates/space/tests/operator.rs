@@ -2,6 +2,7 @@
 //! `space purge`, which must leave no VM, control group, mount, loop device or file behind.
 
 mod common;
+mod kit;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -268,24 +269,11 @@ srv.serve_forever()
 /// A CA and a leaf it signed for 127.0.0.1 and `only-via-proxy.test`: (CA PEM, leaf PEM, key
 /// PEM).
 fn test_pki() -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "Corporate Inspection CA (test)");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".into(), "only-via-proxy.test".into()])
-            .unwrap()
-            .signed_by(&leaf_key, &ca)
-            .unwrap();
-    (ca.pem(), leaf.pem(), leaf_key.serialize_pem())
+    let p = kit::pki::test_pki(
+        "Corporate Inspection CA (test)",
+        &["127.0.0.1", "only-via-proxy.test"],
+    );
+    (p.ca_pem, p.leaf_pem, p.key_pem)
 }
 
 /// A `CONNECT` proxy on 127.0.0.1 that knows one name the host's resolver does not:

@@ -61,6 +61,7 @@ from .models import (
     NodeList,
     Port,
     PortExposed,
+    BrowserFill,
     BrowserSession,
     SandboxInfo,
     Secret,
@@ -1110,7 +1111,7 @@ class AsyncSandbox:
 
     async def fill_credential(
         self, secret: str, selector: str, *, mode: str = "placeholder"
-    ) -> dict[str, str]:
+    ) -> BrowserFill:
         """Types secret ``secret`` into the field ``selector`` of the page in front of the
         sandbox's browser: its placeholder by default (the gateway puts the value in when the
         form goes to a host the secret is bound to); ``mode="value"`` types the value itself,
@@ -1121,7 +1122,7 @@ class AsyncSandbox:
         value = await self.client._json(
             "POST", _core.sandbox_path(self.id, "browser") + "/fill", json=body
         )
-        return {k: str(v) for k, v in dict(value).items()}
+        return BrowserFill.from_json(value)
 
     async def expose(self, port: int) -> PortExposed:
         """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no

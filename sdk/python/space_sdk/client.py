@@ -43,6 +43,7 @@ from .models import (
     NodeList,
     Port,
     PortExposed,
+    BrowserFill,
     BrowserSession,
     SandboxInfo,
     Secret,
@@ -1054,7 +1055,7 @@ class Sandbox:
 
     def fill_credential(
         self, secret: str, selector: str, *, mode: str = "placeholder"
-    ) -> dict[str, str]:
+    ) -> BrowserFill:
         """Types secret ``secret`` into the field ``selector`` of the page in front of the
         sandbox's browser: its placeholder by default (the gateway puts the value in when the
         form goes to a host the secret is bound to); ``mode="value"`` types the value itself,
@@ -1065,7 +1066,7 @@ class Sandbox:
         value = self.client._json(
             "POST", _core.sandbox_path(self.id, "browser") + "/fill", json=body
         )
-        return {k: str(v) for k, v in dict(value).items()}
+        return BrowserFill.from_json(value)
 
     def expose(self, port: int) -> PortExposed:
         """Exposes ``port`` at a public ingress URL (``url`` of the answer, which needs no

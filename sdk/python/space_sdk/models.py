@@ -32,6 +32,7 @@ __all__ = [
     "NodeList",
     "Port",
     "PortExposed",
+    "BrowserFill",
     "BrowserSession",
     "Quotas",
     "RemoteCopy",
@@ -729,6 +730,34 @@ class BrowserSession:
             live_url=_opt(d, "live_url", str, w),
             headful=_get(d, "headful", bool, w),
             expires_unix_ms=_get(d, "expires_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
+class BrowserFill:
+    """What a fill of a credential into the sandbox's browser did (never the value)."""
+
+    SCHEMA: ClassVar[str] = "BrowserFill"
+
+    # <generated fields: scripts/gen_models.py>
+    #: The field filled, as `tag[type=...]`.
+    field: str
+    mode: str
+    #: The origin of the page filled.
+    origin: str
+    secret: str
+    # </generated fields>
+
+    @classmethod
+    def from_json(cls, value: Any) -> BrowserFill:
+        """Reads the answer of a fill."""
+        w = "browser fill"
+        d = _obj(value, w)
+        return cls(
+            secret=_get(d, "secret", str, w),
+            mode=_get(d, "mode", str, w),
+            origin=_get(d, "origin", str, w),
+            field=_get(d, "field", str, w),
         )
 
 

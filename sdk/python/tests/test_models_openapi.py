@@ -190,6 +190,7 @@ WRAPPED: dict[str, str] = {
     "egress.update": "Sandbox.set_egress",
     "port.expose": "Sandbox.expose",
     "browser.start": "Sandbox.browser",
+    "browser.fill": "Sandbox.fill_credential",
     "port.list": "Sandbox.ports",
     "port.unexpose": "Sandbox.unexpose",
     "port.proxy_get": "Sandbox.proxy",

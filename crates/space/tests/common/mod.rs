@@ -109,6 +109,13 @@ impl TestServer {
         Self::launch(up_args, false, Vec::new())
     }
 
+    /// Like [`TestServer::start_with`], with `env` set for `space up`.
+    pub fn start_with_env(up_args: Vec<String>, env: Vec<(String, String)>) -> TestServer {
+        env_path("SPACE_KERNEL");
+        env_path("SPACE_ROOTFS_MINIMAL");
+        Self::launch(up_args, false, env)
+    }
+
     /// `space up` with only `--data-dir`, `--listen` and `up_args`, and none of the artifact
     /// variables (`SPACE_KERNEL`, `SPACE_ROOTFS_*`, `SPACE_GUESTD`) in its environment.
     pub fn start_bare(up_args: Vec<String>) -> TestServer {

@@ -64,32 +64,14 @@ pub async fn http_upstream(seen: Seen) -> u16 {
 /// A CA made here and an HTTPS server on 127.0.0.1 with a leaf it signed (for `localhost`
 /// and `127.0.0.1`); answers the port and the CA's PEM.
 pub async fn https_upstream(seen: Seen) -> (u16, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "space e2e upstream CA");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca = rcgen::CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-    let leaf_key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()])
-        .unwrap()
-        .signed_by(&leaf_key, &ca)
-        .unwrap();
+    let pki = super::pki::test_pki("space e2e upstream CA", &["localhost", "127.0.0.1"]);
     let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()
     .with_no_client_auth()
-    .with_single_cert(
-        vec![leaf.der().clone()],
-        rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
-    )
+    .with_single_cert(vec![pki.leaf_der.clone()], pki.key_der.clone_key())
     .unwrap();
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -104,5 +86,5 @@ pub async fn https_upstream(seen: Seen) -> (u16, String) {
             });
         }
     });
-    (port, ca.pem())
+    (port, pki.ca_pem)
 }
