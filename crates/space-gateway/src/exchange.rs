@@ -693,12 +693,24 @@ where
         if identity {
             scrubber.push(&body, &mut scrubbed);
         } else {
-            inflate.push(&body, &mut plain).map_err(|_| None)?;
+            // A step at a time, passed on when a chunk's worth is ready: what one step
+            // inflates to stays bounded (about 1 MiB), however well the body compresses.
+            for step in body.chunks(INFLATE_STEP) {
+                inflate.push(step, &mut plain).map_err(|_| None)?;
+                scrubber.push(&plain, &mut scrubbed);
+                plain.clear();
+                if scrubbed.len() >= RELAY_CHUNK {
+                    chunked::write_chunk(&scrubbed, &mut framed);
+                    scrubbed.clear();
+                    guest.write_all(&framed).await.map_err(|_| None)?;
+                    framed.clear();
+                }
+            }
             if complete {
                 inflate.finish(&mut plain).map_err(|_| None)?;
+                scrubber.push(&plain, &mut scrubbed);
+                plain.clear();
             }
-            scrubber.push(&plain, &mut scrubbed);
-            plain.clear();
         }
         body.clear();
         if complete {

@@ -361,6 +361,17 @@ async fn echoes_come_back_as_the_placeholder() {
         .send(&[format!("GET /big?n={} HTTP/1.1\r\nHost: localhost\r\n\r\n", 3 << 20).into_bytes()])
         .await;
     assert_eq!(response_body(&resp).len(), 3 << 20);
+    // A body that inflates a thousandfold streams through too (32 KiB on the wire).
+    let resp = r
+        .send(&[format!(
+            "GET /zeros-gzip?n={} HTTP/1.1\r\nHost: localhost\r\n\r\n",
+            32 << 20
+        )
+        .into_bytes()])
+        .await;
+    let body = response_body(&resp);
+    assert_eq!(body.len(), 32 << 20);
+    assert!(body.iter().all(|&b| b == 0));
 
     // Over plain HTTP, the same.
     let raw = format!(

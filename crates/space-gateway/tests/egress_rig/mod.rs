@@ -76,7 +76,7 @@ pub async fn answer_one<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, seen: Arc<S
 
 /// The upstream's answer: `/echo...` paths send the request body back (`-gzip`: compressed,
 /// `-chunked`: chunked, `-header`: in a header too, `-br`: labelled as brotli), `/big?n=N`
-/// sends N bytes, anything else says what it saw.
+/// sends N bytes (`/zeros-gzip?n=N`: N zeros, gzip-compressed), anything else says what it saw.
 fn reply(path: &str, head: &str, body: &[u8]) -> Vec<u8> {
     let text = |status: &str, extra: &str, payload: &[u8]| {
         let mut out = format!(
@@ -119,6 +119,13 @@ fn reply(path: &str, head: &str, body: &[u8]) -> Vec<u8> {
             }
             out.extend_from_slice(b"0\r\n\r\n");
             out
+        }
+        p if p.starts_with("/zeros-gzip?n=") => {
+            use std::io::Write as _;
+            let n: usize = p["/zeros-gzip?n=".len()..].parse().unwrap();
+            let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+            z.write_all(&vec![0u8; n]).unwrap();
+            text("200 OK", "Content-Encoding: gzip\r\n", &z.finish().unwrap())
         }
         p if p.starts_with("/big?n=") => {
             let n: usize = p["/big?n=".len()..].parse().unwrap();
