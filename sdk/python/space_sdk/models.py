@@ -670,6 +670,7 @@ class Secret:
         w = "secret"
         return cls(
             name=_get(d, "name", str, w),
+            kind=_get(d, "kind", str, w),
             hosts=_list(d, "hosts", str, w),
             created_unix_ms=_get(d, "created_unix_ms", int, w),
             updated_unix_ms=_get(d, "updated_unix_ms", int, w),

@@ -76,6 +76,7 @@ def test_vault_set_list_replace_delete(space: Space) -> None:
     assert first.name == name
     assert first.hosts == ["api.example.com", "*.example.org:443"]
     assert first.created_unix_ms == first.updated_unix_ms
+    assert first.kind == "value"
     listed = {s.name: s for s in space.secrets()}
     assert listed[name] == first
     assert "one" not in repr(space.secrets())
@@ -95,6 +96,13 @@ def test_vault_set_list_replace_delete(space: Space) -> None:
         space.set_secret(name, "v", ["a*b"])
     assert bad_host.value.status == 400
     assert {s.name: s for s in space.secrets()}[name].hosts == ["api.example.com"]
+    # A one-time password seed: kept as kind totp; one that is not base32 is refused.
+    otp = space.set_secret(name + "_OTP", "JBSWY3DPEHPK3PXP", ["api.example.com"], kind="totp")
+    assert otp.kind == "totp"
+    with pytest.raises(InvalidRequest) as bad_seed:
+        space.set_secret(name + "_OTP", "not a seed!", ["api.example.com"], kind="totp")
+    assert bad_seed.value.status == 400 and "base32" in str(bad_seed.value)
+    space.delete_secret(name + "_OTP")
 
     space.delete_secret(name)
     assert name not in [s.name for s in space.secrets()]

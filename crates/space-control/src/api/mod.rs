@@ -352,11 +352,45 @@ async fn track(State(state): State<Shared>, req: Request, next: Next) -> Respons
             .map(MatchedPath::as_str),
     );
     let start = Instant::now();
-    let resp = next.run(req).await;
+    let sent_body = request_has_body(&req);
+    let mut resp = next.run(req).await;
     state
         .metrics
         .observe(op, resp.status().as_u16(), start.elapsed().as_secs_f64());
+    close_after_refusal(sent_body, &mut resp);
     resp
+}
+
+/// Whether an HTTP/1 request came with a body (`Content-Length` above 0, or chunked).
+fn request_has_body(req: &Request) -> bool {
+    let h1 = matches!(
+        req.version(),
+        axum::http::Version::HTTP_10 | axum::http::Version::HTTP_11
+    );
+    let length = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    h1 && (length > 0
+        || req
+            .headers()
+            .contains_key(axum::http::header::TRANSFER_ENCODING))
+}
+
+/// A refusal (4xx, 5xx) usually comes before the request's body was read, and an HTTP/1
+/// connection with an unread body is closed after the answer. Saying so
+/// (`Connection: close`) keeps a client from sending its next request on it, which would be
+/// lost when it closes.
+fn close_after_refusal(sent_body: bool, resp: &mut Response) {
+    let status = resp.status();
+    if sent_body && (status.is_client_error() || status.is_server_error()) {
+        resp.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
@@ -629,6 +663,39 @@ pub(crate) async fn guest_failure(
 mod tests {
     use super::*;
     use axum::http::StatusCode;
+
+    #[test]
+    fn refusals_of_requests_with_bodies_close_the_connection() {
+        let post = |len: &str| {
+            axum::http::Request::post("/v1/sandboxes")
+                .header("content-length", len)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        assert!(request_has_body(&post("12")));
+        assert!(!request_has_body(&post("0")));
+        let h2 = axum::http::Request::post("/x")
+            .version(axum::http::Version::HTTP_2)
+            .header("content-length", "12")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert!(!request_has_body(&h2));
+        for (sent, status, closes) in [
+            (true, StatusCode::UNAUTHORIZED, true),
+            (true, StatusCode::BAD_GATEWAY, true),
+            (true, StatusCode::OK, false),
+            (false, StatusCode::UNAUTHORIZED, false),
+        ] {
+            let mut resp = Response::new(axum::body::Body::empty());
+            *resp.status_mut() = status;
+            close_after_refusal(sent, &mut resp);
+            assert_eq!(
+                resp.headers().get("connection").is_some(),
+                closes,
+                "{sent} {status}"
+            );
+        }
+    }
 
     #[test]
     fn routes_are_unique_and_named() {
