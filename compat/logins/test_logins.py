@@ -439,7 +439,7 @@ def test_chromium_logs_in_with_the_placeholder(site: str) -> None:
         assert SEEN[-1] == ("/login", PASSWORD)
         assert_clean(page.content().encode(), "the DOM")
         status, v = api("POST", f"/v1/sandboxes/{sid}/browser/fill", {"secret": "SITE_PASSWORD", "selector": "#nothing"})
-        assert status == 400 and "matches" in v["error"]["message"], v
+        assert status == 409 and "matches" in v["error"]["message"], v
         b.close()
     wait_audit(sid, "credential.fill", "secret=SITE_PASSWORD mode=placeholder")
 

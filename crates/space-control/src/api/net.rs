@@ -74,6 +74,13 @@ pub async fn list_secrets(State(st): State<Shared>, Caller(who): Caller) -> ApiR
 #[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(rename = "SecretSetRequest")]
+#[schemars(extend(
+    "if" = {"properties": {"kind": {"const": "totp"}}, "required": ["kind"]},
+    "then" = {"properties": {"value": {"anyOf": [
+        {"pattern": "^[ \t=-]*(?:[A-Za-z2-7][ \t=-]*){16,206}$"},
+        {"pattern": "^otpauth://totp/[^?#%]*\\?secret=[A-Za-z2-7]{16,206}=*(?:&(?:algorithm=(?:SHA1|SHA256|SHA512)|digits=[678]|period=(?:[1-9][0-9]?|[12][0-9]{2}|300)|issuer=[^&%]*))*$"}
+    ]}}}
+))]
 pub struct SecretBody {
     /// At most 65536 bytes of UTF-8; for `kind: totp`, the seed in base32 or an
     /// `otpauth://totp/...` URI.
@@ -83,7 +90,7 @@ pub struct SecretBody {
     /// code is sent.
     #[serde(default)]
     #[schemars(with = "Option<crate::api::shapes::SecretKind>")]
-    kind: space_node_api::secrets::SecretKind,
+    kind: Option<space_node_api::secrets::SecretKind>,
     /// Where the gateway may send the value.
     #[schemars(
         with = "Vec<crate::api::shapes::EgressRule>",
@@ -113,7 +120,13 @@ pub async fn put_secret(
         let hosts: Vec<String> = rules.iter().map(ToString::to_string).collect();
         Ok(st
             .vault
-            .put(&who.tenant, &name, body.kind, body.value.as_bytes(), hosts)
+            .put(
+                &who.tenant,
+                &name,
+                body.kind.unwrap_or_default(),
+                body.value.as_bytes(),
+                hosts,
+            )
             .await?)
     }
     .await;

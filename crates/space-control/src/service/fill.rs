@@ -109,10 +109,14 @@ async fn run(
         .find(|b| b.name == secret)
         .cloned()
         .ok_or_else(|| {
-            ApiError::invalid(format!(
-                "sandbox {id} has no secret {secret} bound (name it in `secrets` when creating \
-                 the sandbox)"
-            ))
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "secret_not_found",
+                format!(
+                    "sandbox {id} has no secret {secret} bound (name it in `secrets` when \
+                     creating the sandbox)"
+                ),
+            )
         })?;
     let mut page = Page::front(st, Some(who), id).await?;
     let probe = page
@@ -132,9 +136,11 @@ async fn run(
         )));
     }
     if probe["found"] != Value::Bool(true) {
-        return Err(ApiError::invalid(format!(
-            "no element on the page ({origin}) matches {selector:?}"
-        )));
+        return Err(ApiError::new(
+            axum::http::StatusCode::CONFLICT,
+            "illegal_state",
+            format!("no element on the page in front ({origin}) matches {selector:?}"),
+        ));
     }
     let field = bounded(&probe["field"], 100);
     let value = match mode {
