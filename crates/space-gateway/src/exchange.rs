@@ -272,10 +272,10 @@ where
         .map(|(b, v)| (*b, SecretValue::new(v.as_bytes().to_vec())))
         .collect();
     let mut used: Vec<String> = in_head.iter().map(|(b, _)| b.name.clone()).collect();
-    let mut drop: Vec<&str> = vec!["expect"];
+    let mut left_out: Vec<&str> = vec!["expect"];
     let mut add: Vec<(&str, String)> = Vec::new();
     if !bound.values.is_empty() {
-        drop.push("accept-encoding");
+        left_out.push("accept-encoding");
         add.push(("Accept-Encoding", ACCEPTED_ENCODINGS.to_owned()));
     }
     let (body_out, rest) = match body {
@@ -290,7 +290,7 @@ where
                 }
             }
             if has_body {
-                drop.extend(["content-length", "transfer-encoding"]);
+                left_out.extend(["content-length", "transfer-encoding"]);
                 add.push(("Content-Length", out.as_bytes().len().to_string()));
             }
             (out, None)
@@ -306,7 +306,8 @@ where
             (SecretValue::new(prefix), Some(rest))
         }
     };
-    let head_out = http1::rewrite(head, &target, &in_head, &drop, &add).map_err(|e| (502, e))?;
+    let head_out =
+        http1::rewrite(head, &target, &in_head, &left_out, &add).map_err(|e| (502, e))?;
     let mut out = Vec::with_capacity(head_out.as_bytes().len() + body_out.as_bytes().len());
     out.extend_from_slice(head_out.as_bytes());
     out.extend_from_slice(body_out.as_bytes());
