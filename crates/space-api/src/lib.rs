@@ -10,6 +10,7 @@
 
 pub mod error;
 pub mod exec;
+pub mod metrics;
 pub mod model;
 pub mod ops;
 
@@ -18,6 +19,7 @@ pub mod client;
 
 pub use error::Failure;
 pub use exec::{Decoder, EventStream, ExecEvent, ExecRequest};
+pub use metrics::{MetricList, MetricSample};
 pub use model::*;
 pub use ops::{ByteStream, Caller, Operations};
 

@@ -28,6 +28,7 @@ pub mod substitute;
 pub mod upstream;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -192,6 +193,8 @@ impl Gateway {
             connections: Arc::new(Semaphore::new(self.config.max_connections)),
             up: bucket(self.config.bandwidth_bytes_per_sec),
             down: bucket(self.config.bandwidth_bytes_per_sec),
+            sent: AtomicU64::new(0),
+            received: AtomicU64::new(0),
         })
     }
 
@@ -216,6 +219,9 @@ pub struct SandboxGateway {
     pub(crate) connections: Arc<Semaphore>,
     pub(crate) up: Option<streams::Bucket>,
     pub(crate) down: Option<streams::Bucket>,
+    /// Bytes the guest sent into its egress channel and got out of it, framing included.
+    pub(crate) sent: AtomicU64,
+    pub(crate) received: AtomicU64,
 }
 
 impl std::fmt::Debug for SandboxGateway {
@@ -250,6 +256,16 @@ impl SandboxGateway {
     /// The sandbox's credential bindings.
     pub fn bindings(&self) -> &[SecretBinding] {
         &self.bindings
+    }
+
+    /// Bytes the sandbox sent and received through the gateway since this state was made
+    /// (counted on its egress channel, so HTTP/2 framing is included: about 9 bytes a frame
+    /// of up to 16 KiB).
+    pub fn traffic(&self) -> (u64, u64) {
+        (
+            self.sent.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+        )
     }
 }
 

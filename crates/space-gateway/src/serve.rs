@@ -4,6 +4,7 @@
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -42,10 +43,12 @@ where
         .await
         .map_err(|e| GatewayError::Stream(format!("echoing the sync line: {e}")))?;
     let tail = Arc::new(Mutex::new(Vec::new()));
+    sandbox.sent.fetch_add(rest.len() as u64, Ordering::Relaxed);
     let io = Tap {
         inner: stream,
         prefix: Bytes::from(rest),
         tail: tail.clone(),
+        sandbox: sandbox.clone(),
     };
     let sb = sandbox.clone();
     let service = hyper::service::service_fn(move |req| {
@@ -96,6 +99,8 @@ struct Tap<S> {
     inner: S,
     prefix: Bytes,
     tail: Arc<Mutex<Vec<u8>>>,
+    /// Counts the bytes both ways.
+    sandbox: Arc<SandboxGateway>,
 }
 
 impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
@@ -114,6 +119,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tap<S> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = r {
             let new = &buf.filled()[before..];
+            self.sandbox
+                .sent
+                .fetch_add(new.len() as u64, Ordering::Relaxed);
             let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
             tail.extend_from_slice(new);
             let excess = tail.len().saturating_sub(TAIL);
@@ -129,7 +137,11 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tap<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            self.sandbox.received.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        r
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

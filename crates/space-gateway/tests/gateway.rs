@@ -108,7 +108,7 @@ async fn tunnels_check_sni_and_splice() {
     let sb = s
         .gateway
         .sandbox(sandbox_id(), policy(r#"{"allow": ["localhost"]}"#), vec![]);
-    let mut g = Guest::connect(sb).await;
+    let mut g = Guest::connect(sb.clone()).await;
     let upstream_ca = std::fs::read_to_string(s._dir.path().join("upstream-ca.pem")).unwrap();
 
     // Without bindings the upstream's own certificate comes through (no interception).
@@ -127,6 +127,13 @@ async fn tunnels_check_sni_and_splice() {
     );
     let d = s.audit.wait_for("egress.allow", "kind=tunnel").await;
     assert!(d.contains("up=") && !d.contains("up=0 "), "{d}");
+    // The sandbox's byte counters saw the handshake and the request one way, the
+    // certificate chain and the answer the other.
+    let (sent, received) = sb.traffic();
+    assert!(
+        sent > 300 && received > 1000,
+        "sent {sent}, received {received}"
+    );
 
     // SNI naming another host: cut.
     let t = g.connect_tunnel("localhost", s.https_port).await.unwrap();

@@ -20,6 +20,7 @@ pub mod pty;
 pub mod ratelimit;
 pub mod reaper;
 pub mod server;
+pub mod stats;
 pub mod sys;
 pub mod tcp;
 pub mod transport;

@@ -46,6 +46,7 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::FS_GROW) => crate::grow::grow(&d, req).await,
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
+        (&Method::GET, routes::STATS) => crate::stats::stats().await,
         (&Method::POST, routes::TCP) => crate::tcp::tcp(d, req).await,
         (&Method::POST, routes::WATCHERS) => crate::watchers::create(d, req).await,
         (&Method::GET, p) if p.starts_with(routes::WATCHERS_PREFIX) => {

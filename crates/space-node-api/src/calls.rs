@@ -29,6 +29,7 @@ use crate::template::{LogChunk, TemplateBuild};
 use crate::wire::{
     Blob, Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke,
 };
+use space_api::MetricSample;
 
 /// What a node API call returns.
 pub type NodeResult<T> = Result<T, Fault>;
@@ -212,6 +213,9 @@ node_calls! {
     SetEgress set_egress(&id: SandboxId, policy: EgressPolicy) -> Sandbox;
     /// The last `max_bytes` of the guest's console.
     ConsoleTail console_tail(&id: SandboxId, max_bytes: usize) -> Blob;
+    /// The sandbox's resource samples whose span ends within `[start_ms, end_ms]` (ms since
+    /// the epoch), oldest first.
+    Metrics metrics(&id: SandboxId, start_ms: u64, end_ms: u64) -> Vec<MetricSample>;
     /// Wakes the sandbox when it is paused or suspended and its `auto_resume` is on, as a
     /// guest request would; says whether it did.
     Wake wake(&id: SandboxId) -> Option<Woke>;

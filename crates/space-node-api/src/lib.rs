@@ -41,6 +41,7 @@ pub use sandbox::{
 pub use secrets::SecretBinding;
 pub use serve::NodeServer;
 pub use settings::{NodeSettings, SecretMap};
+pub use space_api::MetricSample;
 pub use template::{
     BuildInput, Credentials, LogChunk, ReadyCheck, StartSpec, TemplateBuild, TemplateSource,
 };

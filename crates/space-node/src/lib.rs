@@ -27,6 +27,7 @@ pub mod error;
 pub mod fence;
 pub use space_node_api::ids;
 pub mod member;
+pub mod metrics;
 pub mod node;
 pub mod pool;
 pub mod record;
@@ -45,7 +46,7 @@ pub use archive::{ArchiveConfig, ArchiveReport};
 pub use build::{BuildInput, BuildLog, Credentials, LogChunk, TemplateSource};
 pub use error::{NodeError, Result};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};
-pub use node::{Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB};
+pub use node::{Node, NodeConfig, SandboxUsage, Wake, DEFAULT_MAX_DISK_MIB, DEFAULT_METRICS_TICK};
 pub use pool::{PoolConfig, PoolStats};
 pub use record::{
     Origin, RecoveryAction, RecoveryEvent, RemoteCopy, SandboxOptions, SandboxRecord, SnapshotKind,

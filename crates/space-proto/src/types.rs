@@ -445,6 +445,28 @@ pub struct GrowFsResult {
     pub block_size: u64,
 }
 
+/// Answer of `GET /v1/stats`: what the guest kernel counts, as of the request. CPU time is
+/// cumulative since the guest booted (a rate is the difference of two answers).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestStats {
+    /// Online CPUs.
+    pub cpu_count: u32,
+    /// Clock ticks all CPUs spent busy (user, nice, system, irq, softirq, steal).
+    pub cpu_busy_ticks: u64,
+    /// Clock ticks all CPUs spent in all, idle and iowait included.
+    pub cpu_total_ticks: u64,
+    /// `MemTotal` of `/proc/meminfo`, bytes.
+    pub mem_total_bytes: u64,
+    /// `MemAvailable`, bytes.
+    pub mem_available_bytes: u64,
+    /// Page cache and buffers (`Cached` + `Buffers`), bytes.
+    pub mem_cache_bytes: u64,
+    /// Size of the root filesystem, bytes.
+    pub disk_total_bytes: u64,
+    /// Bytes of it in use (blocks not free).
+    pub disk_used_bytes: u64,
+}
+
 /// Answer of `POST /v1/identity`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdentityApplied {

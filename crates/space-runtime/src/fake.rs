@@ -619,4 +619,10 @@ impl NodeVm for FakeVm {
         self.detached
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
+    fn host_usage(&self) -> Option<crate::HostUsage> {
+        // A fake VM has no process of its own: its use is none while it is alive.
+        Vm::check_alive(self)
+            .ok()
+            .map(|()| crate::HostUsage::default())
+    }
 }

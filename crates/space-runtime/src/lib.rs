@@ -43,6 +43,7 @@ pub mod process;
 pub mod qemu;
 pub mod qmp;
 pub mod tsc;
+pub mod usage;
 
 pub use accel::Accel;
 pub use cow::CloneMethod;
@@ -53,6 +54,7 @@ pub use priority::Priority;
 pub use process::ExitInfo;
 pub use qemu::{QemuRuntime, QemuRuntimeConfig, QemuVm};
 pub use space_proto::client::{ClientError, GuestClient};
+pub use usage::HostUsage;
 
 /// What to boot: a fresh VM from a kernel and a root disk.
 #[derive(Debug, Clone)]

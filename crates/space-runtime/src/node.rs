@@ -99,6 +99,8 @@ pub trait NodeVm: Send + Sync {
     fn resize_disk(&self, bytes: u64) -> BoxFuture<'_, Result<()>>;
     /// Lets the VM go without killing it, for a later [`NodeRuntime::adopt`].
     fn detach(self: Box<Self>);
+    /// What the VMM uses of the host now ([`crate::usage`]); `None` once it is gone.
+    fn host_usage(&self) -> Option<crate::HostUsage>;
 }
 
 impl NodeRuntime for QemuRuntime {
@@ -187,5 +189,8 @@ impl NodeVm for QemuVm {
     }
     fn detach(self: Box<Self>) {
         QemuVm::detach(*self)
+    }
+    fn host_usage(&self) -> Option<crate::HostUsage> {
+        crate::usage::of_vm(QemuVm::pid(self), self.cgroup())
     }
 }

@@ -80,6 +80,10 @@ pub enum Command {
     Timeout(TimeoutArgs),
     /// Print the end of a sandbox's serial console.
     Logs(LogsArgs),
+    /// Print a sandbox's resource samples (CPU, memory, disk, traffic), oldest first.
+    Metrics(MetricsArgs),
+    /// A live table of the running sandboxes and what each uses now.
+    Top(TopArgs),
     /// Show audit events, newest first.
     Audit(AuditArgs),
     /// Manage the tenant's credentials vault (values are never shown again).
@@ -774,6 +778,27 @@ pub struct LogsArgs {
     /// How many bytes from the end (default 64 KiB, at most 1 MiB).
     #[arg(long, value_name = "BYTES")]
     pub tail: Option<u64>,
+}
+
+/// `space metrics`.
+#[derive(Debug, Args)]
+pub struct MetricsArgs {
+    /// The sandbox id.
+    pub id: String,
+    /// Only samples of the last SECS seconds (default: the sandbox's whole series).
+    #[arg(long, value_name = "SECS")]
+    pub since: Option<u64>,
+}
+
+/// `space top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Seconds between refreshes.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub interval: u64,
+    /// Print the table once and exit (as `--json` does).
+    #[arg(long)]
+    pub once: bool,
 }
 
 /// `space audit`.

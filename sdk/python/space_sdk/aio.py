@@ -55,6 +55,7 @@ from .models import (
     Health,
     JoinToken,
     Key,
+    MetricSample,
     KeyCreated,
     MasterKey,
     Node,
@@ -954,6 +955,20 @@ class AsyncSandbox:
     async def info(self) -> SandboxInfo:
         """Asks the server for the sandbox's current description."""
         return self._update(await self.client._json("GET", _core.sandbox_path(self.id)))
+
+    async def metrics(
+        self, start: int | None = None, end: int | None = None
+    ) -> _List[MetricSample]:
+        """The sandbox's resource samples, oldest first: one every few seconds while it runs,
+        older ones merged into longer spans. ``start`` and ``end`` (ms since the Unix epoch)
+        bound when a sample's span ends."""
+        params = {}
+        if start is not None:
+            params["start"] = str(int(start))
+        if end is not None:
+            params["end"] = str(int(end))
+        value = await self.client._json("GET", _core.sandbox_path(self.id, "metrics"), params=params)
+        return [MetricSample.from_json(s) for s in _core.list_field(value, "samples")]
 
     async def logs(self, tail_bytes: int | None = None) -> str:
         """The end of the serial console (64 KiB unless ``tail_bytes`` says otherwise)."""

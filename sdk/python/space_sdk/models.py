@@ -403,6 +403,58 @@ class Snapshot:
 
 
 @dataclass(frozen=True)
+class MetricSample:
+    """What a sandbox used over one span of ``span_ms`` ending at ``timestamp_unix_ms``: CPU
+    shares averaged over the span, memory and disk as of its end, traffic through the gateway
+    during it."""
+
+    SCHEMA: ClassVar[str] = "MetricSample"
+
+    # <generated fields: scripts/gen_models.py>
+    #: The end of the span.
+    timestamp_unix_ms: int
+    span_ms: int
+    cpu_count: int
+    #: Share of all vCPUs the guest kept busy.
+    cpu_used_pct: float
+    #: CPU the VM took on the host, percent of one core (emulation included).
+    host_cpu_pct: float
+    mem_total_bytes: int
+    mem_used_bytes: int
+    mem_cache_bytes: int
+    #: Host memory charged to the VM.
+    host_mem_bytes: int
+    disk_total_bytes: int
+    disk_used_bytes: int
+    #: Through the gateway, during the span.
+    net_sent_bytes: int
+    net_received_bytes: int
+    # </generated fields>
+
+    @classmethod
+    def from_json(cls, value: Any) -> MetricSample:
+        """Reads a ``MetricSample`` object."""
+        d = _obj(value, "metric sample")
+        w = "metric sample"
+        num = (int, float)
+        return cls(
+            timestamp_unix_ms=_get(d, "timestamp_unix_ms", int, w),
+            span_ms=_get(d, "span_ms", int, w),
+            cpu_count=_get(d, "cpu_count", int, w),
+            cpu_used_pct=float(_get(d, "cpu_used_pct", num, w)),
+            host_cpu_pct=float(_get(d, "host_cpu_pct", num, w)),
+            mem_total_bytes=_get(d, "mem_total_bytes", int, w),
+            mem_used_bytes=_get(d, "mem_used_bytes", int, w),
+            mem_cache_bytes=_get(d, "mem_cache_bytes", int, w),
+            host_mem_bytes=_get(d, "host_mem_bytes", int, w),
+            disk_total_bytes=_get(d, "disk_total_bytes", int, w),
+            disk_used_bytes=_get(d, "disk_used_bytes", int, w),
+            net_sent_bytes=_get(d, "net_sent_bytes", int, w),
+            net_received_bytes=_get(d, "net_received_bytes", int, w),
+        )
+
+
+@dataclass(frozen=True)
 class FileStat:
     """What ``lstat`` says about a path in the guest. ``file_type`` is ``file``, ``dir``,
     ``symlink`` or ``other``."""

@@ -95,6 +95,7 @@ pub const ROUTES: &[Route] = &[
     r("POST", "/v1/sandboxes/{id}/fork", "sandbox.fork"),
     r("PUT", "/v1/sandboxes/{id}/timeouts", "sandbox.set_timeouts"),
     r("GET", "/v1/sandboxes/{id}/logs", "sandbox.logs"),
+    r("GET", "/v1/sandboxes/{id}/metrics", "sandbox.metrics"),
     r("POST", "/v1/sandboxes/{id}/exec", "sandbox.exec"),
     r("GET", "/v1/sandboxes/{id}/exec/ws", "sandbox.exec_ws"),
     r("GET", "/v1/sandboxes/{id}/pty", "sandbox.pty"),
@@ -512,6 +513,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
         .route("/v1/sandboxes/{id}/fork", post(s::fork))
         .route("/v1/sandboxes/{id}/timeouts", put(s::set_timeouts))
         .route("/v1/sandboxes/{id}/logs", get(s::logs))
+        .route("/v1/sandboxes/{id}/metrics", get(s::metrics))
         .route("/v1/sandboxes/{id}/exec", post(x::exec))
         .route("/v1/sandboxes/{id}/exec/ws", get(x::exec_ws))
         .route("/v1/sandboxes/{id}/pty", get(x::pty))

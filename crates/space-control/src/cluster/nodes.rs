@@ -395,6 +395,15 @@ impl NodeApi for ClusterNodes {
         Ok(held_by(&owner, owner.set_egress(id, policy).await?))
     }
 
+    async fn metrics(
+        &self,
+        id: &SandboxId,
+        start_ms: u64,
+        end_ms: u64,
+    ) -> NodeResult<Vec<space_node_api::MetricSample>> {
+        self.owner(id).await?.metrics(id, start_ms, end_ms).await
+    }
+
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {
         self.owner(id).await?.console_tail(id, max_bytes).await
     }

@@ -15,6 +15,7 @@ pub mod connect;
 pub mod envd;
 pub mod files;
 pub mod filesystem;
+pub mod metrics;
 pub mod process;
 pub mod rest;
 
@@ -191,7 +192,8 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
         .route("/sandboxes/{id}/connect", post(rest::connect))
         .route("/sandboxes/{id}/timeout", post(rest::set_timeout))
         .route("/sandboxes/{id}/pause", post(rest::pause))
-        .route("/sandboxes/{id}/metrics", get(rest::metrics))
+        .route("/sandboxes/metrics", get(metrics::many))
+        .route("/sandboxes/{id}/metrics", get(metrics::one))
         .route("/sandboxes/{id}/snapshots", post(rest::unsupported))
         .route("/sandboxes/{id}/fork", post(rest::unsupported))
         .route(

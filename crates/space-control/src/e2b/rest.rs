@@ -57,7 +57,7 @@ impl E2bError {
         }
     }
 
-    fn not_found(id: &str) -> E2bError {
+    pub(crate) fn not_found(id: &str) -> E2bError {
         E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
     }
 
@@ -104,7 +104,7 @@ impl IntoResponse for E2bError {
     }
 }
 
-type E2bResult<T> = Result<T, E2bError>;
+pub(crate) type E2bResult<T> = Result<T, E2bError>;
 
 /// The caller of an E2B request: `X-API-KEY` is a space API key.
 pub struct E2bCaller(pub Principal);
@@ -356,7 +356,11 @@ pub async fn create(
 }
 
 /// The caller's sandbox `raw` as it is now, or 404 (another tenant's, unknown, terminated).
-async fn owned(st: &Shared, who: &Principal, raw: &str) -> E2bResult<(SandboxId, Sandbox)> {
+pub(crate) async fn owned(
+    st: &Shared,
+    who: &Principal,
+    raw: &str,
+) -> E2bResult<(SandboxId, Sandbox)> {
     let id = st
         .scope(who, raw)
         .await
@@ -531,17 +535,6 @@ pub async fn pause(
     }
     .await;
     audited(&st, &who, &raw, "sandbox.suspend", result).await
-}
-
-/// `GET /sandboxes/{id}/metrics`: no samples are kept yet (an empty list, which the SDKs
-/// take as such).
-pub async fn metrics(
-    State(st): State<Shared>,
-    E2bCaller(who): E2bCaller,
-    Path(raw): Path<String>,
-) -> E2bResult<Json<Value>> {
-    owned(&st, &who, &raw).await?;
-    Ok(Json(json!([])))
 }
 
 /// Decodes a percent-encoded string once (`+` stays `+`); `None` for broken escapes.

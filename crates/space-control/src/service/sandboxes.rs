@@ -382,6 +382,22 @@ pub async fn snapshots(st: &Shared, who: &Principal, raw: &str) -> ApiResult<Vec
     Ok(list.iter().map(snapshot_view).collect())
 }
 
+/// The resource samples of a sandbox of the caller's whose span ends within `[start_ms,
+/// end_ms]`, oldest first. Reading them does not wake the sandbox or count as activity.
+pub async fn metrics(
+    st: &Shared,
+    who: &Principal,
+    raw: &str,
+    start_ms: u64,
+    end_ms: u64,
+) -> ApiResult<Vec<api::MetricSample>> {
+    let id = st.scope(who, raw).await?;
+    st.node
+        .metrics(&id, start_ms, end_ms)
+        .await
+        .map_err(node_error(&id))
+}
+
 /// Takes a snapshot of a sandbox of the caller's.
 pub async fn snapshot(
     st: &Shared,

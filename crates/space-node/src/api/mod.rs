@@ -290,6 +290,15 @@ impl NodeApi for LocalNode {
             .map_err(fault)
     }
 
+    async fn metrics(
+        &self,
+        id: &SandboxId,
+        start_ms: u64,
+        end_ms: u64,
+    ) -> NodeResult<Vec<space_node_api::MetricSample>> {
+        self.node.metrics(id, start_ms, end_ms).await.map_err(fault)
+    }
+
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {
         self.node
             .console_tail(id, max_bytes)

@@ -17,6 +17,9 @@ pub struct NodeConfig {
     /// How often the timeout reconciler runs; `None` disables it (call
     /// [`Node::reconcile_timeouts`] yourself).
     pub timeout_tick: Option<Duration>,
+    /// How often each running sandbox's resources are sampled ([`crate::metrics`]); `None`
+    /// turns sampling off.
+    pub metrics_tick: Option<Duration>,
     /// Restore a VM that dies while the node runs from its newest snapshot (see
     /// [`crate::recovery`]); off: the sandbox becomes Failed.
     pub auto_restore: bool,
@@ -50,6 +53,7 @@ impl NodeConfig {
             },
             ready_timeout: Duration::from_secs(120),
             timeout_tick: Some(Duration::from_secs(1)),
+            metrics_tick: Some(DEFAULT_METRICS_TICK),
             auto_restore: true,
             admission: AdmissionConfig::default(),
             pools: PoolConfig::default(),
@@ -63,3 +67,6 @@ impl NodeConfig {
 
 /// [`NodeConfig::max_disk_mib`] by default: 64 GiB.
 pub const DEFAULT_MAX_DISK_MIB: u64 = 64 << 10;
+
+/// [`NodeConfig::metrics_tick`] by default: 5 s.
+pub const DEFAULT_METRICS_TICK: Duration = Duration::from_secs(5);

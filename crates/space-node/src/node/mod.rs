@@ -61,7 +61,7 @@ mod records;
 mod requests;
 mod templates;
 
-pub use config::{NodeConfig, DEFAULT_MAX_DISK_MIB};
+pub use config::{NodeConfig, DEFAULT_MAX_DISK_MIB, DEFAULT_METRICS_TICK};
 pub(crate) use records::{new_record, MachineShape, Owner};
 use records::{validate_options, validate_timeouts};
 pub use requests::{SandboxUsage, Wake};
@@ -80,6 +80,8 @@ struct Inner {
     last_gc_ms: std::sync::atomic::AtomicU64,
     /// Templates being prepared (their images built), by name.
     preparing: Mutex<std::collections::BTreeMap<String, preparing::Preparing>>,
+    /// Every sandbox's resource samples ([`crate::metrics`]).
+    metrics: crate::metrics::Metrics,
 }
 
 /// One host's node services. Cheap to clone.

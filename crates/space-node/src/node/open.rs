@@ -56,6 +56,7 @@ impl Node {
                 adopted: Mutex::default(),
                 last_gc_ms: now_ms().into(),
                 preparing: Mutex::default(),
+                metrics: Default::default(),
             }),
         };
         // A node process that died while fenced left its guests stopped (crate::fence):
@@ -83,6 +84,15 @@ impl Node {
                 tick,
                 |inner| async move {
                     reconcile(&inner).await;
+                },
+            ));
+        }
+        if let Some(tick) = config.metrics_tick {
+            tokio::spawn(reconcile_every(
+                Arc::downgrade(&node.inner),
+                tick,
+                |inner| async move {
+                    inner.metrics.sample(handles_of(&inner)).await;
                 },
             ));
         }

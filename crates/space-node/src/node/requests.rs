@@ -254,6 +254,32 @@ impl Node {
         self.call(id, |r| Request::Evict(snap, r)).await
     }
 
+    /// The resource samples of a sandbox of this node whose span ends within `[start_ms,
+    /// end_ms]`, oldest first ([`crate::metrics`]); none for one that has not run a full
+    /// sampling interval here, or that was killed (its series ends with it).
+    pub async fn metrics(
+        &self,
+        id: &SandboxId,
+        start_ms: u64,
+        end_ms: u64,
+    ) -> Result<Vec<space_node_api::MetricSample>> {
+        if !self.lock_sandboxes().contains_key(id) {
+            // Known (terminated, its record kept) or not found: either way no samples.
+            self.info(id).await?;
+            return Ok(Vec::new());
+        }
+        Ok(self.inner.metrics.range(id, start_ms, end_ms))
+    }
+
+    /// Takes one metrics sample of every running sandbox now (what the sampler does every
+    /// [`NodeConfig::metrics_tick`]); answers how many it took.
+    pub async fn sample_metrics(&self) -> usize {
+        self.inner
+            .metrics
+            .sample(super::background::handles_of(&self.inner))
+            .await
+    }
+
     /// Counts as activity for the idle timeout (for callers that use a client they hold).
     pub async fn touch(&self, id: &SandboxId) -> Result<()> {
         self.call(id, Request::Touch).await

@@ -487,6 +487,14 @@ impl Sandbox {
             Request::Touch(r) => {
                 let _ = r.send(Ok(()));
             }
+            Request::Probe(r) => {
+                let vm = self.vm.as_deref();
+                let _ = r.send(Ok(crate::metrics::Probe {
+                    client: self.client.clone().filter(|c| !c.is_closed()),
+                    host: vm.and_then(|v| v.host_usage()),
+                    vm_pid: vm.map_or(0, |v| v.pid()),
+                }));
+            }
             Request::Kill(r) => {
                 let res = self.kill().await;
                 let done = res.is_ok();

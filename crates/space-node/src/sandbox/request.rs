@@ -24,6 +24,9 @@ pub(crate) enum Request {
     Guest(Reply<GuestClient>),
     /// Counts as activity, changes nothing.
     Touch(Reply<()>),
+    /// From the metrics sampler: the guest connection and the VMM's use of the host
+    /// (Running only; not activity).
+    Probe(Reply<crate::metrics::Probe>),
     /// VM and sandbox directory gone; record and snapshots stay.
     Kill(Reply<()>),
     /// The sandbox is another node's now: VM, directory and record gone from this node,
@@ -71,6 +74,7 @@ impl Request {
             Request::Fork(_) => "fork",
             Request::Guest(_) => "guest access",
             Request::Touch(_) => "touch",
+            Request::Probe(_) => "metrics",
             Request::Kill(_) => "kill",
             Request::Discard(_) => "discard",
             Request::Rolling(..) => "rolling snapshot",
@@ -91,7 +95,7 @@ impl Request {
         match self {
             Request::Info(_) | Request::Shutdown(..) | Request::Discard(_) => ALL,
             Request::SetTimeouts(..) | Request::SetEgress(..) => ALIVE_OR_SUSPENDED,
-            Request::Pause(_) | Request::Guest(_) => &[Running],
+            Request::Pause(_) | Request::Guest(_) | Request::Probe(_) => &[Running],
             Request::Resume(_) => &[Paused],
             Request::Suspend(_) | Request::Snapshot(..) | Request::Fork(_) => LIVE,
             Request::Restore(_) => &[Suspended],
@@ -119,6 +123,7 @@ impl Request {
                 | Request::UploadJob(..)
                 | Request::Uploaded(..)
                 | Request::Evict(..)
+                | Request::Probe(_)
         )
     }
 
@@ -138,6 +143,7 @@ impl Request {
             Request::Suspend(r) | Request::Snapshot(_, r) => drop(r.send(Err(err))),
             Request::Fork(r) => drop(r.send(Err(err))),
             Request::Guest(r) => drop(r.send(Err(err))),
+            Request::Probe(r) => drop(r.send(Err(err))),
             Request::Timeout(_, r) => drop(r.send(Ok(false))),
             Request::Rolling(_, r) => drop(r.send(Err(err))),
             Request::UploadJob(_, r) => drop(r.send(Ok(None))),

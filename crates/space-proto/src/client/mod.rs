@@ -391,6 +391,11 @@ impl GuestClient {
         self.get_json(routes::HEALTH).await
     }
 
+    /// The guest's CPU counters, memory and root filesystem.
+    pub async fn stats(&self) -> Result<crate::GuestStats> {
+        self.get_json(routes::STATS).await
+    }
+
     /// Starts a process. Returns once it runs (or with the reason it could not start).
     pub async fn exec(&self, spec: ExecSpec) -> Result<ExecHandle> {
         let (input, frames, pid) = self

@@ -9,6 +9,7 @@ mod profile;
 mod sandbox;
 mod shell;
 mod templates;
+mod top;
 
 use std::collections::BTreeMap;
 
@@ -56,6 +57,8 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Rollback(args) => sandbox::rollback(c, args, json).await?,
         Command::Timeout(args) => sandbox::timeout(c, args, json).await?,
         Command::Logs(args) => sandbox::logs(c, args).await?,
+        Command::Metrics(args) => top::metrics(c, args, json).await?,
+        Command::Top(args) => top::top(c, args, json).await?,
         Command::Audit(args) => admin::audit(c, args, json).await?,
         Command::Tenant(cmd) => admin::tenant(c, cmd, json).await?,
         Command::Key(cmd) => admin::key(c, cmd, json).await?,

@@ -93,6 +93,12 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .query::<crate::api::sandboxes::LogsQuery>(g)
             .ok(200, "Console text.", vec![("text/plain", json!({"type": "string"}))])
             .err(&[400, 401, 404, 500]),
+        "sandbox.metrics" => Op::new("A sandbox's resource samples", "sandboxes")
+            .desc("One sample every few seconds while it runs (CPU, memory, disk, traffic through the gateway); older samples are merged into longer spans so a long life stays bounded. Does not wake the sandbox.")
+            .param("SandboxId")
+            .query::<crate::api::sandboxes::MetricsQuery>(g)
+            .ok(200, "Samples, oldest first.", vec![("application/json", s::<sh::MetricList>(g))])
+            .err(&[400, 401, 404, 500, 502, 503]),
         "sandbox.exec" => Op::new("Run a command", "exec")
             .desc("Errors before the process started are ordinary JSON errors with their status.")
             .param("SandboxId")

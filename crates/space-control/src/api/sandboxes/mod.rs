@@ -152,6 +152,38 @@ pub async fn logs(
         .into_response())
 }
 
+/// Query of `metrics`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MetricsQuery {
+    /// The earliest end of a sample's span, ms since the Unix epoch (default: the start of
+    /// the series).
+    #[serde(default, deserialize_with = "super::whole_opt")]
+    #[schemars(with = "Option<u64>")]
+    start: Option<u64>,
+    /// The latest, ms since the Unix epoch (default: now).
+    #[serde(default, deserialize_with = "super::whole_opt")]
+    #[schemars(with = "Option<u64>")]
+    end: Option<u64>,
+}
+
+/// `GET /v1/sandboxes/{id}/metrics?start=MS&end=MS`
+pub async fn metrics(
+    State(st): State<Shared>,
+    Caller(who): Caller,
+    ApiPath(raw): ApiPath<String>,
+    ApiQuery(q): ApiQuery<MetricsQuery>,
+) -> ApiResult<Json<api::MetricList>> {
+    let start = q.start.unwrap_or(0);
+    let end = q.end.unwrap_or(u64::MAX);
+    if start > end {
+        return Err(crate::error::ApiError::invalid(format!(
+            "start ({start}) is after end ({end})"
+        )));
+    }
+    let samples = service::metrics(&st, &who, &raw, start, end).await?;
+    Ok(Json(api::MetricList { samples }))
+}
+
 /// `GET /v1/sandboxes/{id}/snapshots`
 pub async fn snapshots(
     State(st): State<Shared>,
