@@ -106,6 +106,27 @@ test('watch, pty, connect by id, list by metadata, set timeout', async () => {
   assert.ok((await sbx.getInfo()).endAt > before)
 })
 
+test('metrics: samples of the running sandbox, bounded by range', async () => {
+  // The sampler takes one every 5 s once it has a base: wait for two.
+  let metrics = []
+  for (let i = 0; i < 30 && metrics.length < 2; i++) {
+    metrics = await sbx.getMetrics()
+    if (metrics.length < 2) await new Promise((r) => setTimeout(r, 1000))
+  }
+  assert.ok(metrics.length >= 2, JSON.stringify(metrics))
+  for (const m of metrics) {
+    assert.ok(m.cpuCount >= 1 && m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, JSON.stringify(m))
+    assert.ok(m.memUsed > 0 && m.memUsed <= m.memTotal, JSON.stringify(m))
+    assert.ok(m.diskUsed > 0 && m.diskUsed <= m.diskTotal, JSON.stringify(m))
+    assert.ok(m.timestamp instanceof Date, JSON.stringify(m))
+  }
+  const stamps = metrics.map((m) => m.timestamp.getTime())
+  assert.deepEqual(stamps, [...stamps].sort((a, b) => a - b))
+  assert.deepEqual(await sbx.getMetrics({ end: new Date(Date.now() - 3_600_000) }), [])
+  const again = await Sandbox.getMetrics(sbx.sandboxId, { start: new Date(stamps.at(-1) - 1000) })
+  assert.ok(again.length >= 1)
+})
+
 test('kill, then the sandbox is gone', async () => {
   const s = await Sandbox.create(TEMPLATE)
   assert.equal(await s.kill(), true)

@@ -160,6 +160,10 @@ pub struct UpArgs {
     /// as they touch it and a VM whose memory cannot grow dies (0: none) [default: 1024].
     #[arg(long, value_name = "MIB")]
     pub disk_reserve: Option<u64>,
+    /// Seconds between resource samples of each running sandbox (`GET .../metrics`, `space
+    /// top`; 0: no sampling) [default: 5].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub metrics_interval: Option<u64>,
     /// The largest file upload in bytes (default 1 GiB).
     #[arg(long, value_name = "BYTES")]
     pub max_upload: Option<u64>,
@@ -313,6 +317,10 @@ pub struct NodeArgs {
     /// as they touch it and a VM whose memory cannot grow dies (0: none) [default: 1024].
     #[arg(long, value_name = "MIB")]
     pub disk_reserve: Option<u64>,
+    /// Seconds between resource samples of each running sandbox (`GET .../metrics`, `space
+    /// top`; 0: no sampling) [default: 5].
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub metrics_interval: Option<u64>,
     /// A PEM file of CA certificates sandboxes (and the gateway, for upstreams) trust
     /// (repeatable; `none`: only the deployment's own CA) [default: the host's locally added
     /// CAs, the *.crt files under /usr/local/share/ca-certificates].

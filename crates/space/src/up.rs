@@ -273,6 +273,9 @@ pub async fn up(a: UpArgs) -> Result<()> {
     if let Some(mib) = a.disk_reserve {
         node.admission.disk_reserve_mib = mib;
     }
+    if let Some(secs) = a.metrics_interval {
+        node.metrics_tick = (secs > 0).then(|| std::time::Duration::from_secs(secs));
+    }
     for root in &a.extra_roots {
         if !root.is_file() {
             bail!("--extra-root {} does not exist", root.display());
@@ -536,6 +539,9 @@ pub async fn node(a: NodeArgs) -> Result<()> {
     }
     if let Some(mib) = a.disk_reserve {
         cfg.admission.disk_reserve_mib = mib;
+    }
+    if let Some(secs) = a.metrics_interval {
+        cfg.metrics_tick = (secs > 0).then(|| std::time::Duration::from_secs(secs));
     }
     corporate_network(&mut cfg.gateway, &a.guest_cas)?;
     // A member's gateway injects the values the control plane sends, kept in memory.

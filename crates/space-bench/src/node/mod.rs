@@ -34,6 +34,7 @@ use crate::scratch;
 use crate::stats::{Samples, Summary, Table, Targets};
 
 mod memory;
+mod metrics;
 mod pool;
 
 /// The template every sandbox of the run comes from.
@@ -84,17 +85,20 @@ pub enum NodeGroup {
     Fork,
     /// Host memory of idle sandboxes (RSS, PSS) and the node's total.
     Memory,
+    /// What sampling idle sandboxes' metrics costs them and the node.
+    Metrics,
 }
 
 impl NodeGroup {
     /// Every group, in the order a run measures them.
-    pub const ALL: [NodeGroup; 7] = [
+    pub const ALL: [NodeGroup; 8] = [
         NodeGroup::Create,
         NodeGroup::Pause,
         NodeGroup::Snapshot,
         NodeGroup::Suspend,
         NodeGroup::Fork,
         NodeGroup::Memory,
+        NodeGroup::Metrics,
         NodeGroup::Pool,
     ];
 }
@@ -178,6 +182,8 @@ async fn open_node(
     cfg.qemu.detached = false;
     cfg.ready_timeout = READY_TIMEOUT;
     cfg.rolling.enabled = false;
+    // The metrics group runs the sampler itself; elsewhere it would land in the measurements.
+    cfg.metrics_tick = None;
     cfg.admission.overcommit_percent = plan.overcommit_percent;
     cfg.pools = match pool {
         None => PoolConfig::disabled(),
@@ -351,6 +357,9 @@ impl NodeBench<'_> {
         }
         if p.wants(NodeGroup::Memory) {
             self.memory().await?;
+        }
+        if p.wants(NodeGroup::Metrics) {
+            self.metrics().await?;
         }
         if p.wants(NodeGroup::Pool) {
             for refill in [Refill::Background, Refill::AfterExec] {
