@@ -13,6 +13,7 @@ pub mod query;
 pub mod routes;
 pub mod sync;
 pub mod types;
+pub mod volume;
 
 #[cfg(feature = "client")]
 pub mod client;
