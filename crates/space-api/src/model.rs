@@ -43,6 +43,9 @@ pub struct Sandbox {
     pub failure: Option<String>,
     /// Whether guest access wakes it when paused or suspended.
     pub auto_resume: bool,
+    /// The volumes it mounts.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountSpec>,
     /// Where a suspended sandbox restores from.
     pub restore_point: Option<RestorePoint>,
     /// When it was made, ms since the Unix epoch.
@@ -387,4 +390,38 @@ mod tests {
             serde_json::json!({"command": "serve", "ready": {"port": 8000}})
         );
     }
+}
+
+/// A volume: a tenant's file system that outlives sandboxes (`docs/volumes.md`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Volume {
+    /// Its id (`vol-` and 16 hex digits).
+    pub id: String,
+    /// Its name, unique in the tenant.
+    pub name: String,
+    /// Writes past it are refused.
+    pub size_bytes: u64,
+    /// Bytes in use (null when its node did not answer).
+    pub used_bytes: Option<u64>,
+    /// When it was made.
+    pub created_unix_ms: u64,
+}
+
+/// `GET /v1/volumes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeList {
+    /// By name.
+    pub volumes: Vec<Volume>,
+}
+
+/// A volume a create mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMountSpec {
+    /// The tenant's volume.
+    pub name: String,
+    /// Where it appears in the guest (absolute; not `/`, `/proc`, `/sys`, `/dev`, `/run`).
+    pub path: String,
+    /// Whether the sandbox may only read it.
+    #[serde(default)]
+    pub read_only: bool,
 }

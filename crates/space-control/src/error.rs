@@ -192,6 +192,10 @@ impl From<Fault> for ApiError {
             FaultCode::TemplateNotFound => {
                 ApiError::new(StatusCode::NOT_FOUND, "template_not_found", m)
             }
+            FaultCode::VolumeNotFound => {
+                ApiError::new(StatusCode::NOT_FOUND, "volume_not_found", m)
+            }
+            FaultCode::VolumeInUse => ApiError::new(StatusCode::CONFLICT, "volume_in_use", m),
             FaultCode::TemplateNotReady => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "template_not_ready", m)
             }

@@ -216,6 +216,7 @@ mod tests {
             max_vcpus: 4,
             max_memory_mib: 1024,
             max_suspended_ms: None,
+            max_volume_mib: 0,
         }
     }
 

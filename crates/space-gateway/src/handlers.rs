@@ -110,6 +110,10 @@ pub(super) async fn handle(sb: Arc<SandboxGateway>, req: Request<Incoming>) -> R
     let forward = match (req.method(), req.uri().path()) {
         (&Method::POST, "/v1/egress/connect") => false,
         (&Method::POST, "/v1/egress/forward") => true,
+        (&Method::POST, p) if p.starts_with(space_proto::volume::VOLUMES_PREFIX) => {
+            let index = p[space_proto::volume::VOLUMES_PREFIX.len()..].to_owned();
+            return super::volumes::handle(sb, &index, req.into_body()).await;
+        }
         _ => return text(404, "no such route"),
     };
     let (host, port) = match target(req.headers()) {

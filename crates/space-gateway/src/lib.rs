@@ -26,6 +26,7 @@ pub mod serve;
 mod streams;
 pub mod substitute;
 pub mod upstream;
+pub mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -195,6 +196,7 @@ impl Gateway {
             down: bucket(self.config.bandwidth_bytes_per_sec),
             sent: AtomicU64::new(0),
             received: AtomicU64::new(0),
+            mounts: RwLock::new(Arc::new(Vec::new())),
         })
     }
 
@@ -222,6 +224,8 @@ pub struct SandboxGateway {
     /// Bytes the guest sent into its egress channel and got out of it, framing included.
     pub(crate) sent: AtomicU64,
     pub(crate) received: AtomicU64,
+    /// The volumes mounted in the sandbox, by index ([`volumes`]).
+    mounts: RwLock<Arc<Vec<volumes::Mount>>>,
 }
 
 impl std::fmt::Debug for SandboxGateway {
@@ -256,6 +260,20 @@ impl SandboxGateway {
     /// The sandbox's credential bindings.
     pub fn bindings(&self) -> &[SecretBinding] {
         &self.bindings
+    }
+
+    /// The volumes the sandbox's guest may reach, by mount index.
+    pub fn mounts(&self) -> Arc<Vec<volumes::Mount>> {
+        self.mounts
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the volumes the sandbox's guest may reach (requests under way finish on the
+    /// old list).
+    pub fn set_mounts(&self, mounts: Vec<volumes::Mount>) {
+        *self.mounts.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(mounts);
     }
 
     /// Bytes the sandbox sent and received through the gateway since this state was made

@@ -136,6 +136,8 @@ pub struct Daemon {
     pub ca_installed: AtomicBool,
     /// Buffered watches.
     pub watchers: crate::watchers::Watchers,
+    /// Mounted volumes and the gate before their host ([`crate::volumes`]).
+    pub volumes: crate::volumes::Volumes,
 }
 
 pub fn unix_ms(t: SystemTime) -> u64 {
@@ -159,6 +161,7 @@ impl Daemon {
             egress: OnceLock::new(),
             ca_installed: AtomicBool::new(false),
             watchers: Default::default(),
+            volumes: Default::default(),
         })
     }
 

@@ -207,6 +207,8 @@ pub async fn identity(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
     if let Some(egress) = d.egress.get() {
         egress.reset().await;
     }
+    // A restored or forked guest: whoever held its volume requests is gone.
+    d.volumes.release();
     ok_json(&IdentityApplied {
         system_changed: d.system,
         reseeded,

@@ -25,6 +25,7 @@ pub mod sys;
 pub mod tcp;
 pub mod transport;
 pub mod users;
+pub mod volumes;
 pub mod watch;
 pub mod watchers;
 pub mod xattrs;

@@ -47,6 +47,17 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
         (&Method::GET, routes::STATS) => crate::stats::stats().await,
+        (&Method::POST, routes::VOLUMES_MOUNT) => {
+            let req = read_json(req.into_body()).await?;
+            let egress = d.egress.get().cloned().ok_or_else(|| {
+                ProtoError::new(ErrorKind::Busy, "the uplink volumes use is not up yet")
+            })?;
+            ok_json(&d.volumes.mount(egress, req).await?)
+        }
+        (&Method::POST, routes::VOLUMES_QUIESCE) => {
+            let req = read_json(req.into_body()).await?;
+            ok_json(&d.volumes.quiesce(req).await)
+        }
         (&Method::POST, routes::TCP) => crate::tcp::tcp(d, req).await,
         (&Method::POST, routes::WATCHERS) => crate::watchers::create(d, req).await,
         (&Method::GET, p) if p.starts_with(routes::WATCHERS_PREFIX) => {

@@ -27,9 +27,11 @@ use crate::sandbox::{CreateRequest, SnapshotKind, TimeoutPolicy};
 use crate::settings::{NodeSettings, SecretMap};
 use crate::template::{LogChunk, TemplateBuild};
 use crate::wire::{
-    Blob, Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, Woke,
+    Blob, Fault, FaultCode, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage, VolumeAnswer,
+    VolumeInfo, Woke,
 };
 use space_api::MetricSample;
+use space_proto::volume::VolumeRequest;
 
 /// What a node API call returns.
 pub type NodeResult<T> = Result<T, Fault>;
@@ -255,6 +257,15 @@ node_calls! {
     FetchTemplate fetch_template(&template: TemplateRef) -> TemplateInfo;
     /// Gives sandbox `id` the values of the secrets it is bound to, in memory.
     SetSecrets set_secrets(&id: SandboxId, values: SecretMap) -> ();
+    /// Makes volume `volume` (an id) of `size_bytes` on this node; an existing one keeps its
+    /// content and takes the size.
+    CreateVolume create_volume(&volume: str, size_bytes: u64) -> VolumeInfo;
+    /// Deletes a volume no sandbox of this node mounts.
+    DeleteVolume delete_volume(&volume: str) -> ();
+    /// One operation on a volume (its file API without a sandbox).
+    VolumeCall volume_call(&volume: str, request: VolumeRequest, data: Blob) -> VolumeAnswer;
+    /// The volumes of this node, with their use.
+    Volumes volumes() -> Vec<VolumeInfo>;
     /// Secret `name` changed in the vault: sandboxes that have its old value forget their
     /// values and ask again. A node that reads the vault itself has nothing to forget.
     ForgetSecret forget_secret(&name: str) -> ();
@@ -285,11 +296,15 @@ fn json<T: Serialize>(v: T) -> NodeResult<Value> {
 /// The HTTP status a fault is answered with.
 pub fn status_of(f: &Fault) -> u16 {
     match f.code {
-        FaultCode::NotFound | FaultCode::SnapshotNotFound | FaultCode::TemplateNotFound => 404,
+        FaultCode::NotFound
+        | FaultCode::SnapshotNotFound
+        | FaultCode::TemplateNotFound
+        | FaultCode::VolumeNotFound => 404,
         FaultCode::IllegalState
         | FaultCode::TemplateExists
         | FaultCode::TemplateInUse
-        | FaultCode::TemplateStale => 409,
+        | FaultCode::TemplateStale
+        | FaultCode::VolumeInUse => 409,
         FaultCode::InvalidId | FaultCode::Invalid => 400,
         FaultCode::Key => 403,
         FaultCode::ShuttingDown

@@ -36,7 +36,7 @@ pub use policy::{EgressDefault, EgressPolicy, EgressRule};
 pub use remote::RemoteNode;
 pub use sandbox::{
     CreateRequest, SandboxOptions, SnapshotKind, SnapshotReason, State, TimeoutAction,
-    TimeoutPolicy,
+    TimeoutPolicy, VolumeMount,
 };
 pub use secrets::SecretBinding;
 pub use serve::NodeServer;
@@ -48,5 +48,5 @@ pub use template::{
 pub use tls::{ClusterCa, Identity, Leaf, NodeKey, TlsError};
 pub use wire::{
     Blob, Fault, FaultCode, NodeReport, NodeStatus, Pool, Sandbox, Snapshot, TemplateInfo, Usage,
-    Woke,
+    VolumeAnswer, VolumeInfo, Woke,
 };

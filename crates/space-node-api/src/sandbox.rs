@@ -136,6 +136,35 @@ pub struct SandboxOptions {
     /// records: on.
     #[serde(default = "yes")]
     pub auto_resume: bool,
+    /// Volumes mounted in the guest (`docs/volumes.md`). Absent in older records: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// One volume mounted in a sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The volume's id (`vol-` and 16 hex digits).
+    pub volume: String,
+    /// Its name in the tenant (shown in the guest's mount table and in answers).
+    pub name: String,
+    /// Where it is mounted in the guest (absolute).
+    pub path: String,
+    /// Whether the guest may change it.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// The most volumes one sandbox mounts.
+pub const MAX_MOUNTS: usize = 8;
+
+/// Whether `id` is a volume id: `vol-` and 16 lowercase hex digits.
+pub fn valid_volume_id(id: &str) -> bool {
+    id.strip_prefix("vol-").is_some_and(|h| {
+        h.len() == 16
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 fn yes() -> bool {
@@ -154,6 +183,7 @@ impl Default for SandboxOptions {
             egress: EgressPolicy::default(),
             secrets: Vec::new(),
             auto_resume: true,
+            volumes: Vec::new(),
         }
     }
 }

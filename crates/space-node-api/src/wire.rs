@@ -264,6 +264,10 @@ pub enum FaultCode {
     SnapshotNotFound,
     /// No such template build.
     TemplateNotFound,
+    /// No such volume on the node.
+    VolumeNotFound,
+    /// A sandbox mounts the volume.
+    VolumeInUse,
     /// The template build exists already.
     TemplateExists,
     /// The template build is in use.
@@ -325,4 +329,26 @@ impl Fault {
     pub fn is_refusal(&self) -> bool {
         !matches!(self.code, FaultCode::Internal | FaultCode::Unavailable)
     }
+}
+
+/// A volume as its node holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeInfo {
+    /// Its id.
+    pub id: String,
+    /// Its size, bytes: writes past it are refused.
+    pub size_bytes: u64,
+    /// Bytes in use.
+    pub used_bytes: u64,
+    /// Files, directories and links in it.
+    pub entries: u64,
+}
+
+/// The answer to a [`crate::NodeApi::volume_call`]: the volume's reply and a read's bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeAnswer {
+    /// What the volume said.
+    pub reply: space_proto::volume::VolumeReply,
+    /// A read's bytes.
+    pub data: Blob,
 }

@@ -41,6 +41,17 @@ pub enum NodeError {
         /// The sandbox it belongs to, when it is another one's.
         owner: Option<SandboxId>,
     },
+    /// No such volume on this node.
+    #[error("no volume {0}")]
+    VolumeNotFound(String),
+    /// A sandbox mounts the volume.
+    #[error("volume {volume} is mounted by sandbox {sandbox}")]
+    VolumeInUse {
+        /// The volume.
+        volume: String,
+        /// A sandbox that mounts it.
+        sandbox: SandboxId,
+    },
     /// No such template (or no complete build of it).
     #[error("no template {0}")]
     TemplateNotFound(String),
@@ -139,6 +150,8 @@ impl NodeError {
                 | NodeError::IllegalState { .. }
                 | NodeError::SnapshotNotFound { .. }
                 | NodeError::TemplateNotFound(_)
+                | NodeError::VolumeNotFound(_)
+                | NodeError::VolumeInUse { .. }
                 | NodeError::TemplateExists(_)
                 | NodeError::TemplateInUse { .. }
                 | NodeError::TemplateStale { .. }

@@ -39,6 +39,7 @@ pub mod settings;
 pub mod storage;
 pub mod teardown;
 pub mod template;
+pub(crate) mod volumes;
 
 pub use admission::AdmissionConfig;
 pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
@@ -59,6 +60,7 @@ pub use space_gateway::{
     EgressAudit, EgressDefault, EgressEvent, EgressPolicy, EgressRule, GatewayConfig,
     SecretBinding, SecretSource, SecretValue,
 };
+pub use space_node_api::VolumeMount;
 pub use template::{
     GuestDefaults, ReadyCheck, StartSpec, Template, TemplateManifest, TemplateSpec,
 };

@@ -28,6 +28,11 @@ pub const WATCH: &str = "/v1/watch";
 pub const IDENTITY: &str = "/v1/identity";
 pub const FS_GROW: &str = "/v1/fs/grow";
 pub const SHUTDOWN: &str = "/v1/shutdown";
+/// `POST /v1/volumes/mount`: mount a volume of the sandbox ([`crate::volume::MountRequest`]).
+pub const VOLUMES_MOUNT: &str = "/v1/volumes/mount";
+/// `POST /v1/volumes/quiesce`: hold or let go the guest's volume requests
+/// ([`crate::volume::QuiesceRequest`]).
+pub const VOLUMES_QUIESCE: &str = "/v1/volumes/quiesce";
 /// `GET /v1/stats`: the guest's CPU counters, memory and root filesystem ([`crate::GuestStats`]).
 pub const STATS: &str = "/v1/stats";
 /// `POST /v1/tcp?port=N`: a full-duplex byte stream to `127.0.0.1:N` inside the guest.

@@ -26,6 +26,30 @@ pub const MAX_NAME: usize = 255;
 /// The longest JSON part of a request or reply.
 pub const MAX_HEADER: usize = 256 << 10;
 
+/// `POST /v1/volumes/mount` (host to guest, on the control channel): mount volume `index` of the sandbox at `path`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountRequest {
+    pub index: u32,
+    pub path: String,
+    #[serde(default)]
+    pub read_only: bool,
+    /// Shown as the file system's source in `/proc/mounts`.
+    pub name: String,
+}
+
+/// `POST /v1/volumes/quiesce` (host to guest): shut the gate (`hold`) or open it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuiesceRequest {
+    pub hold: bool,
+}
+
+/// Answer of both: requests under way now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumesState {
+    pub mounts: u32,
+    pub in_flight: u32,
+}
+
 /// The path of mount `index`'s requests.
 pub fn volume_path(index: u32) -> String {
     format!("{VOLUMES_PREFIX}{index}")
@@ -264,6 +288,21 @@ pub fn check_name(name: &str) -> Result<(), &'static str> {
     }
 }
 
+/// Checks a mount point: absolute, its names as [`check_path`] wants them (one trailing `/`
+/// allowed), not `/` and not under `/proc`, `/sys`, `/dev` or `/run`.
+pub fn check_mount_path(path: &str) -> Result<(), String> {
+    let rel = path
+        .strip_prefix('/')
+        .ok_or_else(|| format!("mount path {path:?} is not absolute"))?;
+    let rel = rel.strip_suffix('/').unwrap_or(rel);
+    check_path(rel).map_err(|e| format!("mount path {path:?}: {e}"))?;
+    let first = rel.split('/').next().unwrap_or("");
+    if rel.is_empty() || ["proc", "sys", "dev", "run"].contains(&first) {
+        return Err(format!("{path:?} cannot be a mount point"));
+    }
+    Ok(())
+}
+
 /// `parent` joined with `name` (both already checked).
 pub fn join(parent: &str, name: &str) -> String {
     if parent.is_empty() {
@@ -289,7 +328,7 @@ mod tests {
         assert_eq!(data, b"bytes");
         assert!(back.writes());
         assert!(!VolumeRequest::StatFs.writes());
-        let json = serde_json::to_value(&VolumeReply::Errno(2)).unwrap();
+        let json = serde_json::to_value(VolumeReply::Errno(2)).unwrap();
         assert_eq!(json, serde_json::json!({"errno": 2}));
         assert!(decode::<VolumeRequest>(&[0, 0]).is_err());
         assert!(decode::<VolumeRequest>(&[0, 0, 0, 9, b'{']).is_err());

@@ -86,6 +86,9 @@ pub enum Command {
     Top(TopArgs),
     /// Show audit events, newest first.
     Audit(AuditArgs),
+    /// Manage the tenant's volumes: file systems that outlive sandboxes.
+    #[command(subcommand)]
+    Volume(VolumeCmd),
     /// Manage the tenant's credentials vault (values are never shown again).
     #[command(subcommand)]
     Secret(SecretCmd),
@@ -539,6 +542,41 @@ pub struct CreateArgs {
     /// Refuse egress to hosts no allow rule names (the default is to allow them).
     #[arg(long)]
     pub default_deny: bool,
+    /// A volume of the tenant to mount, NAME:/PATH, or NAME:/PATH:ro read-only (repeatable).
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]")]
+    pub volumes: Vec<String>,
+}
+
+/// `space volume ...`.
+#[derive(Debug, Subcommand)]
+pub enum VolumeCmd {
+    /// Make a volume.
+    Create {
+        /// Its name (letters, digits, - and _).
+        name: String,
+        /// Its size in MiB (default 10 GiB).
+        #[arg(long, value_name = "MIB")]
+        size: Option<u64>,
+    },
+    /// List the tenant's volumes.
+    Ls,
+    /// Delete a volume and its files (refused while a sandbox mounts it).
+    Rm {
+        /// Its name.
+        name: String,
+    },
+    /// Copy a file into or out of a volume (one side is NAME:/path), no sandbox needed.
+    Cp {
+        /// A local file, or NAME:/path.
+        src: String,
+        /// A local file, or NAME:/path (ending in `/`: into that directory).
+        dst: String,
+    },
+    /// List a directory of a volume.
+    Files {
+        /// NAME or NAME:/path.
+        target: String,
+    },
 }
 
 /// `space profile ...`.

@@ -13,6 +13,7 @@ from ._core import NEVER, config_path
 from ._version import __version__
 from .aio import AsyncFiles, AsyncSandbox, AsyncSpace, AsyncWatch, default_async_client
 from .client import Files, Sandbox, Space, Watch, default_client
+from .volumes import AsyncVolume, Volume
 from .errors import (
     ConfigError,
     Conflict,
@@ -44,6 +45,8 @@ from .models import (
     JoinToken,
     Key,
     MetricSample,
+    VolumeInfo,
+    VolumeMount,
     KeyCreated,
     MasterKey,
     Node,
@@ -112,6 +115,10 @@ __all__ = [
     "Secret",
     "SecretBinding",
     "MetricSample",
+    "Volume",
+    "AsyncVolume",
+    "VolumeInfo",
+    "VolumeMount",
     "Snapshot",
     "Space",
     "SpaceConnectionError",

@@ -208,6 +208,7 @@ def create_body(
     egress: EgressPolicy | Mapping[str, Any] | None = None,
     secrets: Sequence[str] | None = None,
     auto_resume: bool | None = None,
+    volumes: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The body of ``POST /v1/sandboxes``."""
     body: dict[str, Any] = {"template": template}
@@ -231,7 +232,28 @@ def create_body(
         if not isinstance(auto_resume, bool):
             raise invalid(f"auto_resume should be True or False, not {auto_resume!r}")
         body["auto_resume"] = auto_resume
+    if volumes is not None:
+        body["volumes"] = volume_mounts(volumes)
     return body
+
+
+def volume_mounts(volumes: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``{"/path": "name"}`` or ``{"/path": ("name", "ro")}`` (or a volume handle) as the
+    create's ``volumes``."""
+    if not isinstance(volumes, Mapping):
+        raise invalid("volumes should map mount paths to volume names")
+    out = []
+    for path, spec in volumes.items():
+        read_only = False
+        if isinstance(spec, tuple):
+            if len(spec) != 2 or spec[1] not in ("ro", "rw"):
+                raise invalid(f"volume at {path!r}: use (name, 'ro') or (name, 'rw')")
+            spec, read_only = spec[0], spec[1] == "ro"
+        name = getattr(spec, "name", spec)
+        if not isinstance(path, str) or not isinstance(name, str):
+            raise invalid("volumes should map mount paths (str) to volume names (str)")
+        out.append({"name": name, "path": path, "read_only": read_only})
+    return out
 
 
 def idempotency_headers(key: str | None) -> dict[str, str]:

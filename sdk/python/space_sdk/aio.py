@@ -45,6 +45,7 @@ from .errors import (
     SpaceError,
     error_from_response,
 )
+from .volumes import AsyncVolume
 from .models import (
     AuditEvent,
     Build,
@@ -56,6 +57,7 @@ from .models import (
     JoinToken,
     Key,
     MetricSample,
+    VolumeInfo,
     KeyCreated,
     MasterKey,
     Node,
@@ -465,6 +467,30 @@ class AsyncSpace:
         """Deletes a secret; sandboxes bound to it keep the placeholder, which no longer
         stands for anything."""
         await self.request("DELETE", f"/v1/secrets/{_core.seg(name)}")
+
+    # -- volumes ----------------------------------------------------------------------
+
+    async def create_volume(self, name: str, size_mib: int | None = None) -> AsyncVolume:
+        """Makes a volume of the tenant (``size_mib`` defaults to 10 GiB)."""
+        body: dict[str, Any] = {"name": name}
+        if size_mib is not None:
+            body["size_mib"] = int(size_mib)
+        value = await self._json("POST", "/v1/volumes", json=body)
+        return AsyncVolume(self, VolumeInfo.from_json(value))
+
+    async def volumes(self) -> _List[AsyncVolume]:
+        """The tenant's volumes, by name."""
+        value = await self._json("GET", "/v1/volumes")
+        return [AsyncVolume(self, VolumeInfo.from_json(v)) for v in _core.list_field(value, "volumes")]
+
+    async def volume(self, name: str) -> AsyncVolume:
+        """The tenant's volume ``name``."""
+        value = await self._json("GET", f"/v1/volumes/{_core.seg(name)}")
+        return AsyncVolume(self, VolumeInfo.from_json(value))
+
+    async def delete_volume(self, name: str) -> None:
+        """Deletes volume ``name`` and its files; refused while a sandbox mounts it."""
+        await self.request("DELETE", f"/v1/volumes/{_core.seg(name)}")
 
     # -- tenants and keys (admin) --------------------------------------------------------
 
@@ -882,6 +908,7 @@ class AsyncSandbox:
         egress: EgressPolicy | Mapping[str, Any] | None = None,
         secrets: Sequence[str] | None = None,
         auto_resume: bool | None = None,
+        volumes: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         client: AsyncSpace | None = None,
     ) -> AsyncSandbox:
@@ -893,7 +920,9 @@ class AsyncSandbox:
         policy of its connections (default: allow all), ``secrets`` names secrets of the
         vault to bind (each becomes an environment variable holding a placeholder), and
         ``auto_resume=False`` makes guest access to a paused or suspended sandbox an
-        :class:`~space_sdk.IllegalState` instead of waking it. With ``idempotency_key``
+        :class:`~space_sdk.IllegalState` instead of waking it. ``volumes`` mounts volumes of
+        the tenant: ``{"/data": "name"}``, or ``{"/data": ("name", "ro")}`` read-only. With
+        ``idempotency_key``
         the create happens at most once per key (for 24 hours): sent again, it answers the
         sandbox the first one made.
         """
@@ -912,6 +941,7 @@ class AsyncSandbox:
             egress=egress,
             secrets=secrets,
             auto_resume=auto_resume,
+            volumes=volumes,
         )
         headers = _core.idempotency_headers(idempotency_key)
         value = await client._json("POST", "/v1/sandboxes", json=body, headers=headers)

@@ -27,6 +27,7 @@ from .errors import (
     SpaceError,
     error_from_response,
 )
+from .volumes import Volume
 from .models import (
     AuditEvent,
     Build,
@@ -38,6 +39,7 @@ from .models import (
     JoinToken,
     Key,
     MetricSample,
+    VolumeInfo,
     KeyCreated,
     MasterKey,
     Node,
@@ -438,6 +440,30 @@ class Space:
         stands for anything."""
         self.request("DELETE", f"/v1/secrets/{_core.seg(name)}")
 
+    # -- volumes ----------------------------------------------------------------------
+
+    def create_volume(self, name: str, size_mib: int | None = None) -> Volume:
+        """Makes a volume of the tenant (``size_mib`` defaults to 10 GiB)."""
+        body: dict[str, Any] = {"name": name}
+        if size_mib is not None:
+            body["size_mib"] = int(size_mib)
+        value = self._json("POST", "/v1/volumes", json=body)
+        return Volume(self, VolumeInfo.from_json(value))
+
+    def volumes(self) -> _List[Volume]:
+        """The tenant's volumes, by name."""
+        value = self._json("GET", "/v1/volumes")
+        return [Volume(self, VolumeInfo.from_json(v)) for v in _core.list_field(value, "volumes")]
+
+    def volume(self, name: str) -> Volume:
+        """The tenant's volume ``name``."""
+        value = self._json("GET", f"/v1/volumes/{_core.seg(name)}")
+        return Volume(self, VolumeInfo.from_json(value))
+
+    def delete_volume(self, name: str) -> None:
+        """Deletes volume ``name`` and its files; refused while a sandbox mounts it."""
+        self.request("DELETE", f"/v1/volumes/{_core.seg(name)}")
+
     # -- tenants and keys (admin) --------------------------------------------------------
 
     def tenants(self) -> _List[Tenant]:
@@ -826,6 +852,7 @@ class Sandbox:
         egress: EgressPolicy | Mapping[str, Any] | None = None,
         secrets: Sequence[str] | None = None,
         auto_resume: bool | None = None,
+        volumes: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
         client: Space | None = None,
     ) -> Sandbox:
@@ -837,7 +864,9 @@ class Sandbox:
         policy of its connections (default: allow all), ``secrets`` names secrets of the
         vault to bind (each becomes an environment variable holding a placeholder), and
         ``auto_resume=False`` makes guest access to a paused or suspended sandbox an
-        :class:`~space_sdk.IllegalState` instead of waking it. With ``idempotency_key``
+        :class:`~space_sdk.IllegalState` instead of waking it. ``volumes`` mounts volumes of
+        the tenant: ``{"/data": "name"}``, or ``{"/data": ("name", "ro")}`` read-only. With
+        ``idempotency_key``
         the create happens at most once per key (for 24 hours): sent again, it answers the
         sandbox the first one made.
         """
@@ -856,6 +885,7 @@ class Sandbox:
             egress=egress,
             secrets=secrets,
             auto_resume=auto_resume,
+            volumes=volumes,
         )
         headers = _core.idempotency_headers(idempotency_key)
         value = client._json("POST", "/v1/sandboxes", json=body, headers=headers)

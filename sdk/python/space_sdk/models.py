@@ -17,6 +17,8 @@ from .errors import InvalidResponse
 
 __all__ = [
     "AuditEvent",
+    "BrowserFill",
+    "BrowserSession",
     "Build",
     "DirEntry",
     "EgressPolicy",
@@ -28,12 +30,11 @@ __all__ = [
     "Key",
     "KeyCreated",
     "MasterKey",
+    "MetricSample",
     "Node",
     "NodeList",
     "Port",
     "PortExposed",
-    "BrowserFill",
-    "BrowserSession",
     "Quotas",
     "RemoteCopy",
     "RestorePoint",
@@ -46,6 +47,8 @@ __all__ = [
     "TenantCreated",
     "Timeouts",
     "Upload",
+    "VolumeInfo",
+    "VolumeMount",
     "WatchEvent",
 ]
 
@@ -237,6 +240,65 @@ class SecretBinding:
 
 
 @dataclass(frozen=True)
+class VolumeMount:
+    """A volume a sandbox mounts: the tenant's volume ``name`` at ``path``."""
+
+    SCHEMA: ClassVar[str] = "VolumeMount"
+
+    # <generated fields: scripts/gen_models.py>
+    #: Unique in the tenant.
+    name: str
+    #: Where it appears in the guest: absolute, not `/`, `/proc`, `/sys`, `/dev` or `/run`; no `.`
+    #: or `..` parts.
+    path: str
+    read_only: bool = False
+    # </generated fields>
+
+    @classmethod
+    def from_json(cls, value: Any) -> VolumeMount:
+        """Reads one entry of a sandbox's ``volumes``."""
+        d = _obj(value, "volume mount")
+        w = "volume mount"
+        return cls(
+            name=_get(d, "name", str, w),
+            path=_get(d, "path", str, w),
+            read_only=bool(_opt(d, "read_only", bool, w)),
+        )
+
+
+@dataclass(frozen=True)
+class VolumeInfo:
+    """A volume: a file system of the tenant's that outlives sandboxes. ``used_bytes`` is
+    ``None`` when its node did not answer."""
+
+    SCHEMA: ClassVar[str] = "Volume"
+
+    # <generated fields: scripts/gen_models.py>
+    created_unix_ms: int
+    id: str
+    #: Unique in the tenant.
+    name: str
+    #: Writes past it are refused.
+    size_bytes: int
+    #: Bytes in use; null when its node did not answer.
+    used_bytes: int | None
+    # </generated fields>
+
+    @classmethod
+    def from_json(cls, value: Any) -> VolumeInfo:
+        """Reads a ``Volume`` object."""
+        d = _obj(value, "volume")
+        w = "volume"
+        return cls(
+            id=_get(d, "id", str, w),
+            name=_get(d, "name", str, w),
+            size_bytes=_get(d, "size_bytes", int, w),
+            used_bytes=_opt(d, "used_bytes", int, w),
+            created_unix_ms=_get(d, "created_unix_ms", int, w),
+        )
+
+
+@dataclass(frozen=True)
 class RestorePoint:
     """For a suspended sandbox: the snapshot a restore starts from and where it is
     (``local``, ``remote``, ``local+remote`` or ``lost``)."""
@@ -298,6 +360,8 @@ class SandboxInfo:
     #: The cluster node that holds the sandbox; only in answers to admin keys, and only in a
     #: cluster.
     node: str | None = None
+    #: The volumes it mounts.
+    volumes: list[VolumeMount] = field(default_factory=list)
     # </generated fields>
 
     @classmethod
@@ -327,6 +391,7 @@ class SandboxInfo:
             last_activity_unix_ms=_opt(d, "last_activity_unix_ms", int, w) or 0,
             egress=EgressPolicy.from_json(d.get("egress") or {}),
             secrets=[SecretBinding.from_json(s) for s in _objects(d, "secrets", w)],
+            volumes=[VolumeMount.from_json(v) for v in _objects(d, "volumes", w)],
             auto_resume=True if auto_resume is None else auto_resume,
             restore_point=RestorePoint.from_json(point) if point is not None else None,
         )
@@ -850,6 +915,8 @@ class Quotas:
     #: sandbox.expire), in ms; null: forever. In an update, null lifts the limit and leaving it out
     #: keeps it.
     max_suspended_ms: int | None
+    #: The sizes of the tenant's volumes together, MiB.
+    max_volume_mib: int
     # </generated fields>
 
     @classmethod
@@ -862,6 +929,7 @@ class Quotas:
             max_vcpus=_get(d, "max_vcpus", int, w),
             max_memory_mib=_get(d, "max_memory_mib", int, w),
             max_suspended_ms=_opt(d, "max_suspended_ms", int, w),
+            max_volume_mib=_opt(d, "max_volume_mib", int, w) or 0,
         )
 
 

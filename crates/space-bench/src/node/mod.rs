@@ -36,6 +36,7 @@ use crate::stats::{Samples, Summary, Table, Targets};
 mod memory;
 mod metrics;
 mod pool;
+mod volumes;
 
 /// The template every sandbox of the run comes from.
 const TEMPLATE: &str = "minimal";
@@ -87,11 +88,13 @@ pub enum NodeGroup {
     Memory,
     /// What sampling idle sandboxes' metrics costs them and the node.
     Metrics,
+    /// A mounted volume against the sandbox's own disk.
+    Volumes,
 }
 
 impl NodeGroup {
     /// Every group, in the order a run measures them.
-    pub const ALL: [NodeGroup; 8] = [
+    pub const ALL: [NodeGroup; 9] = [
         NodeGroup::Create,
         NodeGroup::Pause,
         NodeGroup::Snapshot,
@@ -99,6 +102,7 @@ impl NodeGroup {
         NodeGroup::Fork,
         NodeGroup::Memory,
         NodeGroup::Metrics,
+        NodeGroup::Volumes,
         NodeGroup::Pool,
     ];
 }
@@ -360,6 +364,9 @@ impl NodeBench<'_> {
         }
         if p.wants(NodeGroup::Metrics) {
             self.metrics().await?;
+        }
+        if p.wants(NodeGroup::Volumes) {
+            self.volumes().await?;
         }
         if p.wants(NodeGroup::Pool) {
             for refill in [Refill::Background, Refill::AfterExec] {

@@ -49,6 +49,10 @@ pub struct QuotasBody {
     #[serde(default, deserialize_with = "present")]
     #[schemars(with = "Option<u64>", range(max = i64::MAX))]
     max_suspended_ms: Option<Option<u64>>,
+    /// The sizes of the tenant's volumes together, MiB (default 102400).
+    #[serde(default)]
+    #[schemars(range(max = i64::MAX))]
+    max_volume_mib: Option<u64>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<u64>>, D::Error> {
@@ -63,6 +67,9 @@ impl QuotasBody {
             |field: &str| ApiError::invalid(format!("quotas.{field} is at most {}", i64::MAX));
         if self.max_memory_mib.is_some_and(|v| v > i64::MAX as u64) {
             return Err(too_big("max_memory_mib"));
+        }
+        if self.max_volume_mib.is_some_and(|v| v > i64::MAX as u64) {
+            return Err(too_big("max_volume_mib"));
         }
         if self
             .max_suspended_ms
@@ -82,6 +89,9 @@ impl QuotasBody {
         }
         if let Some(v) = self.max_suspended_ms {
             q.max_suspended_ms = v;
+        }
+        if let Some(v) = self.max_volume_mib {
+            q.max_volume_mib = v;
         }
         Ok(q)
     }

@@ -19,6 +19,7 @@ pub mod shapes;
 pub mod streams;
 pub mod templates;
 pub mod uploads;
+pub mod volumes;
 
 pub use extract::{
     integral, object, object_opt, parse_whole, whole, whole_opt, AdminCaller, ApiJson, ApiPath,
@@ -110,6 +111,25 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/sandboxes/{id}/snapshots", "snapshot.list"),
     r("POST", "/v1/sandboxes/{id}/snapshots", "snapshot.create"),
     r("POST", "/v1/sandboxes/{id}/rollback", "snapshot.rollback"),
+    r("GET", "/v1/volumes", "volume.list"),
+    r("POST", "/v1/volumes", "volume.create"),
+    r("GET", "/v1/volumes/{name}", "volume.get"),
+    r("DELETE", "/v1/volumes/{name}", "volume.delete"),
+    r("GET", "/v1/volumes/{name}/files", "volume_files.download"),
+    r("PUT", "/v1/volumes/{name}/files", "volume_files.upload"),
+    r("DELETE", "/v1/volumes/{name}/files", "volume_files.remove"),
+    r("GET", "/v1/volumes/{name}/files/list", "volume_files.list"),
+    r("GET", "/v1/volumes/{name}/files/stat", "volume_files.stat"),
+    r(
+        "POST",
+        "/v1/volumes/{name}/files/mkdir",
+        "volume_files.mkdir",
+    ),
+    r(
+        "POST",
+        "/v1/volumes/{name}/files/rename",
+        "volume_files.rename",
+    ),
     r("GET", "/v1/audit", "audit.list"),
     r("GET", "/v1/tenants", "tenant.list"),
     r("POST", "/v1/tenants", "tenant.create"),
@@ -489,6 +509,7 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
     use sandboxes as s;
     use streams as x;
     use templates as t;
+    use volumes as v;
     let router = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
@@ -531,6 +552,16 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
             get(s::snapshots).post(s::snapshot),
         )
         .route("/v1/sandboxes/{id}/rollback", post(s::rollback))
+        .route("/v1/volumes", get(v::list).post(v::create))
+        .route("/v1/volumes/{name}", get(v::get).delete(v::delete))
+        .route(
+            "/v1/volumes/{name}/files",
+            get(v::download).put(v::upload).delete(v::remove),
+        )
+        .route("/v1/volumes/{name}/files/list", get(v::list_dir))
+        .route("/v1/volumes/{name}/files/stat", get(v::stat))
+        .route("/v1/volumes/{name}/files/mkdir", post(v::mkdir))
+        .route("/v1/volumes/{name}/files/rename", post(v::rename))
         .route("/v1/audit", get(a::audit))
         .route("/v1/tenants", get(a::list_tenants).post(a::create_tenant))
         .route("/v1/tenants/{name}", patch(a::update_tenant))

@@ -15,6 +15,7 @@ use crate::vault::Vault;
 mod archive;
 pub mod moves;
 mod nodes;
+mod volumes;
 
 pub use archive::ClusterArchive;
 pub use nodes::ClusterNodes;

@@ -57,6 +57,14 @@ impl ClusterNodes {
         ClusterNodes { cluster }
     }
 
+    pub(super) fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    pub(super) fn client_of(&self, row: &NodeRow) -> NodeResult<Arc<RemoteNode>> {
+        self.client(row)
+    }
+
     fn client(&self, row: &NodeRow) -> NodeResult<Arc<RemoteNode>> {
         self.cluster
             .client(row)
@@ -252,6 +260,12 @@ impl NodeApi for ClusterNodes {
                 .map_or(0, |t| t.memory_mib),
         };
         let reserved = self.cluster.store().reserved().await.map_err(internal)?;
+        // A sandbox that mounts volumes goes where they are.
+        let home = self.mounts_home(&req.options.volumes).await?;
+        let rows = match &home {
+            Some(h) => rows.into_iter().filter(|r| &r.id == h).collect(),
+            None => rows,
+        };
         let candidates = Self::candidates(rows, &reserved, &req.template, &req.version);
         if candidates.is_empty() {
             return Err(Fault::new(
@@ -402,6 +416,44 @@ impl NodeApi for ClusterNodes {
         end_ms: u64,
     ) -> NodeResult<Vec<space_node_api::MetricSample>> {
         self.owner(id).await?.metrics(id, start_ms, end_ms).await
+    }
+
+    async fn create_volume(
+        &self,
+        volume: &str,
+        size_bytes: u64,
+    ) -> NodeResult<space_node_api::VolumeInfo> {
+        self.place_volume(volume)
+            .await?
+            .create_volume(volume, size_bytes)
+            .await
+    }
+
+    async fn delete_volume(&self, volume: &str) -> NodeResult<()> {
+        match self.volume_home(volume).await? {
+            Some(node) => self.client_of(&node)?.delete_volume(volume).await,
+            None => Ok(()),
+        }
+    }
+
+    async fn volume_call(
+        &self,
+        volume: &str,
+        request: space_proto::volume::VolumeRequest,
+        data: Blob,
+    ) -> NodeResult<space_node_api::VolumeAnswer> {
+        self.volume_client(volume)
+            .await?
+            .volume_call(volume, request, data)
+            .await
+    }
+
+    async fn volumes(&self) -> NodeResult<Vec<space_node_api::VolumeInfo>> {
+        let mut all = Vec::new();
+        for (_, client) in self.live().await? {
+            all.extend(client.volumes().await?);
+        }
+        Ok(all)
     }
 
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {

@@ -18,6 +18,7 @@ pub mod filesystem;
 pub mod metrics;
 pub mod process;
 pub mod rest;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -199,6 +200,22 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(rest::unsupported),
+        )
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))
+        .route(
+            "/volumecontent/{id}/dir",
+            get(volumes::list_dir).post(volumes::make_dir),
+        )
+        .route(
+            "/volumecontent/{id}/path",
+            get(volumes::stat)
+                .patch(volumes::update_metadata)
+                .delete(volumes::remove),
+        )
+        .route(
+            "/volumecontent/{id}/file",
+            get(volumes::read_file).put(volumes::write_file),
         )
 }
 

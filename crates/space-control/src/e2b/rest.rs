@@ -235,6 +235,12 @@ fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
             },
             "autoResume": sb.options.auto_resume,
         },
+        "volumeMounts": sb
+            .options
+            .volumes
+            .iter()
+            .map(|m| json!({"name": m.name, "path": m.path}))
+            .collect::<Vec<_>>(),
     })
 }
 
@@ -261,6 +267,16 @@ pub struct CreateBody {
     auto_resume: Option<AutoResume>,
     allow_internet_access: Option<bool>,
     network: Option<Value>,
+    #[serde(rename = "volumeMounts")]
+    volume_mounts: Vec<E2bMount>,
+}
+
+/// One of `volumeMounts`: a volume by name, mounted at `path`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct E2bMount {
+    name: String,
+    path: String,
 }
 
 fn lifetime(seconds: u64) -> E2bResult<Duration> {
@@ -327,6 +343,15 @@ pub async fn create(
             secrets: Vec::new(),
             egress,
             auto_resume: Some(body.auto_resume.is_some_and(|a| a.enabled)),
+            volumes: body
+                .volume_mounts
+                .iter()
+                .map(|m| space_api::VolumeMountSpec {
+                    name: m.name.clone(),
+                    path: m.path.clone(),
+                    read_only: false,
+                })
+                .collect(),
         };
         creating::create_sandbox_once(&st, &who.tenant, key.as_deref(), new)
             .await

@@ -48,6 +48,7 @@ pub struct NewSandbox {
     pub secrets: Vec<String>,
     pub egress: Option<space_node_api::policy::EgressPolicy>,
     pub auto_resume: Option<bool>,
+    pub volumes: Vec<api::VolumeMountSpec>,
 }
 
 /// Creates a sandbox for `tenant`: the template resolved once, the tenant's quota admitted,
@@ -79,6 +80,7 @@ pub async fn create_sandbox(
     let egress = body.egress.unwrap_or_default();
     egress.validate().map_err(ApiError::invalid)?;
     let secrets = crate::api::net::bindings(st, tenant, &body.secrets).await?;
+    let volumes = super::volumes::mounts(st, tenant, &body.volumes).await?;
     let req = CreateRequest {
         template: t.template.name.clone(),
         version: VersionReq::Exact(t.template.version.clone()),
@@ -92,6 +94,7 @@ pub async fn create_sandbox(
             egress,
             secrets,
             auto_resume: body.auto_resume.unwrap_or(true),
+            volumes,
         },
         tenant: tenant.to_string(),
     };

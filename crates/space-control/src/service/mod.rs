@@ -24,6 +24,7 @@ pub mod in_process;
 pub mod ports;
 pub mod sandboxes;
 pub mod templates;
+pub mod volumes;
 
 pub use crate::api::Shared;
 

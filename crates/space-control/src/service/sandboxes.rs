@@ -63,6 +63,16 @@ pub fn view_for(r: &Sandbox, tenant: &TenantName) -> api::Sandbox {
                 placeholder: b.placeholder.clone(),
             })
             .collect(),
+        volumes: r
+            .options
+            .volumes
+            .iter()
+            .map(|m| api::VolumeMountSpec {
+                name: m.name.clone(),
+                path: m.path.clone(),
+                read_only: m.read_only,
+            })
+            .collect(),
         forked_from: r.forked_from.as_ref().map(|(s, snap)| api::ForkedFrom {
             sandbox: s.to_string(),
             snapshot: snap.to_string(),

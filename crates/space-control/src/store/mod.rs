@@ -39,6 +39,7 @@ mod templates;
 mod tenants;
 #[cfg(test)]
 mod tests;
+mod volumes;
 
 pub use cluster::{is_node_id, JoinToken, NodeJoin, NodeRow, NodeState, MAX_NODE_ID_BYTES};
 pub use idempotency::{CreateKey, CREATE_KEY_TTL_MS};
@@ -49,6 +50,7 @@ pub use schema::SCHEMA_VERSION;
 use schema::{configure, migrate};
 use sql::{args, Row, Sql, Sqlite, Value};
 pub use templates::{BuildRow, MAX_STORED_LOG};
+pub use volumes::VolumeRow;
 
 /// How long a statement waits for a lock held by another connection.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -160,12 +162,14 @@ fn tenant_row(row: &Row) -> Result<Tenant, StoreError> {
             max_vcpus: u32::try_from(row.int(3)?).unwrap_or(0),
             max_memory_mib: from_db(row.int(4)?),
             max_suspended_ms: row.opt_int(5)?.map(from_db),
+            max_volume_mib: from_db(row.int(6)?),
         },
     })
 }
 
 const TENANT_COLUMNS: &str =
-    "name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib, max_suspended_ms";
+    "name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib, max_suspended_ms, \
+     max_volume_mib";
 
 fn key_row(row: &Row) -> Result<KeyInfo, StoreError> {
     Ok(KeyInfo {
@@ -249,8 +253,8 @@ fn insert_tenant(
     };
     db.execute(
         "INSERT INTO tenants (name, created_unix_ms, max_sandboxes, max_vcpus, max_memory_mib,
-                              max_suspended_ms)
-         VALUES ($1, $2, $3, $4, $5, $6)",
+                              max_suspended_ms, max_volume_mib)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
         args![
             name.as_str(),
             to_db(tenant.created_unix_ms),
@@ -258,6 +262,7 @@ fn insert_tenant(
             quotas.max_vcpus,
             to_db(quotas.max_memory_mib),
             quotas.max_suspended_ms.map(to_db),
+            to_db(quotas.max_volume_mib),
         ],
     )?;
     Ok(tenant)

@@ -140,7 +140,17 @@ pub struct Quotas {
     /// How long a sandbox may stay suspended before it is killed, in ms; `None`: forever.
     #[serde(default)]
     pub max_suspended_ms: Option<u64>,
+    /// The sizes of the tenant's volumes together, in MiB.
+    #[serde(default = "default_volume_mib")]
+    pub max_volume_mib: u64,
 }
+
+fn default_volume_mib() -> u64 {
+    DEFAULT_MAX_VOLUME_MIB
+}
+
+/// [`Quotas::max_volume_mib`] by default: 100 GiB.
+pub const DEFAULT_MAX_VOLUME_MIB: u64 = 102_400;
 
 impl Default for Quotas {
     fn default() -> Self {
@@ -149,12 +159,20 @@ impl Default for Quotas {
             max_vcpus: 64,
             max_memory_mib: 65536,
             max_suspended_ms: None,
+            max_volume_mib: DEFAULT_MAX_VOLUME_MIB,
         }
     }
 }
 
 impl Quotas {
     pub(super) fn validate(&self) -> Result<(), StoreError> {
+        if i64::try_from(self.max_volume_mib).is_err() {
+            return Err(StoreError::Invalid(format!(
+                "quotas.max_volume_mib {} is out of range (at most {})",
+                self.max_volume_mib,
+                i64::MAX
+            )));
+        }
         if i64::try_from(self.max_memory_mib).is_err() {
             return Err(StoreError::Invalid(format!(
                 "quotas.max_memory_mib {} is out of range (at most {})",

@@ -157,6 +157,19 @@ CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
     r#"
 ALTER TABLE secrets ADD COLUMN kind TEXT NOT NULL DEFAULT 'value';
 "#,
+    // 11: volumes, and the tenants' quota on their size.
+    r#"
+CREATE TABLE volumes (
+    id         TEXT PRIMARY KEY NOT NULL,
+    tenant     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    node       TEXT,
+    created_ms INTEGER NOT NULL,
+    UNIQUE (tenant, name)
+) STRICT;
+ALTER TABLE tenants ADD COLUMN max_volume_mib INTEGER NOT NULL DEFAULT 102400;
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -310,6 +323,19 @@ CREATE INDEX template_builds_created ON template_builds(tenant, created_ms);
     // 7: what a secret holds (a value, or a TOTP seed).
     r#"
 ALTER TABLE secrets ADD COLUMN kind TEXT NOT NULL DEFAULT 'value';
+"#,
+    // 8: volumes, and the tenants' quota on their size.
+    r#"
+CREATE TABLE volumes (
+    id         TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    size_bytes BIGINT NOT NULL,
+    node       TEXT,
+    created_ms BIGINT NOT NULL,
+    UNIQUE (tenant, name)
+);
+ALTER TABLE tenants ADD COLUMN max_volume_mib BIGINT NOT NULL DEFAULT 102400;
 "#,
 ];
 

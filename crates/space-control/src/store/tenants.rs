@@ -64,14 +64,15 @@ impl Store {
         self.write(move |c| {
             let n = c.execute(
                 "UPDATE tenants SET max_sandboxes = $2, max_vcpus = $3, max_memory_mib = $4,
-                   max_suspended_ms = $5
+                   max_suspended_ms = $5, max_volume_mib = $6
                  WHERE name = $1",
                 args![
                     name.as_str(),
                     quotas.max_sandboxes,
                     quotas.max_vcpus,
                     to_db(quotas.max_memory_mib),
-                    quotas.max_suspended_ms.map(to_db)
+                    quotas.max_suspended_ms.map(to_db),
+                    to_db(quotas.max_volume_mib)
                 ],
             )?;
             if n == 0 {

@@ -117,6 +117,8 @@ impl From<NodeError> for Fault {
             NodeError::IllegalState { .. } => FaultCode::IllegalState,
             NodeError::SnapshotNotFound { .. } => FaultCode::SnapshotNotFound,
             NodeError::TemplateNotFound(_) => FaultCode::TemplateNotFound,
+            NodeError::VolumeNotFound(_) => FaultCode::VolumeNotFound,
+            NodeError::VolumeInUse { .. } => FaultCode::VolumeInUse,
             NodeError::TemplateNotReady(_) => FaultCode::TemplateNotReady,
             NodeError::TemplateExists(_) => FaultCode::TemplateExists,
             NodeError::TemplateInUse { .. } => FaultCode::TemplateInUse,

@@ -299,6 +299,37 @@ impl NodeApi for LocalNode {
         self.node.metrics(id, start_ms, end_ms).await.map_err(fault)
     }
 
+    async fn create_volume(
+        &self,
+        volume: &str,
+        size_bytes: u64,
+    ) -> NodeResult<space_node_api::VolumeInfo> {
+        self.node
+            .create_volume(volume, size_bytes)
+            .await
+            .map_err(fault)
+    }
+
+    async fn delete_volume(&self, volume: &str) -> NodeResult<()> {
+        self.node.delete_volume(volume).await.map_err(fault)
+    }
+
+    async fn volume_call(
+        &self,
+        volume: &str,
+        request: space_proto::volume::VolumeRequest,
+        data: Blob,
+    ) -> NodeResult<space_node_api::VolumeAnswer> {
+        self.node
+            .volume_call(volume, request, data.0)
+            .await
+            .map_err(fault)
+    }
+
+    async fn volumes(&self) -> NodeResult<Vec<space_node_api::VolumeInfo>> {
+        self.node.volumes().await.map_err(fault)
+    }
+
     async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> NodeResult<Blob> {
         self.node
             .console_tail(id, max_bytes)

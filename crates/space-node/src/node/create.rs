@@ -20,6 +20,9 @@ impl Node {
         t.check_runtime(&*ctx.runtime)?;
         let opts = req.options;
         validate_options(&opts, &t, self.inner.max_disk_mib)?;
+        for m in &opts.volumes {
+            ctx.volumes.open(&m.volume)?;
+        }
         let vcpus = opts.vcpus.unwrap_or(t.manifest.vcpus);
         let memory_mib = opts.memory_mib.unwrap_or(t.manifest.memory_mib);
         let disk_mib = opts.disk_mib.unwrap_or(t.image_mib());

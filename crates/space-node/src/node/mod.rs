@@ -60,6 +60,7 @@ pub mod preparing;
 mod records;
 mod requests;
 mod templates;
+mod volumes;
 
 pub use config::{NodeConfig, DEFAULT_MAX_DISK_MIB, DEFAULT_METRICS_TICK};
 pub(crate) use records::{new_record, MachineShape, Owner};

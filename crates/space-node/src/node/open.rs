@@ -30,6 +30,7 @@ impl Node {
                 .map_err(|e| NodeError::internal(format!("egress gateway: {e}")))
         })
         .await?;
+        let (layout_volumes, storage_for_volumes) = (layout.volumes(), storage.clone());
         let ctx = Arc::new(Ctx {
             runtime,
             storage,
@@ -43,6 +44,7 @@ impl Node {
             fenced: false.into(),
             discarding: Default::default(),
             disk_reserve_mib: config.admission.disk_reserve_mib,
+            volumes: crate::volumes::VolumeStore::new(layout_volumes, storage_for_volumes),
         });
         let node = Node {
             inner: Arc::new(Inner {

@@ -130,6 +130,7 @@ pub(super) fn validate_options(o: &SandboxOptions, t: &Template, max_disk_mib: u
             )));
         }
     }
+    validate_mounts(&o.volumes)?;
     let meta: usize = o.metadata.iter().map(|(k, v)| k.len() + v.len()).sum();
     if meta > MAX_METADATA_BYTES {
         return Err(NodeError::Invalid(format!(
@@ -145,6 +146,42 @@ pub(super) fn validate_timeouts(t: &TimeoutPolicy) -> Result<()> {
             return Err(NodeError::Invalid(format!(
                 "{what} must be positive (omit it for none)"
             )));
+        }
+    }
+    Ok(())
+}
+
+/// The volumes of a create: at most [`space_node_api::sandbox::MAX_MOUNTS`], volume ids,
+/// mount points a guest takes, none twice, no volume twice.
+pub(super) fn validate_mounts(mounts: &[space_node_api::VolumeMount]) -> Result<()> {
+    use space_node_api::sandbox::{valid_volume_id, MAX_MOUNTS};
+    if mounts.len() > MAX_MOUNTS {
+        return Err(NodeError::Invalid(format!(
+            "{} volumes; a sandbox mounts at most {MAX_MOUNTS}",
+            mounts.len()
+        )));
+    }
+    let mut paths = std::collections::HashSet::new();
+    let mut ids = std::collections::HashSet::new();
+    for m in mounts {
+        if !valid_volume_id(&m.volume) {
+            return Err(NodeError::Invalid(format!(
+                "{:?} is not a volume id",
+                m.volume
+            )));
+        }
+        space_proto::volume::check_mount_path(&m.path).map_err(NodeError::Invalid)?;
+        if !paths.insert(m.path.trim_end_matches('/')) {
+            return Err(NodeError::Invalid(format!("two volumes at {}", m.path)));
+        }
+        if !ids.insert(m.volume.as_str()) {
+            return Err(NodeError::Invalid(format!(
+                "volume {} mounted twice",
+                m.name
+            )));
+        }
+        if m.name.is_empty() || m.name.len() > 64 || m.name.contains(['\0', ',', ' ']) {
+            return Err(NodeError::Invalid(format!("volume name {:?}", m.name)));
         }
     }
     Ok(())

@@ -12,7 +12,7 @@ use tokio::sync::oneshot;
 use crate::error::NodeError;
 use crate::ids::TemplateRef;
 use crate::record::SandboxRecord;
-use crate::sandbox::{ensure_disk, identity, Live};
+use crate::sandbox::{ensure_disk, identity, mount_volumes, Live};
 use crate::scheduler::chain;
 
 use super::member::destroy;
@@ -120,6 +120,7 @@ impl Pools {
                 })?;
             // Members have the template's disk; a larger one is grown now.
             ensure_disk(&*member.live.vm, client, &wanted).await?;
+            mount_volumes(client, &wanted).await?;
             Ok::<_, NodeError>(())
         }
         .await;

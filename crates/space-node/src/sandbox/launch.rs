@@ -143,6 +143,7 @@ pub(crate) async fn launch(
             }
         };
         ensure_disk(&*vm, &client, record).await?;
+        mount_volumes(&client, record).await?;
         Ok::<_, NodeError>(client)
     }
     .await;
@@ -194,6 +195,39 @@ pub(crate) async fn ensure_disk(
         id = %record.id, from = have, to = want, fs_bytes = grown.new_bytes,
         took = ?t0.elapsed(), "root disk grown"
     );
+    Ok(())
+}
+
+/// Mounts `record`'s volumes in the guest (one mounted already, as in a restored or forked
+/// guest, is left as it is). Right after a cold boot the guest's uplink may not be up yet:
+/// the mount is tried again for a few seconds.
+pub(crate) async fn mount_volumes(client: &GuestClient, record: &SandboxRecord) -> Result<()> {
+    for (index, m) in record.options.volumes.iter().enumerate() {
+        let req = space_proto::volume::MountRequest {
+            index: index as u32,
+            path: m.path.clone(),
+            read_only: m.read_only,
+            name: m.name.clone(),
+        };
+        let mut attempt = 0;
+        loop {
+            match client.mount_volume(&req).await {
+                Ok(_) => break,
+                Err(ClientError::Guest(e))
+                    if e.kind == space_proto::ErrorKind::Busy && attempt < 50 =>
+                {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(source) => {
+                    return Err(NodeError::Guest {
+                        what: "mounting a volume",
+                        source,
+                    })
+                }
+            }
+        }
+    }
     Ok(())
 }
 

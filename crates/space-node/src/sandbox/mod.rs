@@ -79,7 +79,9 @@ mod rolling;
 mod tests;
 mod transitions;
 
-pub(crate) use launch::{clear_vm_files, dir_size, ensure_disk, identity, launch, Launch};
+pub(crate) use launch::{
+    clear_vm_files, dir_size, ensure_disk, identity, launch, mount_volumes, Launch,
+};
 pub(crate) use request::Request;
 use rolling::{DiskMark, DISK_FILE};
 use State::{Failed, Paused, Running, Suspended, Terminated};
@@ -108,6 +110,8 @@ pub(crate) struct Ctx {
     pub discarding: Mutex<std::collections::HashSet<crate::ids::SandboxId>>,
     /// Free space kept on the data disk, MiB ([`crate::AdmissionConfig::disk_reserve_mib`]).
     pub disk_reserve_mib: u64,
+    /// The tenants' volumes kept here ([`crate::volumes`]).
+    pub volumes: crate::volumes::VolumeStore,
 }
 
 /// The part of a sandbox's state that the node reads without asking the actor (listing,
@@ -227,6 +231,26 @@ pub(crate) struct ForkPoint {
     pub dir: PathBuf,
 }
 
+/// The volumes `record` mounts, opened, by mount index. One that cannot be opened (gone
+/// from this node) leaves the list empty: the guest's requests for it fail, the rest of the
+/// sandbox goes on.
+fn mounts_of(ctx: &Ctx, record: &SandboxRecord) -> Vec<space_gateway::volumes::Mount> {
+    let mut out = Vec::new();
+    for m in &record.options.volumes {
+        match ctx.volumes.open(&m.volume) {
+            Ok(tree) => out.push(space_gateway::volumes::Mount {
+                tree,
+                read_only: m.read_only,
+            }),
+            Err(e) => {
+                tracing::error!(id = %record.id, volume = %m.volume, error = %e, "a mounted volume cannot be opened");
+                return Vec::new();
+            }
+        }
+    }
+    out
+}
+
 /// The node's handle on a sandbox actor.
 #[derive(Clone)]
 pub(crate) struct Handle {
@@ -287,6 +311,7 @@ impl Sandbox {
             ),
             fault: Mutex::new(None),
         });
+        status.egress.set_mounts(mounts_of(&ctx, &record));
         let (tx, rx) = mpsc::channel(QUEUE);
         let (vm, client) = match live {
             Some(l) => (Some(l.vm), l.client),

@@ -110,6 +110,35 @@ impl Sandbox {
     /// the snapshot tried once more.
     pub(super) async fn full_snapshot(&self, dest: &Path) -> Result<Duration> {
         let running = self.record.state == Running;
+        // A running guest's volume requests are held first, so none is half done in the
+        // snapshot (`docs/volumes.md`); they go on once it is taken.
+        let quiesced = match (
+            &self.client,
+            running && !self.record.options.volumes.is_empty(),
+        ) {
+            (Some(c), true) => match c.quiesce_volumes(true).await {
+                Ok(s) if s.in_flight > 0 => {
+                    tracing::warn!(id = %self.record.id, in_flight = s.in_flight, "snapshot with volume requests under way");
+                    Some(c.clone())
+                }
+                Ok(_) => Some(c.clone()),
+                Err(e) => {
+                    tracing::warn!(id = %self.record.id, error = %e, "could not hold the guest's volume requests");
+                    None
+                }
+            },
+            _ => None,
+        };
+        let taken = self.full_snapshot_once(dest, running).await;
+        if let Some(c) = quiesced {
+            if let Err(e) = c.quiesce_volumes(false).await {
+                tracing::debug!(id = %self.record.id, error = %e, "letting the guest's volume requests go");
+            }
+        }
+        taken
+    }
+
+    async fn full_snapshot_once(&self, dest: &Path, running: bool) -> Result<Duration> {
         let mut attempt = 1;
         loop {
             match self.vm()?.snapshot(dest).await {

@@ -314,6 +314,12 @@ impl Layout {
         self.root.join("snapshots")
     }
 
+    /// `<data>/volumes`: the tenants' volumes (`crate::volumes`), each a storage volume of
+    /// its own beside its `<id>.json`.
+    pub fn volumes(&self) -> PathBuf {
+        self.root.join("volumes")
+    }
+
     /// `<data>/templates/<name>/<version>`, a volume.
     pub fn template_dir(&self, name: &str, version: &str) -> Result<PathBuf> {
         validate_name("template name", name)?;

@@ -486,6 +486,25 @@ impl GuestClient {
         self.post_json(routes::IDENTITY, identity).await
     }
 
+    /// Mounts a volume of the sandbox in the guest (`docs/volumes.md`); one mounted there
+    /// already is left as it is.
+    pub async fn mount_volume(
+        &self,
+        req: &crate::volume::MountRequest,
+    ) -> Result<crate::volume::VolumesState> {
+        self.post_json(routes::VOLUMES_MOUNT, req).await
+    }
+
+    /// Holds the guest's volume requests (`hold`: answers once none is under way, or after a
+    /// few seconds) or lets them go.
+    pub async fn quiesce_volumes(&self, hold: bool) -> Result<crate::volume::VolumesState> {
+        self.post_json(
+            routes::VOLUMES_QUIESCE,
+            &crate::volume::QuiesceRequest { hold },
+        )
+        .await
+    }
+
     /// Grows the filesystem mounted at `path` to fill its block device, online. With
     /// `device_bytes`, the guest first waits (bounded) until its kernel sees a device of at
     /// least that size (right after the host grew the disk, the guest may not have yet).

@@ -10,6 +10,7 @@ mod sandbox;
 mod shell;
 mod templates;
 mod top;
+mod volumes;
 
 use std::collections::BTreeMap;
 
@@ -63,6 +64,7 @@ pub async fn run(command: Command, json: bool) -> Result<i32> {
         Command::Tenant(cmd) => admin::tenant(c, cmd, json).await?,
         Command::Key(cmd) => admin::key(c, cmd, json).await?,
         Command::Secret(cmd) => net::secret(c, cmd, json).await?,
+        Command::Volume(cmd) => volumes::volume(c, cmd, json).await?,
         Command::Net(args) => net::net(c, args, json).await?,
         Command::Expose(args) => net::expose(c, args, json).await?,
         Command::Browser(args) => net::browser(c, args, json).await?,

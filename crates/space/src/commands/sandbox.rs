@@ -68,6 +68,14 @@ pub async fn create(c: &Client, a: CreateArgs, json: bool) -> Result<()> {
     if !a.secrets.is_empty() {
         body.insert("secrets".into(), json!(a.secrets));
     }
+    if !a.volumes.is_empty() {
+        let mounts = a
+            .volumes
+            .iter()
+            .map(|v| super::volumes::mount_arg(v))
+            .collect::<Result<Vec<_>>>()?;
+        body.insert("volumes".into(), json!(mounts));
+    }
     if !a.allow.is_empty() || !a.deny.is_empty() || a.default_deny {
         body.insert(
             "egress".into(),

@@ -541,6 +541,7 @@ pub fn e2b_sdk_command(
         .current_dir(dir)
         .env("E2B_API_URL", &server.url)
         .env("E2B_SANDBOX_URL", &server.url)
+        .env("E2B_VOLUME_API_URL", &server.url)
         .env("E2B_API_KEY", &server.admin_key)
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")

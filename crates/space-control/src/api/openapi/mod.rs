@@ -382,6 +382,12 @@ fn parameter(name: &str, g: &mut SchemaGenerator) -> Value {
         "FilePath" => {
             json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}, "description": "Absolute path in the guest."})
         }
+        "VolumeName" => {
+            json!({"name": "name", "in": "path", "required": true, "schema": s::<sh::VolumeName>(g), "description": "Volume name."})
+        }
+        "VolumeFilePath" => {
+            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/?([^/\\u0000]{1,255}(/[^/\\u0000]{1,255})*)?/?$", "maxLength": 4096}, "description": "Path in the volume (`/` its root); no `.` or `..` parts."})
+        }
         "SecretName" => {
             json!({"name": "name", "in": "path", "required": true, "schema": s::<sh::SecretName>(g), "description": "Secret name."})
         }

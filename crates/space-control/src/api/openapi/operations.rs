@@ -162,6 +162,62 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param_inline(json!({"name": "recursive", "in": "query", "required": false, "schema": {"type": "boolean", "default": false}, "description": "Watch subdirectories too."}))
             .ok(200, "One WatchEvent a line, until the client goes away; a StreamError line last when the watch broke.", vec![("application/x-ndjson", json!({"oneOf": [s::<sh::WatchEvent>(g), s::<sh::StreamError>(g)]}))])
             .err(&[400, 401, 403, 404, 409, 500, 502, 503]),
+        "volume.list" => Op::new("List the tenant's volumes", "volumes")
+            .ok(200, "The volumes, by name.", vec![("application/json", s::<sh::VolumeList>(g))])
+            .err(&[401, 500]),
+        "volume.create" => Op::new("Make a volume", "volumes")
+            .desc("A file system of the tenant's that outlives sandboxes: creates mount it by name (`volumes` of a sandbox create), several at once.")
+            .body(true, vec![("application/json", s::<crate::api::volumes::CreateBody>(g))])
+            .ok(201, "The volume.", vec![("application/json", s::<sh::Volume>(g))])
+            .err(&[400, 401, 409, 413, 415, 429, 500, 502, 503]),
+        "volume.get" => Op::new("Show a volume", "volumes")
+            .param("VolumeName")
+            .ok(200, "The volume.", vec![("application/json", s::<sh::Volume>(g))])
+            .err(&[400, 401, 404, 500]),
+        "volume.delete" => Op::new("Delete a volume and its files", "volumes")
+            .param("VolumeName")
+            .ok(204, "Deleted.", vec![])
+            .err(&[400, 401, 404, 409, 500, 502, 503]),
+        "volume_files.download" => Op::new("Read a file of a volume", "volumes")
+            .param("VolumeName")
+            .param("VolumeFilePath")
+            .ok(200, "The file's bytes.", vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
+            .err(&[400, 401, 404, 413, 500, 502, 503]),
+        "volume_files.upload" => Op::new("Write a file of a volume", "volumes")
+            .desc("The file is replaced whole: a write that fails (a full volume: 507) leaves the old file.")
+            .param("VolumeName")
+            .param("VolumeFilePath")
+            .param_inline(json!({"name": "mode", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^0?[0-7]{1,4}$"}, "description": "Octal permission bits (default 0644)."}))
+            .param_inline(json!({"name": "parents", "in": "query", "required": false, "schema": {"type": "boolean", "default": false}, "description": "Make missing parent directories."}))
+            .body(true, vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
+            .ok(200, "The file.", vec![("application/json", s::<sh::FileStat>(g))])
+            .err(&[400, 401, 404, 409, 413, 500, 502, 503, 507]),
+        "volume_files.remove" => Op::new("Remove a file or directory of a volume", "volumes")
+            .desc("A directory goes with everything in it.")
+            .param("VolumeName")
+            .param("VolumeFilePath")
+            .ok(204, "Removed.", vec![])
+            .err(&[400, 401, 404, 409, 500, 502, 503]),
+        "volume_files.list" => Op::new("List a directory of a volume", "volumes")
+            .param("VolumeName")
+            .param("VolumeFilePath")
+            .ok(200, "Entries sorted by name.", vec![("application/json", s::<sh::DirListing>(g))])
+            .err(&[400, 401, 404, 500, 502, 503]),
+        "volume_files.stat" => Op::new("Describe a path of a volume", "volumes")
+            .param("VolumeName")
+            .param("VolumeFilePath")
+            .ok(200, "The path (a symlink is reported as one).", vec![("application/json", s::<sh::FileStat>(g))])
+            .err(&[400, 401, 404, 500, 502, 503]),
+        "volume_files.mkdir" => Op::new("Make a directory in a volume", "volumes")
+            .param("VolumeName")
+            .body(true, vec![("application/json", s::<sh::VolumeMkdirRequest>(g))])
+            .ok(200, "The directory.", vec![("application/json", s::<sh::FileStat>(g))])
+            .err(&[400, 401, 404, 409, 413, 415, 500, 502, 503, 507]),
+        "volume_files.rename" => Op::new("Rename a path of a volume", "volumes")
+            .param("VolumeName")
+            .body(true, vec![("application/json", s::<sh::VolumeRenameRequest>(g))])
+            .ok(200, "The renamed path.", vec![("application/json", s::<sh::FileStat>(g))])
+            .err(&[400, 401, 404, 409, 413, 415, 500, 502, 503]),
         "snapshot.list" => Op::new("List a sandbox's snapshots", "snapshots")
             .param("SandboxId")
             .ok(200, "Oldest first.", vec![("application/json", s::<sh::SnapshotList>(g))])

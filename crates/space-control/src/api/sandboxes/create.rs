@@ -122,6 +122,10 @@ pub struct CreateBody {
     egress: Option<space_node_api::policy::EgressPolicy>,
     #[serde(default)]
     auto_resume: Option<bool>,
+    /// The tenant's volumes to mount (at most 8; each volume and each path once).
+    #[serde(default)]
+    #[schemars(with = "Vec<crate::api::shapes::VolumeMount>", length(max = 8))]
+    volumes: Vec<space_api::VolumeMountSpec>,
 }
 
 pub(super) fn created<T: serde::Serialize>(v: T) -> Response {
@@ -173,6 +177,7 @@ impl CreateBody {
             metadata: self.metadata,
             timeouts,
             secrets: self.secrets,
+            volumes: self.volumes,
             egress: self.egress,
             auto_resume: self.auto_resume,
         })

@@ -86,6 +86,7 @@ on_both!(
     audit_fields_are_bounded,
     concurrent_writers_share_one_store,
     ports_are_looked_up_by_token_hash_and_replaced,
+    volumes_are_the_tenants_and_unique_by_name,
 );
 
 #[test]
@@ -165,6 +166,7 @@ async fn reopen_keeps_everything(db: Db) {
         max_vcpus: 4,
         max_memory_mib: 2048,
         max_suspended_ms: None,
+        max_volume_mib: 4096,
     };
     store.create_tenant(&acme, quotas).await.unwrap();
     let key = store.create_key(&acme, true, Some("ops")).await.unwrap();
@@ -346,6 +348,7 @@ async fn tenants_create_list_update(db: Db) {
         max_vcpus: 2,
         max_memory_mib: 512,
         max_suspended_ms: None,
+        max_volume_mib: 1,
     };
     let updated = store.set_quotas(&t("acme"), q).await.unwrap();
     assert_eq!(updated.quotas, q);
@@ -929,7 +932,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
-    assert_eq!(SCHEMA_VERSION, 10);
+    assert_eq!(SCHEMA_VERSION, 11);
     let acme = t("acme");
     assert_eq!(
         store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
@@ -947,6 +950,9 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
     assert!(!replaced);
     assert_eq!(p.port, 8000);
     assert!(store.secrets(&acme).await.unwrap().is_empty());
+    assert!(store.volumes(&acme).await.unwrap().is_empty());
+    let quotas = store.tenant(&acme).await.unwrap().unwrap().quotas;
+    assert_eq!(quotas.max_volume_mib, crate::store::DEFAULT_MAX_VOLUME_MIB);
 }
 
 async fn ports_are_looked_up_by_token_hash_and_replaced(db: Db) {
@@ -993,3 +999,72 @@ mod cluster;
 mod idempotency;
 mod postgres;
 mod templates;
+
+async fn volumes_are_the_tenants_and_unique_by_name(db: Db) {
+    let store = db.open().await;
+    let (a, b) = (t("a"), t("b"));
+    store.create_tenant(&a, Quotas::default()).await.unwrap();
+    store.create_tenant(&b, Quotas::default()).await.unwrap();
+    let row = |id: &str, tenant: &TenantName, name: &str| VolumeRow {
+        id: id.into(),
+        tenant: tenant.clone(),
+        name: name.into(),
+        size_bytes: 1 << 30,
+        node: None,
+        created_unix_ms: 7,
+    };
+    store
+        .insert_volume(&row("vol-0000000000000001", &a, "data"))
+        .await
+        .unwrap();
+    // Another tenant may use the name; the same tenant may not.
+    store
+        .insert_volume(&row("vol-0000000000000002", &b, "data"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store
+            .insert_volume(&row("vol-0000000000000003", &a, "data"))
+            .await,
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(
+        store
+            .insert_volume(&row("vol-0000000000000004", &t("nobody"), "x"))
+            .await,
+        Err(StoreError::NotFound { .. })
+    ));
+    store
+        .insert_volume(&row("vol-0000000000000005", &a, "cache"))
+        .await
+        .unwrap();
+    let names: Vec<String> = store
+        .volumes(&a)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|v| v.name)
+        .collect();
+    assert_eq!(names, ["cache", "data"]);
+    assert_eq!(store.volume_bytes(&a).await.unwrap(), 2 << 30);
+    let got = store.volume(&b, "data").await.unwrap().unwrap();
+    assert_eq!(got.id, "vol-0000000000000002");
+    assert!(store.volume(&b, "cache").await.unwrap().is_none());
+    store
+        .set_volume_node("vol-0000000000000002", "n1")
+        .await
+        .unwrap();
+    let got = store
+        .volume_by_id("vol-0000000000000002")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((got.node.as_deref(), got.created_unix_ms), (Some("n1"), 7));
+    assert!(store.delete_volume("vol-0000000000000002").await.unwrap());
+    assert!(!store.delete_volume("vol-0000000000000002").await.unwrap());
+    assert!(store
+        .volume_by_id("vol-0000000000000002")
+        .await
+        .unwrap()
+        .is_none());
+}

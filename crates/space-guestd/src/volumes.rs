@@ -1,0 +1,1185 @@
+//! Volumes in the guest: each mount is a FUSE file system served here, whose every operation
+//! is one request to the host over the uplink (`POST /v1/volumes/{index}`, named by a path in
+//! the volume; `docs/volumes.md`). What the kernel's FUSE needs kept (inode numbers and the
+//! path each stands for, open files, directory listings) lives in this daemon, so in the
+//! guest's memory: it is in every snapshot, and a restored or forked sandbox goes on with it.
+//!
+//! A gate stands before the host: the host holds it shut ([`Volumes::quiesce`]) before it
+//! snapshots the guest, so no request is half done in a snapshot (one sent, its answer lost,
+//! and sent again after a restore); requests made meanwhile wait. It opens again when the host
+//! says so, on the next identity step (a restore, a fork), or after a minute in any case.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, Request, TimeOrNow,
+};
+use http_body_util::{BodyExt, Full, Limited};
+use space_proto::volume::{
+    check_name, decode, encode, join, volume_path, Attr, Entry, EntryKind, MountRequest,
+    QuiesceRequest, VolumeReply, VolumeRequest, VolumesState, MAX_HEADER, MAX_IO,
+};
+use space_proto::ProtoError;
+
+use crate::egress::{Egress, ReqBody};
+
+/// How long the kernel may trust an answer about an entry or its attributes: not at all, so
+/// every path walk asks the host again, and an open sees what another sandbox wrote and
+/// closed (close-to-open; `docs/volumes.md` has the cost).
+const TTL: Duration = Duration::ZERO;
+/// The longest the gate stays shut without being opened.
+const HOLD_LIMIT: Duration = Duration::from_secs(60);
+/// Attempts of a request whose uplink failed (it reconnects after a restore).
+const ATTEMPTS: u32 = 5;
+/// The most entries one directory listing holds.
+const MAX_LISTING: usize = 1 << 20;
+
+struct GateState {
+    held_since: Option<Instant>,
+    in_flight: u32,
+}
+
+/// What requests pass before they go to the host.
+struct Gate {
+    state: Mutex<GateState>,
+    changed: tokio::sync::Notify,
+}
+
+impl Gate {
+    fn lock(&self) -> std::sync::MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the gate is open, then counts one request in.
+    async fn enter(&self) {
+        loop {
+            let wait = self.changed.notified();
+            {
+                let mut s = self.lock();
+                let open = match s.held_since {
+                    None => true,
+                    Some(t) if t.elapsed() >= HOLD_LIMIT => {
+                        s.held_since = None;
+                        true
+                    }
+                    Some(_) => false,
+                };
+                if open {
+                    s.in_flight += 1;
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(1), wait).await;
+        }
+    }
+
+    fn leave(&self) {
+        let mut s = self.lock();
+        s.in_flight = s.in_flight.saturating_sub(1);
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    /// Shuts the gate and waits (at most `patience`) for requests under way; answers how
+    /// many are left.
+    async fn hold(&self, patience: Duration) -> u32 {
+        self.lock().held_since = Some(Instant::now());
+        let deadline = Instant::now() + patience;
+        loop {
+            let wait = self.changed.notified();
+            let left = self.lock().in_flight;
+            if left == 0 || Instant::now() >= deadline {
+                return left;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
+        }
+    }
+
+    fn open(&self) {
+        self.lock().held_since = None;
+        self.changed.notify_waiters();
+    }
+}
+
+struct Mounted {
+    index: u32,
+    path: PathBuf,
+    /// Keeps the FUSE loop running.
+    _session: fuser::BackgroundSession,
+}
+
+/// Every volume mount of the guest, and the gate before the host.
+pub struct Volumes {
+    mounts: Mutex<Vec<Mounted>>,
+    gate: Arc<Gate>,
+}
+
+impl Default for Volumes {
+    fn default() -> Self {
+        Volumes {
+            mounts: Mutex::new(Vec::new()),
+            gate: Arc::new(Gate {
+                state: Mutex::new(GateState {
+                    held_since: None,
+                    in_flight: 0,
+                }),
+                changed: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+}
+
+fn state(v: &Volumes) -> VolumesState {
+    VolumesState {
+        mounts: v.mounts.lock().unwrap_or_else(|e| e.into_inner()).len() as u32,
+        in_flight: v.gate.lock().in_flight,
+    }
+}
+
+fn check_mount_path(path: &str) -> Result<PathBuf, ProtoError> {
+    space_proto::volume::check_mount_path(path).map_err(ProtoError::invalid)?;
+    Ok(PathBuf::from(path.trim_end_matches('/')))
+}
+
+impl Volumes {
+    /// Opens the gate (after a restore or fork: the host that shut it is gone).
+    pub fn release(&self) {
+        self.gate.open();
+    }
+
+    /// `POST /v1/volumes/quiesce`.
+    pub async fn quiesce(&self, req: QuiesceRequest) -> VolumesState {
+        if req.hold {
+            self.gate.hold(Duration::from_secs(10)).await;
+        } else {
+            self.gate.open();
+        }
+        state(self)
+    }
+
+    /// `POST /v1/volumes/mount`: mounts volume `req.index` at `req.path` (made if missing). A
+    /// mount that is there already (a restored or forked guest) is left as it is.
+    pub async fn mount(
+        &self,
+        egress: Arc<Egress>,
+        req: MountRequest,
+    ) -> Result<VolumesState, ProtoError> {
+        let path = check_mount_path(&req.path)?;
+        {
+            let mounts = self.mounts.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(m) = mounts.iter().find(|m| m.index == req.index) {
+                if m.path == path {
+                    drop(mounts);
+                    return Ok(state(self));
+                }
+                return Err(ProtoError::invalid(format!(
+                    "volume {} is mounted at {} already",
+                    req.index,
+                    m.path.display()
+                )));
+            }
+            if mounts.iter().any(|m| m.path == path) {
+                return Err(ProtoError::invalid(format!(
+                    "{} is a mount point already",
+                    path.display()
+                )));
+            }
+        }
+        let fs = VolumeFs(Arc::new(Inner {
+            index: req.index,
+            egress,
+            runtime: tokio::runtime::Handle::current(),
+            gate: self.gate.clone(),
+            inodes: Mutex::new(Inodes::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }));
+        let name = req.name.clone();
+        let read_only = req.read_only;
+        let at = path.clone();
+        let session = tokio::task::spawn_blocking(move || mount_fuse(fs, &at, &name, read_only))
+            .await
+            .map_err(|e| ProtoError::internal(format!("mounting: {e}")))??;
+        self.mounts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Mounted {
+                index: req.index,
+                path,
+                _session: session,
+            });
+        Ok(state(self))
+    }
+}
+
+/// Opens `/dev/fuse`, mounts it at `path`, and starts the FUSE loop for `fs`.
+fn mount_fuse(
+    fs: VolumeFs,
+    path: &Path,
+    name: &str,
+    read_only: bool,
+) -> Result<fuser::BackgroundSession, ProtoError> {
+    std::fs::create_dir_all(path)
+        .map_err(|e| ProtoError::internal(format!("making {}: {e}", path.display())))?;
+    let dev: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| ProtoError::internal(format!("/dev/fuse: {e}")))?
+        .into();
+    let data = format!(
+        "fd={},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions,max_read={MAX_IO}",
+        dev.as_raw_fd()
+    );
+    let mut flags = nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV;
+    if read_only {
+        flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
+    let source = format!("space-volume:{name}");
+    nix::mount::mount(
+        Some(source.as_str()),
+        path,
+        Some("fuse"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(|e| ProtoError::internal(format!("mounting {}: {e}", path.display())))?;
+    let config = fuser::Config::default();
+    let session =
+        fuser::Session::from_fd(fs, dev, fuser::SessionACL::All, config).and_then(|s| s.spawn());
+    match session {
+        Ok(s) => Ok(s),
+        Err(e) => {
+            let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
+            Err(ProtoError::internal(format!(
+                "starting FUSE on {}: {e}",
+                path.display()
+            )))
+        }
+    }
+}
+
+/// The paths the kernel's inode numbers stand for.
+struct Inodes {
+    by_ino: HashMap<u64, (String, u64)>,
+    by_path: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Inodes {
+    fn new() -> Inodes {
+        let mut by_ino = HashMap::new();
+        by_ino.insert(1, (String::new(), 1));
+        let mut by_path = HashMap::new();
+        by_path.insert(String::new(), 1);
+        Inodes {
+            by_ino,
+            by_path,
+            next: 2,
+        }
+    }
+
+    fn path(&self, ino: u64) -> Option<String> {
+        self.by_ino.get(&ino).map(|(p, _)| p.clone())
+    }
+
+    /// The inode number of `path`, one more lookup of it counted.
+    fn remember(&mut self, path: &str) -> u64 {
+        if let Some(&ino) = self.by_path.get(path) {
+            if let Some(e) = self.by_ino.get_mut(&ino) {
+                e.1 += 1;
+            }
+            return ino;
+        }
+        let ino = self.next;
+        self.next += 1;
+        self.by_ino.insert(ino, (path.to_owned(), 1));
+        self.by_path.insert(path.to_owned(), ino);
+        ino
+    }
+
+    fn forget(&mut self, ino: u64, n: u64) {
+        if ino == 1 {
+            return;
+        }
+        let gone = match self.by_ino.get_mut(&ino) {
+            Some(e) => {
+                e.1 = e.1.saturating_sub(n);
+                e.1 == 0
+            }
+            None => false,
+        };
+        if gone {
+            if let Some((p, _)) = self.by_ino.remove(&ino) {
+                if self.by_path.get(&p) == Some(&ino) {
+                    self.by_path.remove(&p);
+                }
+            }
+        }
+    }
+
+    /// `path` is gone: its inode stays (open files, the kernel's count) but names nothing.
+    fn removed(&mut self, path: &str) {
+        self.by_path.remove(path);
+    }
+
+    /// `from` (and everything under it) is at `to` now.
+    fn renamed(&mut self, from: &str, to: &str) {
+        self.removed(to);
+        let prefix = format!("{from}/");
+        let moved: Vec<(u64, String)> = self
+            .by_ino
+            .iter()
+            .filter(|(_, (p, _))| p == from || p.starts_with(&prefix))
+            .map(|(&i, (p, _))| (i, format!("{to}{}", &p[from.len()..])))
+            .collect();
+        for (ino, new) in moved {
+            if let Some(e) = self.by_ino.get_mut(&ino) {
+                let old = std::mem::replace(&mut e.0, new.clone());
+                if self.by_path.get(&old) == Some(&ino) {
+                    self.by_path.remove(&old);
+                }
+                self.by_path.insert(new, ino);
+            }
+        }
+    }
+}
+
+enum Handle {
+    File,
+    Dir(Option<Vec<Entry>>),
+}
+
+struct Inner {
+    index: u32,
+    egress: Arc<Egress>,
+    runtime: tokio::runtime::Handle,
+    gate: Arc<Gate>,
+    inodes: Mutex<Inodes>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+}
+
+/// One mount's FUSE file system.
+struct VolumeFs(Arc<Inner>);
+
+fn errno(e: i32) -> Errno {
+    if (1..4096).contains(&e) {
+        Errno::from_i32(e)
+    } else {
+        Errno::EIO
+    }
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH
+    }
+}
+
+fn file_attr(ino: u64, a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: time(a.atime_ns),
+        mtime: time(a.mtime_ns),
+        ctime: time(a.ctime_ns),
+        crtime: time(a.ctime_ns),
+        kind: file_type(a.kind),
+        perm: (a.mode & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn file_type(k: EntryKind) -> FileType {
+    match k {
+        EntryKind::File | EntryKind::Other => FileType::RegularFile,
+        EntryKind::Dir => FileType::Directory,
+        EntryKind::Symlink => FileType::Symlink,
+    }
+}
+
+fn ns_of(t: Option<TimeOrNow>) -> Option<i64> {
+    t.map(|t| match t {
+        TimeOrNow::Now => -1,
+        TimeOrNow::SpecificTime(t) => t
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos().min(i64::MAX as u128) as i64)
+            .unwrap_or(0),
+    })
+}
+
+impl Inner {
+    /// One request to the host; a failed uplink is tried again (it reconnects after a
+    /// restore).
+    async fn call(&self, req: &VolumeRequest, data: &[u8]) -> Result<(VolumeReply, Bytes), Errno> {
+        self.gate.enter().await;
+        let out = self.send(req, data).await;
+        self.gate.leave();
+        match out? {
+            (VolumeReply::Errno(e), _) => Err(errno(e)),
+            ok => Ok(ok),
+        }
+    }
+
+    async fn send(&self, req: &VolumeRequest, data: &[u8]) -> Result<(VolumeReply, Bytes), Errno> {
+        let body = Bytes::from(encode(req, data));
+        let mut last = None;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100 << attempt.min(4))).await;
+            }
+            let request = http::Request::post(volume_path(self.index))
+                .body(ReqBody::new(
+                    Full::new(body.clone()).map_err(|n| match n {}),
+                ))
+                .map_err(|_| Errno::EIO)?;
+            let resp = match self.egress.send(request).await {
+                Ok(r) => r,
+                Err(e) => {
+                    last = Some(e.to_string());
+                    continue;
+                }
+            };
+            if resp.status() != http::StatusCode::OK {
+                tracing::warn!(status = %resp.status(), "a volume request was refused");
+                return Err(Errno::EIO);
+            }
+            let limit = MAX_IO as usize + MAX_HEADER + 4;
+            let bytes = match Limited::new(resp.into_body(), limit).collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(e) => {
+                    last = Some(e.to_string());
+                    continue;
+                }
+            };
+            let (reply, rest) = decode::<VolumeReply>(&bytes).map_err(|_| Errno::EIO)?;
+            let offset = bytes.len() - rest.len();
+            return Ok((reply, bytes.slice(offset..)));
+        }
+        tracing::warn!(error = ?last, "a volume request failed");
+        Err(Errno::EIO)
+    }
+
+    fn path(&self, ino: INodeNo) -> Result<String, Errno> {
+        self.inodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .path(ino.0)
+            .ok_or(Errno::ENOENT)
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<String, Errno> {
+        let name = std::str::from_utf8(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
+        check_name(name).map_err(|_| Errno::EINVAL)?;
+        Ok(join(&self.path(parent)?, name))
+    }
+
+    fn remember(&self, path: &str) -> u64 {
+        self.inodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remember(path)
+    }
+
+    fn handle(&self, h: Handle) -> FileHandle {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, h);
+        FileHandle(fh)
+    }
+
+    /// An entry made or found at `path`, remembered for the kernel.
+    async fn entry(&self, path: String, req: VolumeRequest) -> Result<FileAttr, Errno> {
+        match self.call(&req, &[]).await? {
+            (VolumeReply::Attr(a), _) => Ok(file_attr(self.remember(&path), &a)),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    async fn listing(&self, path: &str) -> Result<Vec<Entry>, Errno> {
+        let mut all = Vec::new();
+        let mut after = None;
+        loop {
+            let req = VolumeRequest::ReadDir {
+                path: path.to_owned(),
+                after: after.take(),
+            };
+            let (entries, more) = match self.call(&req, &[]).await? {
+                (VolumeReply::Entries { entries, more }, _) => (entries, more),
+                _ => return Err(Errno::EIO),
+            };
+            after = entries.last().map(|e| e.name.clone());
+            all.extend(entries);
+            if !more || after.is_none() || all.len() >= MAX_LISTING {
+                return Ok(all);
+            }
+        }
+    }
+}
+
+macro_rules! run {
+    ($fs:expr, $reply:ident, |$inner:ident| $body:expr, |$ok:ident| $done:expr) => {{
+        let $inner = $fs.0.clone();
+        let rt = $inner.runtime.clone();
+        rt.spawn(async move {
+            let result = async { $body }.await;
+            match result {
+                Ok($ok) => $done,
+                Err(e) => $reply.error(e),
+            }
+        });
+    }};
+}
+
+impl Filesystem for VolumeFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_IO);
+        let _ = config.set_max_readahead(MAX_IO);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let path = self.0.child(parent, name);
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                i.entry(path.clone(), VolumeRequest::Stat { path }).await
+            },
+            |a| reply.entry(&TTL, &a, Generation(0))
+        );
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.0
+            .inodes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                match i.call(&VolumeRequest::Stat { path: path? }, &[]).await? {
+                    (VolumeReply::Attr(a), _) => Ok(file_attr(ino.0, &a)),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |a| reply.attr(&TTL, &a)
+        );
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let path = self.0.path(ino);
+        let (atime_ns, mtime_ns) = (ns_of(atime), ns_of(mtime));
+        run!(
+            self,
+            reply,
+            |i| {
+                let req = VolumeRequest::SetAttr {
+                    path: path?,
+                    mode: mode.map(|m| m & 0o7777),
+                    uid,
+                    gid,
+                    size,
+                    atime_ns,
+                    mtime_ns,
+                };
+                match i.call(&req, &[]).await? {
+                    (VolumeReply::Attr(a), _) => Ok(file_attr(ino.0, &a)),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |a| reply.attr(&TTL, &a)
+        );
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                match i
+                    .call(&VolumeRequest::ReadLink { path: path? }, &[])
+                    .await?
+                {
+                    (VolumeReply::Target(t), _) => Ok(t),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |t| reply.data(t.as_bytes())
+        );
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        if mode & libc::S_IFMT != libc::S_IFREG {
+            reply.error(Errno::EPERM);
+            return;
+        }
+        let path = self.0.child(parent, name);
+        let (uid, gid) = (req.uid(), req.gid());
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                let q = VolumeRequest::Create {
+                    path: path.clone(),
+                    mode: mode & !umask & 0o7777,
+                    uid,
+                    gid,
+                    exclusive: true,
+                    truncate: false,
+                };
+                i.entry(path, q).await
+            },
+            |a| reply.entry(&TTL, &a, Generation(0))
+        );
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let path = self.0.child(parent, name);
+        let (uid, gid) = (req.uid(), req.gid());
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                let q = VolumeRequest::MkDir {
+                    path: path.clone(),
+                    mode: mode & !umask & 0o7777,
+                    uid,
+                    gid,
+                };
+                i.entry(path, q).await
+            },
+            |a| reply.entry(&TTL, &a, Generation(0))
+        );
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = self.0.child(parent, name);
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                i.call(&VolumeRequest::Unlink { path: path.clone() }, &[])
+                    .await?;
+                i.inodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .removed(&path);
+                Ok::<(), Errno>(())
+            },
+            |_x| reply.ok()
+        );
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let path = self.0.child(parent, name);
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                i.call(&VolumeRequest::RmDir { path: path.clone() }, &[])
+                    .await?;
+                i.inodes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .removed(&path);
+                Ok::<(), Errno>(())
+            },
+            |_x| reply.ok()
+        );
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let path = self.0.child(parent, link_name);
+        let target = std::str::from_utf8(target.as_os_str().as_bytes()).map(str::to_owned);
+        let (uid, gid) = (req.uid(), req.gid());
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                let target = target.map_err(|_| Errno::EINVAL)?;
+                let q = VolumeRequest::Symlink {
+                    path: path.clone(),
+                    target,
+                    uid,
+                    gid,
+                };
+                i.entry(path, q).await
+            },
+            |a| reply.entry(&TTL, &a, Generation(0))
+        );
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let from = self.0.child(parent, name);
+        let to = self.0.child(newparent, newname);
+        let bits = flags.bits();
+        run!(
+            self,
+            reply,
+            |i| {
+                let (from, to) = (from?, to?);
+                let exchange = bits & libc::RENAME_EXCHANGE != 0;
+                let q = VolumeRequest::Rename {
+                    from: from.clone(),
+                    to: to.clone(),
+                    noreplace: bits & libc::RENAME_NOREPLACE != 0,
+                    exchange,
+                };
+                i.call(&q, &[]).await?;
+                let mut inodes = i.inodes.lock().unwrap_or_else(|e| e.into_inner());
+                if exchange {
+                    let swap = format!("{from}\u{0}swap");
+                    inodes.renamed(&from, &swap);
+                    inodes.renamed(&to, &from);
+                    inodes.renamed(&swap, &to);
+                } else {
+                    inodes.renamed(&from, &to);
+                }
+                Ok::<(), Errno>(())
+            },
+            |_x| reply.ok()
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let from = self.0.path(ino);
+        let to = self.0.child(newparent, newname);
+        run!(
+            self,
+            reply,
+            |i| {
+                let to = to?;
+                let q = VolumeRequest::Link {
+                    from: from?,
+                    to: to.clone(),
+                };
+                i.entry(to, q).await
+            },
+            |a| reply.entry(&TTL, &a, Generation(0))
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        if self.0.path(ino).is_err() {
+            reply.error(Errno::ENOENT);
+            return;
+        }
+        // No FOPEN_KEEP_CACHE: every open drops the pages cached of the file, so what another
+        // sandbox wrote before it closed is read (close-to-open).
+        reply.opened(self.0.handle(Handle::File), FopenFlags::empty());
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyData,
+    ) {
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                let q = VolumeRequest::Read {
+                    path: path?,
+                    offset,
+                    size: size.min(MAX_IO),
+                };
+                match i.call(&q, &[]).await? {
+                    (VolumeReply::Data(n), bytes) if n as usize == bytes.len() => Ok(bytes),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |b| reply.data(&b)
+        );
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: fuser::WriteFlags,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let path = self.0.path(ino);
+        let data = data.to_vec();
+        run!(
+            self,
+            reply,
+            |i| {
+                let q = VolumeRequest::Write {
+                    path: path?,
+                    offset,
+                };
+                match i.call(&q, &data).await? {
+                    (VolumeReply::Written { written, .. }, _) => Ok(written),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |n| reply.written(n)
+        );
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: fuser::LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes reach the host as they are made: nothing is held here.
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        _lock_owner: Option<fuser::LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.0
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                i.call(&VolumeRequest::Fsync { path: path? }, &[]).await?;
+                Ok::<(), Errno>(())
+            },
+            |_x| reply.ok()
+        );
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: fuser::OpenFlags, reply: ReplyOpen) {
+        if self.0.path(ino).is_err() {
+            reply.error(Errno::ENOENT);
+            return;
+        }
+        reply.opened(self.0.handle(Handle::Dir(None)), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                let cached = match i
+                    .handles
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&fh.0)
+                {
+                    Some(Handle::Dir(Some(list))) if offset > 0 => Some(list.clone()),
+                    Some(Handle::Dir(_)) => None,
+                    _ => return Err(Errno::EBADF),
+                };
+                let list = match cached {
+                    Some(l) => l,
+                    None => {
+                        // A listing is read whole when it starts, and served from here after.
+                        let l = i.listing(&path).await?;
+                        if let Some(h) = i
+                            .handles
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .get_mut(&fh.0)
+                        {
+                            *h = Handle::Dir(Some(l.clone()));
+                        }
+                        l
+                    }
+                };
+                Ok((ino, list))
+            },
+            |found| {
+                let (ino, list) = found;
+                let mut all: Vec<(u64, FileType, &str)> = vec![
+                    (ino.0, FileType::Directory, "."),
+                    (ino.0, FileType::Directory, ".."),
+                ];
+                all.extend(
+                    list.iter()
+                        .map(|e| (e.attr.ino.max(2), file_type(e.attr.kind), e.name.as_str())),
+                );
+                // The offset of each entry is its place in the listing plus one: the kernel asks
+                // again from the last one it took.
+                for (k, (n, kind, name)) in all.into_iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(n), k as u64 + 1, kind, name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+        );
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.0
+            .handles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        run!(
+            self,
+            reply,
+            |i| {
+                match i.call(&VolumeRequest::StatFs, &[]).await? {
+                    (VolumeReply::StatFs(s), _) => Ok(s),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |s| {
+                let block = 4096u64;
+                let blocks = s.size_bytes / block;
+                let free = s.size_bytes.saturating_sub(s.used_bytes) / block;
+                reply.statfs(
+                    blocks,
+                    free,
+                    free,
+                    s.entries + (1 << 20),
+                    1 << 20,
+                    block as u32,
+                    255,
+                    block as u32,
+                )
+            }
+        );
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let path = self.0.child(parent, name);
+        let (uid, gid) = (req.uid(), req.gid());
+        run!(
+            self,
+            reply,
+            |i| {
+                let path = path?;
+                let q = VolumeRequest::Create {
+                    path: path.clone(),
+                    mode: mode & !umask & 0o7777,
+                    uid,
+                    gid,
+                    exclusive: flags & libc::O_EXCL != 0,
+                    truncate: flags & libc::O_TRUNC != 0,
+                };
+                let attr = i.entry(path, q).await?;
+                Ok::<_, Errno>((attr, i.handle(Handle::File)))
+            },
+            |made| reply.created(&TTL, &made.0, Generation(0), made.1, FopenFlags::empty())
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inodes_follow_renames_and_forgets() {
+        let mut t = Inodes::new();
+        let d = t.remember("d");
+        let f = t.remember("d/f");
+        assert_eq!(t.remember("d"), d);
+        t.renamed("d", "e");
+        assert_eq!(t.path(f).as_deref(), Some("e/f"));
+        assert_eq!(t.path(d).as_deref(), Some("e"));
+        assert_eq!(t.remember("e/f"), f);
+        t.forget(f, 2);
+        assert!(t.path(f).is_none());
+        t.removed("e");
+        assert_ne!(
+            t.remember("e"),
+            d,
+            "a new entry at a removed path is a new inode"
+        );
+        t.forget(1, 100);
+        assert_eq!(t.path(1).as_deref(), Some(""));
+    }
+
+    #[test]
+    fn mount_paths() {
+        assert!(check_mount_path("/data").is_ok());
+        assert!(check_mount_path("/home/user/work/").is_ok());
+        for bad in ["data", "/", "/proc/x", "/dev", "/a/../b", "/a//b"] {
+            assert!(check_mount_path(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_gate_waits_for_requests_under_way() {
+        let v = Volumes::default();
+        v.gate.enter().await;
+        let held = tokio::time::timeout(
+            Duration::from_millis(200),
+            v.gate.hold(Duration::from_millis(100)),
+        )
+        .await;
+        assert_eq!(
+            held.unwrap(),
+            1,
+            "one request still under way after the patience"
+        );
+        v.gate.leave();
+        assert_eq!(v.gate.hold(Duration::from_secs(1)).await, 0);
+        // Shut: a new request waits until it opens.
+        let gate = v.gate.clone();
+        let entered = tokio::spawn(async move {
+            gate.enter().await;
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!entered.is_finished());
+        v.release();
+        entered.await.unwrap();
+    }
+}
