@@ -32,6 +32,8 @@ TOOLS = {
     "resume_sandbox",
     "kill_sandbox",
     "expose_port",
+    "list_volumes",
+    "create_volume",
     "screenshot",
     "click",
     "type_text",
@@ -393,3 +395,19 @@ async def test_create_takes_size_env_egress_and_secrets() -> None:
         assert "s3cret-value" not in ran["stdout"]
         bad = await call_error(client, "create_sandbox", template="no-such-template")
         assert "template_not_found" in bad and "list_templates" in bad
+
+
+async def test_a_volume_shared_by_two_sandboxes() -> None:
+    name = f"mcp-{int(time.time() * 1000)}"
+    async with connect("stdio") as client:
+        made = await call(client, "create_volume", name=name, size_mib=64)
+        assert made["created"]["name"] == name and made["created"]["size_bytes"] == 64 << 20
+        listed = await call(client, "list_volumes")
+        assert name in [v["name"] for v in listed["volumes"]]
+        mount = [{"name": name, "path": "/shared"}]
+        async with sandbox(client, volumes=mount) as a, sandbox(client, volumes=mount) as b:
+            await call(client, "run_command", sandbox_id=a, command="echo from-a > /shared/note")
+            got = await call(client, "read_file", sandbox_id=b, path="/shared/note")
+            assert got["content"] == "from-a\n"
+        bad = await call_error(client, "create_volume", name="no spaces allowed")
+        assert "invalid_request" in bad or "volume name" in bad

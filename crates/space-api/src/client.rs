@@ -367,6 +367,24 @@ impl Operations for Client {
         let list: TemplateList = self.json(Method::GET, "/v1/templates", None).await?;
         Ok(list.templates)
     }
+
+    async fn volumes(&self, _who: &Caller) -> Result<Vec<crate::Volume>, Failure> {
+        let list: crate::VolumeList = self.json(Method::GET, "/v1/volumes", None).await?;
+        Ok(list.volumes)
+    }
+
+    async fn create_volume(
+        &self,
+        _who: &Caller,
+        name: &str,
+        size_mib: Option<u64>,
+    ) -> Result<crate::Volume, Failure> {
+        let mut body = serde_json::json!({ "name": name });
+        if let Some(m) = size_mib {
+            body["size_mib"] = m.into();
+        }
+        self.json(Method::POST, "/v1/volumes", Some(&body)).await
+    }
 }
 
 /// The [`Failure`] in a failed response.

@@ -288,6 +288,9 @@ pub struct CreateSandbox {
     /// Whether guest access wakes it (`None`: yes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_resume: Option<bool>,
+    /// Volumes of the tenant to mount.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeMountSpec>,
 }
 
 /// Timeouts to set; those left out keep their value.

@@ -12,7 +12,7 @@ use crate::error::Failure;
 use crate::exec::{EventStream, ExecRequest};
 use crate::model::{
     BrowserSession, CreateSandbox, DirEntry, FileStat, Lifecycle, PortExposed, Sandbox,
-    SandboxFilter, Snapshot, Template,
+    SandboxFilter, Snapshot, Template, Volume,
 };
 
 /// Who an operation is for, as the front end that took the request knows them.
@@ -74,6 +74,15 @@ pub trait Operations: Send + Sync + 'static {
     /// Makes a port reachable at a new URL.
     async fn expose_port(&self, who: &Caller, id: &str, port: u16) -> Result<PortExposed>;
     /// The templates the caller may create from.
+    /// The caller's volumes, by name.
+    async fn volumes(&self, who: &Caller) -> Result<Vec<Volume>>;
+    /// Makes a volume of the caller's tenant (`size_mib`: 10 GiB when `None`).
+    async fn create_volume(
+        &self,
+        who: &Caller,
+        name: &str,
+        size_mib: Option<u64>,
+    ) -> Result<Volume>;
     async fn templates(&self, who: &Caller) -> Result<Vec<Template>>;
     /// Starts the sandbox's browser unless it runs; its DevTools and live-view URLs.
     async fn browser(&self, who: &Caller, id: &str) -> Result<BrowserSession>;

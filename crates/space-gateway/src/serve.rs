@@ -55,8 +55,13 @@ where
         let sb = sb.clone();
         async move { Ok::<_, Infallible>(handlers::handle(sb, req).await) }
     });
+    // Frames of up to 256 KiB and windows that hold a volume write whole: every frame the
+    // guest writes into its port is a trip through the VMM.
     let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .max_concurrent_streams(1024)
+        .max_frame_size(256 * 1024)
+        .initial_stream_window_size(4 * 1024 * 1024)
+        .initial_connection_window_size(16 * 1024 * 1024)
         .serve_connection(TokioIo::new(io), service)
         .await;
     if let Err(e) = served {

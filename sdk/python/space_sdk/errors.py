@@ -162,6 +162,8 @@ _BY_CODE: dict[str, type[SpaceError]] = {
     "create_in_progress": Conflict,
     "idempotency_key_reused": Conflict,
     "stale_incarnation": Conflict,
+    "volume_exists": Conflict,
+    "volume_in_use": Conflict,
     "not_found": NotFound,
     "not_a_cluster": NotFound,
     "internal": InternalError,

@@ -259,6 +259,25 @@ impl Operations for InProcess {
         .await
     }
 
+    async fn volumes(&self, who: &Caller) -> api::ops::Result<Vec<api::Volume>> {
+        self.run(who, "volume.list", |st, p| async move {
+            super::volumes::list(&st, &p).await
+        })
+        .await
+    }
+
+    async fn create_volume(
+        &self,
+        who: &Caller,
+        name: &str,
+        size_mib: Option<u64>,
+    ) -> api::ops::Result<api::Volume> {
+        self.run(who, "volume.create", |st, p| async move {
+            super::volumes::create(&st, &p, name, size_mib).await
+        })
+        .await
+    }
+
     async fn templates(&self, who: &Caller) -> api::ops::Result<Vec<api::Template>> {
         self.run(who, "template.list", |st, p| async move {
             templates::list(&st, &p).await

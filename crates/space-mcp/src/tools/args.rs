@@ -48,6 +48,22 @@ pub struct CreateArgs {
     /// minutes, when left out).
     #[serde(default)]
     pub idle_timeout_seconds: Option<u64>,
+    /// Your volumes to mount (list_volumes shows them; create_volume makes one).
+    #[serde(default)]
+    pub volumes: Vec<MountArg>,
+}
+
+/// A volume create_sandbox mounts.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MountArg {
+    /// The volume's name.
+    pub name: String,
+    /// Where it appears in the sandbox (absolute, such as `/data`).
+    pub path: String,
+    /// Whether the sandbox may only read it.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 /// Arguments of list_sandboxes.

@@ -3,6 +3,7 @@
 
 mod args;
 pub mod computer;
+pub mod volumes;
 
 pub use args::*;
 
@@ -54,7 +55,10 @@ impl Done {
 
 /// Every tool: the sandbox tools, then the computer-use ones.
 pub fn all() -> impl Iterator<Item = &'static Spec> {
-    TOOLS.iter().chain(computer::TOOLS.iter())
+    TOOLS
+        .iter()
+        .chain(volumes::TOOLS.iter())
+        .chain(computer::TOOLS.iter())
 }
 
 /// A tool that went wrong, said so that the model can act on it.
@@ -563,12 +567,17 @@ pub async fn call(conn: &Conn, name: &str, raw: Value, status: &Status) -> Resul
                 data: data(&exposed),
             })
         }
-        other => match computer::call(conn, other, raw).await {
-            Some(done) => done,
-            None => Err(ToolError(format!(
-                "there is no tool {other:?}; call tools/list for the tools there are"
-            ))),
-        },
+        other => {
+            if let Some(done) = volumes::call(conn, other, raw.clone()).await {
+                return done;
+            }
+            match computer::call(conn, other, raw).await {
+                Some(done) => done,
+                None => Err(ToolError(format!(
+                    "there is no tool {other:?}; call tools/list for the tools there are"
+                ))),
+            }
+        }
     }
 }
 
@@ -592,6 +601,15 @@ async fn create(conn: &Conn, a: CreateArgs, status: &Status) -> Result<Done> {
             ..TimeoutsUpdate::default()
         }),
         auto_resume: None,
+        volumes: a
+            .volumes
+            .into_iter()
+            .map(|v| space_api::VolumeMountSpec {
+                name: v.name,
+                path: v.path,
+                read_only: v.read_only,
+            })
+            .collect(),
     };
     status.set("creating the sandbox".into());
     let sb = conn.ops.create_sandbox(&conn.who, &req).await?;
