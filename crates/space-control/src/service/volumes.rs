@@ -208,10 +208,21 @@ pub async fn mounts(
     tenant: &TenantName,
     wanted: &[api::VolumeMountSpec],
 ) -> ApiResult<Vec<VolumeMount>> {
-    let mut out = Vec::new();
+    let mut out: Vec<VolumeMount> = Vec::new();
     for w in wanted {
         let row = row(st, tenant, &w.name).await?;
         space_proto::volume::check_mount_path(&w.path).map_err(ApiError::invalid)?;
+        // One volume once, one path once (what a schema cannot say of a list).
+        let path = w.path.trim_end_matches('/');
+        if out
+            .iter()
+            .any(|m| m.volume == row.id || m.path.trim_end_matches('/') == path)
+        {
+            return Err(ApiError::conflict(format!(
+                "volume {} or path {} is mounted twice",
+                row.name, w.path
+            )));
+        }
         out.push(VolumeMount {
             volume: row.id,
             name: row.name,
@@ -261,13 +272,16 @@ pub fn errno_error(e: i32, path: &str) -> ApiError {
             "no_space",
             format!("the volume is full: {path} was not written"),
         ),
-        libc::ENOTDIR => ApiError::invalid(format!("a part of {path} is not a directory")),
-        libc::EISDIR => ApiError::invalid(format!("{path} is a directory")),
+        // What the volume holds decides these, not the request's form: conflicts.
+        libc::ENOTDIR => ApiError::conflict(format!("a part of {path} is not a directory")),
+        libc::EISDIR => ApiError::conflict(format!("{path} is a directory")),
         libc::ENOTEMPTY => ApiError::conflict(format!("{path} is not empty")),
-        libc::ELOOP => ApiError::invalid(format!(
+        libc::ELOOP => ApiError::conflict(format!(
             "{path} goes through a symbolic link, which the file API does not follow"
         )),
-        libc::EINVAL => ApiError::invalid(format!("invalid path or operation: {path}")),
+        libc::EINVAL | libc::EBUSY | libc::EXDEV => {
+            ApiError::conflict(format!("the operation does not apply to {path}"))
+        }
         e => ApiError::internal(format!("{path}: {}", std::io::Error::from_raw_os_error(e))),
     }
 }
@@ -392,6 +406,9 @@ pub async fn list_dir(
 /// The whole file at `path` (at most `max` bytes, else `payload_too_large`).
 pub async fn read(st: &Shared, row: &VolumeRow, path: &str, max: u64) -> ApiResult<Vec<u8>> {
     let rel = rel_path(path)?;
+    if rel.is_empty() {
+        return Err(ApiError::conflict("the volume's root is a directory"));
+    }
     let mut out = Vec::new();
     loop {
         let req = VolumeRequest::Read {
@@ -438,7 +455,7 @@ pub async fn write(
         .or(Some(("", rel.as_str())))
         .filter(|(_, n)| !n.is_empty())
     else {
-        return Err(ApiError::invalid("the volume's root is a directory"));
+        return Err(ApiError::conflict("the volume's root is a directory"));
     };
     if parents && !parent.is_empty() {
         mkdir(st, row, parent, true, None, owner).await?;
@@ -538,7 +555,7 @@ pub async fn mkdir(
 pub async fn remove(st: &Shared, row: &VolumeRow, path: &str) -> ApiResult<()> {
     let rel = rel_path(path)?;
     if rel.is_empty() {
-        return Err(ApiError::invalid("the volume's root cannot be removed"));
+        return Err(ApiError::conflict("the volume's root cannot be removed"));
     }
     let s = stat(st, row, &rel).await?;
     if s.file_type == FileType::Dir {
@@ -569,6 +586,9 @@ pub async fn remove(st: &Shared, row: &VolumeRow, path: &str) -> ApiResult<()> {
 /// Moves `from` to `to`.
 pub async fn rename(st: &Shared, row: &VolumeRow, from: &str, to: &str) -> ApiResult<FileStat> {
     let (f, t) = (rel_path(from)?, rel_path(to)?);
+    if f.is_empty() || t.is_empty() {
+        return Err(ApiError::conflict("the volume's root cannot be renamed"));
+    }
     let req = VolumeRequest::Rename {
         from: f,
         to: t.clone(),

@@ -386,7 +386,10 @@ fn parameter(name: &str, g: &mut SchemaGenerator) -> Value {
             json!({"name": "name", "in": "path", "required": true, "schema": s::<sh::VolumeName>(g), "description": "Volume name."})
         }
         "VolumeFilePath" => {
-            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/?([^/\\u0000]{1,255}(/[^/\\u0000]{1,255})*)?/?$", "maxLength": 4096}, "description": "Path in the volume (`/` its root); no `.` or `..` parts."})
+            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/?((?:[^/\\u0000.][^/\\u0000]{0,254}|\\.[^/\\u0000.][^/\\u0000]{0,253}|\\.\\.[^/\\u0000]{1,253})(/(?:[^/\\u0000.][^/\\u0000]{0,254}|\\.[^/\\u0000.][^/\\u0000]{0,253}|\\.\\.[^/\\u0000]{1,253}))*)?/?$", "maxLength": 4096}, "description": "Path in the volume (`/` its root); no `.` or `..` parts."})
+        }
+        "VolumeTargetPath" => {
+            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/?(?:[^/\\u0000.][^/\\u0000]{0,254}|\\.[^/\\u0000.][^/\\u0000]{0,253}|\\.\\.[^/\\u0000]{1,253})(/(?:[^/\\u0000.][^/\\u0000]{0,254}|\\.[^/\\u0000.][^/\\u0000]{0,253}|\\.\\.[^/\\u0000]{1,253}))*/?$", "maxLength": 4096}, "description": "Path in the volume, not its root; no `.` or `..` parts."})
         }
         "SecretName" => {
             json!({"name": "name", "in": "path", "required": true, "schema": s::<sh::SecretName>(g), "description": "Secret name."})

@@ -186,7 +186,7 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
         "volume_files.upload" => Op::new("Write a file of a volume", "volumes")
             .desc("The file is replaced whole: a write that fails (a full volume: 507) leaves the old file.")
             .param("VolumeName")
-            .param("VolumeFilePath")
+            .param("VolumeTargetPath")
             .param_inline(json!({"name": "mode", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^0?[0-7]{1,4}$"}, "description": "Octal permission bits (default 0644)."}))
             .param_inline(json!({"name": "parents", "in": "query", "required": false, "schema": {"type": "boolean", "default": false}, "description": "Make missing parent directories."}))
             .body(true, vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
@@ -195,7 +195,7 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
         "volume_files.remove" => Op::new("Remove a file or directory of a volume", "volumes")
             .desc("A directory goes with everything in it.")
             .param("VolumeName")
-            .param("VolumeFilePath")
+            .param("VolumeTargetPath")
             .ok(204, "Removed.", vec![])
             .err(&[400, 401, 404, 409, 500, 502, 503]),
         "volume_files.list" => Op::new("List a directory of a volume", "volumes")
