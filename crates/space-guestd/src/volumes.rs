@@ -258,10 +258,8 @@ fn mount_fuse(
     let session =
         fuser::Session::from_fd(fs, dev, fuser::SessionACL::All, config).and_then(|s| s.spawn());
     match session {
-        Ok(s) => {
-            readahead(path);
-            Ok(s)
-        }
+        // The kernel's readahead of 128 KiB is kept: 1 MiB read slower (`docs/volumes.md`).
+        Ok(s) => Ok(s),
         Err(e) => {
             let _ = nix::mount::umount2(path, nix::mount::MntFlags::MNT_DETACH);
             Err(ProtoError::internal(format!(
@@ -269,27 +267,6 @@ fn mount_fuse(
                 path.display()
             )))
         }
-    }
-}
-
-/// Reads ahead 1 MiB at a time on the mount (the kernel starts a FUSE mount at 128 KiB): a
-/// request to the host costs a round trip whatever its size, so fewer, larger ones read
-/// faster.
-fn readahead(path: &Path) {
-    // The device from the mount table, not from a stat: a stat of the mount would be a request
-    // to the host, which during a create does not serve this sandbox yet.
-    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return;
-    };
-    let want = path.to_string_lossy();
-    let dev = table.lines().rev().find_map(|l| {
-        let f: Vec<&str> = l.split(' ').collect();
-        (f.get(4) == Some(&want.as_ref())).then(|| f.get(2).map(|d| d.to_string()))?
-    });
-    let Some(dev) = dev else { return };
-    let knob = format!("/sys/class/bdi/{dev}/read_ahead_kb");
-    if let Err(e) = std::fs::write(&knob, format!("{}", MAX_IO / 1024)) {
-        tracing::debug!("{knob}: {e}");
     }
 }
 

@@ -202,6 +202,11 @@ pub async fn mkdir(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<MkdirBody>,
 ) -> ApiResult<Json<Value>> {
+    if service::rel_path(&body.path)?.is_empty() {
+        return Err(ApiError::invalid(
+            "path names the volume's root, which exists",
+        ));
+    }
     let row = service::row(&st, &who.tenant, &name).await?;
     let parents = body.parents.unwrap_or(true);
     let stat = service::mkdir(&st, &row, &body.path, parents, None, None).await?;
@@ -223,6 +228,9 @@ pub async fn rename(
     ApiPath(name): ApiPath<String>,
     ApiJson(body): ApiJson<RenameBody>,
 ) -> ApiResult<Json<Value>> {
+    if service::rel_path(&body.from)?.is_empty() || service::rel_path(&body.to)?.is_empty() {
+        return Err(ApiError::invalid("the volume's root cannot be renamed"));
+    }
     let row = service::row(&st, &who.tenant, &name).await?;
     let stat = service::rename(&st, &row, &body.from, &body.to).await?;
     Ok(Json(json!(stat)))

@@ -377,10 +377,10 @@ fn parameter(name: &str, g: &mut SchemaGenerator) -> Value {
             json!({"name": "key_id", "in": "path", "required": true, "schema": s::<sh::KeyId>(g), "description": "Key id."})
         }
         "FileTargetPath" => {
-            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/[^\\u0000]*[^/\\u0000]$", "maxLength": 4096}, "description": "Absolute path in the guest, not `/` and without a trailing `/`."})
+            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^(/[^/\\u0000]{0,255})*/[^/\\u0000]{1,255}$", "maxLength": 4096}, "description": "Absolute path in the guest, not `/` and without a trailing `/`; names of at most 255 bytes."})
         }
         "FilePath" => {
-            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^/[^\\u0000]*$", "maxLength": 4096}, "description": "Absolute path in the guest."})
+            json!({"name": "path", "in": "query", "required": true, "schema": {"type": "string", "pattern": "^(/[^/\\u0000]{0,255})+$", "maxLength": 4096}, "description": "Absolute path in the guest; names of at most 255 bytes."})
         }
         "VolumeName" => {
             json!({"name": "name", "in": "path", "required": true, "schema": s::<sh::VolumeName>(g), "description": "Volume name."})

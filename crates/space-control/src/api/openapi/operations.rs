@@ -182,14 +182,14 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param("VolumeName")
             .param("VolumeFilePath")
             .ok(200, "The file's bytes.", vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
-            .err(&[400, 401, 404, 413, 500, 502, 503]),
+            .err(&[400, 401, 404, 409, 413, 500, 502, 503]),
         "volume_files.upload" => Op::new("Write a file of a volume", "volumes")
             .desc("The file is replaced whole: a write that fails (a full volume: 507) leaves the old file.")
             .param("VolumeName")
             .param("VolumeTargetPath")
             .param_inline(json!({"name": "mode", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^0?[0-7]{1,4}$"}, "description": "Octal permission bits (default 0644)."}))
             .param_inline(json!({"name": "parents", "in": "query", "required": false, "schema": {"type": "boolean", "default": false}, "description": "Make missing parent directories."}))
-            .body(true, vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
+            .body(false, vec![("application/octet-stream", json!({"type": "string", "contentMediaType": "application/octet-stream"}))])
             .ok(200, "The file.", vec![("application/json", s::<sh::FileStat>(g))])
             .err(&[400, 401, 404, 409, 413, 500, 502, 503, 507]),
         "volume_files.remove" => Op::new("Remove a file or directory of a volume", "volumes")
@@ -202,12 +202,12 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .param("VolumeName")
             .param("VolumeFilePath")
             .ok(200, "Entries sorted by name.", vec![("application/json", s::<sh::DirListing>(g))])
-            .err(&[400, 401, 404, 500, 502, 503]),
+            .err(&[400, 401, 404, 409, 500, 502, 503]),
         "volume_files.stat" => Op::new("Describe a path of a volume", "volumes")
             .param("VolumeName")
             .param("VolumeFilePath")
             .ok(200, "The path (a symlink is reported as one).", vec![("application/json", s::<sh::FileStat>(g))])
-            .err(&[400, 401, 404, 500, 502, 503]),
+            .err(&[400, 401, 404, 409, 500, 502, 503]),
         "volume_files.mkdir" => Op::new("Make a directory in a volume", "volumes")
             .param("VolumeName")
             .body(true, vec![("application/json", s::<sh::VolumeMkdirRequest>(g))])
