@@ -177,7 +177,7 @@ pub async fn stat(
 #[serde(deny_unknown_fields)]
 pub struct MkdirBody {
     path: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::bool_present")]
     parents: Option<bool>,
 }
 

@@ -692,6 +692,14 @@ pub(crate) async fn guest_failure(
     ))
 }
 
+/// `Some(b)` for a field that is present: null is refused (with `#[serde(default)]`, a missing
+/// field stays `None`).
+pub(crate) fn bool_present<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<bool>, D::Error> {
+    <bool as serde::Deserialize>::deserialize(d).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
