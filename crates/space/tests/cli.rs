@@ -577,3 +577,72 @@ fn templates_are_built_from_a_dockerfile_and_saved_from_a_sandbox() {
         ok(&s.cli(["kill", sb]));
     }
 }
+
+#[test]
+fn volumes_and_metrics_through_the_cli() {
+    let _serial = serial();
+    let s = TestServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("data.csv");
+    std::fs::write(&local, b"a,b\n1,2\n").unwrap();
+
+    // A volume, a file copied in without a sandbox.
+    assert_eq!(
+        ok(&s.cli(["volume", "create", "data", "--size", "64"])).trim(),
+        "data"
+    );
+    fails_with(&s.cli(["volume", "create", "data"]), "volume_exists");
+    ok(&s.cli(["volume", "cp", local.to_str().unwrap(), "data:/"]));
+    let listed = json(&s.cli(["volume", "ls", "--json"]));
+    assert_eq!(listed[0]["name"], "data", "{listed}");
+    assert_eq!(listed[0]["size_bytes"], 64 << 20, "{listed}");
+    assert!(ok(&s.cli(["volume", "files", "data"])).contains("data.csv"));
+
+    // A sandbox mounts it, reads what was copied in and writes what is copied out.
+    let sb = json(&s.cli([
+        "create",
+        "--template",
+        "minimal",
+        "--volume",
+        "data:/data",
+        "--json",
+    ]));
+    let id = id_of(&sb);
+    assert_eq!(sb["volumes"][0]["path"], "/data", "{sb}");
+    assert_eq!(sh(&s, &id, "cat /data/data.csv"), "a,b\n1,2\n");
+    sh(&s, &id, "echo from-the-sandbox > /data/out.txt");
+    let back = dir.path().join("out.txt");
+    ok(&s.cli(["volume", "cp", "data:/out.txt", back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&back).unwrap(), b"from-the-sandbox\n");
+    fails_with(&s.cli(["volume", "rm", "data"]), "volume_in_use");
+
+    // Its samples: one after two sampling intervals, in `space metrics` and `space top`.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let metrics = loop {
+        let m = json(&s.cli(["metrics", &id, "--json"]));
+        if m["samples"].as_array().is_some_and(|a| !a.is_empty()) || Instant::now() > deadline {
+            break m;
+        }
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let sample = &metrics["samples"][0];
+    assert!(sample["cpu_count"].as_u64() >= Some(1), "{metrics}");
+    assert!(sample["mem_total_bytes"].as_u64() > Some(0), "{metrics}");
+    let top = json(&s.cli(["top", "--json"]));
+    let row = top
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == id.as_str())
+        .unwrap_or_else(|| panic!("{id} not in {top}"));
+    assert!(row["sample"]["mem_used_bytes"].as_u64() > Some(0), "{top}");
+    let table = ok(&s.cli(["top", "--once"]));
+    assert!(
+        table.starts_with("ID ") && table.contains(&id) && table.contains("CPU%"),
+        "{table}"
+    );
+
+    ok(&s.cli(["kill", &id]));
+    ok(&s.cli(["volume", "rm", "data"]));
+    fails_with(&s.cli(["volume", "rm", "data"]), "volume_not_found");
+}
