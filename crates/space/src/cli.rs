@@ -907,6 +907,9 @@ pub struct TenantCreateArgs {
     /// The most memory of running sandboxes, in MiB.
     #[arg(long)]
     pub max_memory: Option<u64>,
+    /// The sizes of the tenant's volumes together, in MiB (default 102400).
+    #[arg(long, value_name = "MIB")]
+    pub max_volumes: Option<u64>,
 }
 
 /// `space key ...`.

@@ -357,6 +357,7 @@ def quotas_body(
     max_vcpus: int | None,
     max_memory_mib: int | None,
     max_suspended: Timeout,
+    max_volume_mib: int | None = None,
 ) -> dict[str, Any]:
     """The ``quotas`` of a tenant create or update: fields given as ``None`` are left out;
     ``max_suspended`` is seconds, or :data:`NEVER` for no limit."""
@@ -365,6 +366,7 @@ def quotas_body(
         ("max_sandboxes", max_sandboxes),
         ("max_vcpus", max_vcpus),
         ("max_memory_mib", max_memory_mib),
+        ("max_volume_mib", max_volume_mib),
     ):
         if value is not None:
             body[key] = count(value, key)

@@ -479,12 +479,15 @@ class Space:
         max_vcpus: int | None = None,
         max_memory_mib: int | None = None,
         max_suspended: Timeout = None,
+        max_volume_mib: int | None = None,
     ) -> TenantCreated:
         """Creates a tenant (admin) and its first, non-admin key. Quotas left out take the
         server's defaults; ``max_suspended`` is seconds a sandbox may stay suspended, or
-        :data:`~space_sdk.NEVER`."""
+        :data:`~space_sdk.NEVER`; ``max_volume_mib`` bounds the sizes of its volumes together."""
         body: dict[str, Any] = {"name": name}
-        quotas = _core.quotas_body(max_sandboxes, max_vcpus, max_memory_mib, max_suspended)
+        quotas = _core.quotas_body(
+            max_sandboxes, max_vcpus, max_memory_mib, max_suspended, max_volume_mib
+        )
         if quotas:
             body["quotas"] = quotas
         return TenantCreated.from_json(self._json("POST", "/v1/tenants", json=body))
@@ -497,10 +500,13 @@ class Space:
         max_vcpus: int | None = None,
         max_memory_mib: int | None = None,
         max_suspended: Timeout = None,
+        max_volume_mib: int | None = None,
     ) -> Tenant:
         """Changes a tenant's quotas (admin); those left out keep their value,
         ``max_suspended=NEVER`` lifts that limit."""
-        quotas = _core.quotas_body(max_sandboxes, max_vcpus, max_memory_mib, max_suspended)
+        quotas = _core.quotas_body(
+            max_sandboxes, max_vcpus, max_memory_mib, max_suspended, max_volume_mib
+        )
         return Tenant.from_json(
             self._json("PATCH", f"/v1/tenants/{_core.seg(name)}", json={"quotas": quotas})
         )

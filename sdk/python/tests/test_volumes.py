@@ -8,7 +8,15 @@ import time
 import pytest
 from conftest import kill_quietly
 
-from space_sdk import Conflict, InvalidRequest, NotFound, Sandbox, Space, Volume
+from space_sdk import (
+    Conflict,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    Sandbox,
+    Space,
+    Volume,
+)
 
 
 def test_a_volume_mounted_and_written_both_ways(space: Space, run_id: str) -> None:
@@ -61,3 +69,24 @@ def test_a_volume_mounted_and_written_both_ways(space: Space, run_id: str) -> No
     vol.delete()
     with pytest.raises(NotFound):
         space.volume(vol.name)
+
+
+def test_the_volume_quota_bounds_the_sizes_together(space: Space, run_id: str) -> None:
+    tenant = f"volq-{run_id}"
+    made = space.create_tenant(tenant, max_volume_mib=100)
+    assert made.tenant.quotas.max_volume_mib == 100
+    theirs = Space(space.url, made.key.key)
+    try:
+        theirs.create_volume("a", size_mib=60)
+        with pytest.raises(QuotaExceeded):
+            theirs.create_volume("b", size_mib=60)
+        assert space.update_tenant(tenant, max_volume_mib=200).quotas.max_volume_mib == 200
+        theirs.create_volume("b", size_mib=60)
+        assert sorted(v.name for v in theirs.volumes()) == ["a", "b"]
+        # The admin's tenant has no volume of that name: names are the tenant's own.
+        with pytest.raises(NotFound):
+            space.volume("b")
+    finally:
+        for v in theirs.volumes():
+            v.delete()
+        theirs.close()

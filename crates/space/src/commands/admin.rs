@@ -119,6 +119,9 @@ pub async fn tenant(c: &Client, cmd: TenantCmd, json: bool) -> Result<()> {
             if let Some(n) = a.max_memory {
                 quotas.insert("max_memory_mib".into(), n.into());
             }
+            if let Some(n) = a.max_volumes {
+                quotas.insert("max_volume_mib".into(), n.into());
+            }
             if !quotas.is_empty() {
                 body.insert("quotas".into(), quotas.into());
             }
