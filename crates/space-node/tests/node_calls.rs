@@ -165,6 +165,27 @@ fn every_call_crosses_the_whole_path_to_the_node() {
             assert_eq!(woke, None);
             assert_eq!(sh(&guest, "echo through").await.trim(), "through");
             done("console_tail", r.console_tail(&id, 1024).await);
+            done("metrics", r.metrics(&id, 0, u64::MAX).await);
+            let vol = "vol-00000000000000c1";
+            let made = done("create_volume", r.create_volume(vol, 1 << 20).await);
+            assert_eq!(made.size_bytes, 1 << 20);
+            assert!(done("volumes", r.volumes().await)
+                .iter()
+                .any(|v| v.id == vol));
+            let answer = done(
+                "volume_call",
+                r.volume_call(
+                    vol,
+                    space_proto::volume::VolumeRequest::StatFs,
+                    space_node::api::Blob(Vec::new()),
+                )
+                .await,
+            );
+            assert!(matches!(
+                answer.reply,
+                space_proto::volume::VolumeReply::StatFs(s) if s.size_bytes == 1 << 20
+            ));
+            done("delete_volume", r.delete_volume(vol).await);
             let snap = done("snapshot", r.snapshot(&id, SnapshotKind::Full).await);
             done("rollback", r.rollback(&id, &snap.id).await);
             let timeouts = TimeoutPolicy {
