@@ -49,7 +49,7 @@ pub async fn download(
         .into_response())
 }
 
-fn parse_mode(m: &str) -> ApiResult<u32> {
+pub(crate) fn parse_mode(m: &str) -> ApiResult<u32> {
     let digits = m.strip_prefix("0o").unwrap_or(m);
     match u32::from_str_radix(digits, 8) {
         Ok(v) if v <= 0o7777 && !digits.is_empty() => Ok(v),
@@ -176,9 +176,9 @@ pub async fn stat(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirBody {
-    path: String,
+    pub(crate) path: String,
     #[serde(default, deserialize_with = "super::bool_present")]
-    parents: Option<bool>,
+    pub(crate) parents: Option<bool>,
 }
 
 /// `POST /v1/sandboxes/{id}/files/mkdir`
@@ -197,8 +197,8 @@ pub async fn mkdir(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RenameBody {
-    from: String,
-    to: String,
+    pub(crate) from: String,
+    pub(crate) to: String,
 }
 
 /// `POST /v1/sandboxes/{id}/files/rename`

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use space_api as api;
 
+use super::files::{parse_mode, MkdirBody, RenameBody};
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
 use crate::error::{ApiError, ApiResult};
 use crate::service::volumes as service;
@@ -76,16 +77,6 @@ pub struct PathQuery {
     mode: Option<String>,
     #[serde(default)]
     parents: Option<bool>,
-}
-
-fn parse_mode(m: &str) -> ApiResult<u32> {
-    let digits = m.strip_prefix("0o").unwrap_or(m);
-    match u32::from_str_radix(digits, 8) {
-        Ok(v) if v <= 0o7777 && !digits.is_empty() => Ok(v),
-        _ => Err(ApiError::invalid(format!(
-            "mode {m:?} is not an octal file mode (0000 to 7777)"
-        ))),
-    }
 }
 
 /// `GET /v1/volumes/{name}/files?path=P`: the file's bytes.
@@ -186,15 +177,6 @@ pub async fn stat(
     Ok(Json(json!(service::stat(&st, &row, &q.path).await?)))
 }
 
-/// Body of `files/mkdir`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MkdirBody {
-    path: String,
-    #[serde(default, deserialize_with = "super::bool_present")]
-    parents: Option<bool>,
-}
-
 /// `POST /v1/volumes/{name}/files/mkdir`
 pub async fn mkdir(
     State(st): State<Shared>,
@@ -211,14 +193,6 @@ pub async fn mkdir(
     let parents = body.parents.unwrap_or(true);
     let stat = service::mkdir(&st, &row, &body.path, parents, None, None).await?;
     Ok(Json(json!(stat)))
-}
-
-/// Body of `files/rename`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RenameBody {
-    from: String,
-    to: String,
 }
 
 /// `POST /v1/volumes/{name}/files/rename`
