@@ -26,6 +26,18 @@ def not_blank(img):
     ) > 2.0
 
 
+def focused_window(desktop):
+    """The focused window's id, or None while the focus is on the root (between a click
+    and the window manager's focus change, X reports the focus as PointerRoot and
+    `xdotool getwindowfocus` exits 1)."""
+    try:
+        return desktop.get_current_window_id()
+    except CommandExitException as e:
+        if "focused window of 1" in str(e):
+            return None
+        raise
+
+
 def test_the_desktop_is_up_after_create(desktop):
     # What the SDK started in the background outlives its client: the X server and Xfce.
     for proc in ["Xvfb", "xfce4-session", "xfwm4", "xfdesktop"]:
@@ -120,7 +132,7 @@ def test_write_and_press_type_into_the_focused_window(desktop):
         desktop.left_click(*log.center)
         until(
             "the xev window has the focus",
-            lambda: desktop.get_current_window_id() == log.window,
+            lambda: focused_window(desktop) == log.window,
             30,
         )
         # Two chunks of the SDK's default size, with a quote and a space in them.
@@ -149,7 +161,7 @@ def test_windows_are_named_and_focused(desktop):
         desktop.left_click(*log.center)
         until(
             "the clicked window has the focus",
-            lambda: desktop.get_current_window_id() == log.window,
+            lambda: focused_window(desktop) == log.window,
             30,
         )
     finally:
