@@ -406,6 +406,11 @@ pub struct Volume {
     pub size_bytes: u64,
     /// Bytes in use (null when its node did not answer).
     pub used_bytes: Option<u64>,
+    /// Every write acknowledged before this moment (ms since the Unix epoch) is in the
+    /// volume's copy in the object store, and survives the loss of its node (null: no copy
+    /// was made since its node started, or there is no object store).
+    #[serde(default)]
+    pub synced_unix_ms: Option<u64>,
     /// When it was made.
     pub created_unix_ms: u64,
 }

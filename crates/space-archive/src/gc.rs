@@ -6,7 +6,8 @@
 //! so finding what they reference needs the lineage's key: a lineage whose manifests do not
 //! all open is left alone (nothing is deleted on a guess). A lineage without a key object was
 //! shredded: its packs, manifests and heads are unreadable by anyone and are deleted.
-//! Template lineages (`tpl.*`) are not collected.
+//! Template lineages (`tpl.*`) are not collected. A volume's lineage (its id) is referred to
+//! by its copies' manifests, which its head leads to (`crate::volumes`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -42,6 +43,27 @@ pub async fn collect_and_log(archive: &Archive, keyring: &Keyring) {
     }
 }
 
+/// A sandbox or volume whose manifests name a lineage's packs.
+#[derive(Clone)]
+struct Member {
+    name: String,
+    tenant: String,
+    volume: bool,
+}
+
+impl Member {
+    fn manifests(&self, archive: &Archive) -> Result<ObjPath, StoreError> {
+        if self.volume {
+            archive.volume_manifests_prefix(&self.name)
+        } else {
+            Ok(ObjPath::from(format!(
+                "sandboxes/{}/manifests",
+                crate::store::component(&self.name)?
+            )))
+        }
+    }
+}
+
 /// What one collection did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GcReport {
@@ -65,13 +87,22 @@ pub async fn collect(
 ) -> Result<GcReport, StoreError> {
     let mut report = GcReport::default();
     let heads = archive.heads().await?;
-    // Sandboxes of each lineage, with their tenant.
-    let mut members: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+    // What refers to each lineage's packs, with its tenant: sandboxes, and a volume (whose
+    // lineage is its id).
+    let mut members: BTreeMap<String, Vec<Member>> = BTreeMap::new();
     for h in &heads {
-        members
-            .entry(h.lineage.clone())
-            .or_default()
-            .push((h.sandbox.clone(), h.tenant.clone()));
+        members.entry(h.lineage.clone()).or_default().push(Member {
+            name: h.sandbox.clone(),
+            tenant: h.tenant.clone(),
+            volume: false,
+        });
+    }
+    for h in archive.volume_heads().await? {
+        members.entry(h.volume.clone()).or_default().push(Member {
+            name: h.volume.clone(),
+            tenant: h.tenant.clone(),
+            volume: true,
+        });
     }
     // Packs and key objects per lineage.
     let mut packs: BTreeMap<String, Vec<(ObjPath, u64, Duration)>> = BTreeMap::new();
@@ -105,12 +136,15 @@ pub async fn collect(
                 report.packs_deleted += 1;
                 report.bytes_deleted += size;
             }
-            for (sandbox, _) in &sandboxes {
-                let prefix = ObjPath::from(format!("sandboxes/{sandbox}/manifests"));
-                for (p, _) in archive.list(&prefix).await? {
+            for m in &sandboxes {
+                if m.volume {
+                    archive.delete_volume_copies(&m.name).await?;
+                    continue;
+                }
+                for (p, _) in archive.list(&m.manifests(archive)?).await? {
                     archive.delete(&p).await?;
                 }
-                archive.delete(&archive.head_path(sandbox)?).await?;
+                archive.delete(&archive.head_path(&m.name)?).await?;
             }
             report.shredded_removed.push(lineage);
             continue;
@@ -118,7 +152,8 @@ pub async fn collect(
         // Live: the packs every manifest of the lineage names.
         let mut referenced: BTreeSet<String> = BTreeSet::new();
         let mut complete = true;
-        'members: for (sandbox, tenant) in &sandboxes {
+        'members: for m in &sandboxes {
+            let (sandbox, tenant) = (&m.name, &m.tenant);
             let keys = match keyring.lineage_keys(tenant, &lineage, false, false).await {
                 Ok(k) => k,
                 Err(e) => {
@@ -127,8 +162,7 @@ pub async fn collect(
                     break;
                 }
             };
-            let prefix = ObjPath::from(format!("sandboxes/{sandbox}/manifests"));
-            for (p, _) in archive.list(&prefix).await? {
+            for (p, _) in archive.list(&m.manifests(archive)?).await? {
                 let Some(snapshot) = p.filename() else {
                     continue;
                 };

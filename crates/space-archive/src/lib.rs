@@ -16,7 +16,8 @@
 //! - [`manifest`], [`pack`]: the two kinds of data object;
 //! - [`upload`], [`fetch`]: a snapshot directory into the store and back;
 //! - [`gc`]: garbage collection of unreferenced packs and shredded lineages;
-//! - [`uploads`]: build inputs (contexts, image archives) a cluster keeps for its nodes.
+//! - [`uploads`]: build inputs (contexts, image archives) a cluster keeps for its nodes;
+//! - [`volumes`]: copies of tenants' volumes.
 
 pub mod crypto;
 pub mod fetch;
@@ -28,6 +29,7 @@ pub mod pack;
 pub mod store;
 pub mod upload;
 pub mod uploads;
+pub mod volumes;
 
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -39,4 +41,5 @@ pub use keys::{
 };
 pub use manifest::{BaseRef, HostInfo, Manifest, ManifestError};
 pub use store::{Archive, Head, S3Config, StoreConfig, StoreError};
-pub use upload::{upload, Known, SourceFile, UploadError, UploadReport, UploadSpec};
+pub use upload::{upload, Known, SourceFile, Unchanged, UploadError, UploadReport, UploadSpec};
+pub use volumes::VolumeHead;

@@ -31,6 +31,8 @@ pub const MAX_CHUNK: u32 = 16 << 20;
 /// Largest file a manifest may describe (1 TiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 40;
 const MAX_FILES: usize = 64;
+/// Files in a manifest of a volume's copy (one per regular file of the volume).
+pub const MAX_VOLUME_FILES: usize = 1 << 20;
 const MAX_NAME: usize = 255;
 
 /// Errors of reading a manifest.
@@ -306,7 +308,12 @@ impl Manifest {
         {
             return Err(format!("chunk size {} is not allowed", self.chunk_size));
         }
-        if self.files.len() > MAX_FILES {
+        let max_files = if crate::volumes::is_volume_lineage(&self.lineage) {
+            MAX_VOLUME_FILES
+        } else {
+            MAX_FILES
+        };
+        if self.files.len() > max_files {
             return Err(format!("{} files", self.files.len()));
         }
         for p in &self.packs {

@@ -70,6 +70,42 @@ pub struct SourceFile {
     /// The base template's file at the same offsets: its name in the template archive and its
     /// path on this host.
     pub base: Option<(String, PathBuf)>,
+    /// The file's chunks as an earlier manifest of the lineage has them, when the caller
+    /// knows the file has not changed since (a volume's file of the same inode, size and
+    /// times): used as they are without reading the file, when every chunk is known.
+    pub unchanged: Option<Unchanged>,
+}
+
+/// A file's content as an earlier manifest describes it ([`SourceFile::unchanged`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unchanged {
+    /// Its size.
+    pub size: u64,
+    /// Its chunks in order: `None` for a chunk of zeros.
+    pub chunks: Vec<Option<ChunkId>>,
+}
+
+impl Unchanged {
+    /// File `name` of `m`, unless it has runs on a base template.
+    pub fn of(m: &Manifest, name: &str) -> Option<Unchanged> {
+        let fm = m.file(name)?;
+        let mut chunks = Vec::new();
+        for r in &fm.runs {
+            match r {
+                Run::Zero(n) => chunks.extend(std::iter::repeat_n(None, usize::try_from(*n).ok()?)),
+                Run::Base(_) => return None,
+                Run::Chunks(c) => {
+                    for &i in c {
+                        chunks.push(Some(m.chunks.get(i as usize)?.id));
+                    }
+                }
+            }
+        }
+        Some(Unchanged {
+            size: fm.size,
+            chunks,
+        })
+    }
 }
 
 /// What to archive and under which names.
@@ -514,6 +550,48 @@ impl<'a> PrevFile<'a> {
     }
 }
 
+/// The map of a file that has not changed, from its chunks in `known`; `None` (nothing
+/// touched) when one of them is not there or the sizes do not agree.
+fn reuse_file(
+    table: &mut Table,
+    known: &Known,
+    base_files: &[String],
+    sf: &SourceFile,
+    u: &Unchanged,
+    cs: u32,
+    report: &mut UploadReport,
+) -> Option<FileMap> {
+    if manifest::chunk_count(u.size, cs) != u.chunks.len() as u64
+        || u.chunks
+            .iter()
+            .flatten()
+            .any(|id| !known.chunks.contains_key(id) && !table.by_id.contains_key(id))
+    {
+        return None;
+    }
+    let mut runs = Vec::new();
+    for c in &u.chunks {
+        match c {
+            None => push_run(&mut runs, Run::Zero(1)),
+            Some(id) => {
+                let idx = table.reuse(known, id, base_files, false)?;
+                push_run(&mut runs, Run::Chunks(vec![idx]));
+            }
+        }
+    }
+    let zero = u.chunks.iter().filter(|c| c.is_none()).count() as u64;
+    report.chunks += u.chunks.len() as u64;
+    report.zero += zero;
+    report.reused += u.chunks.len() as u64 - zero;
+    Some(FileMap {
+        name: sf.name.clone(),
+        size: u.size,
+        mode: 0o600,
+        base: None,
+        runs,
+    })
+}
+
 fn cut(
     keys: &LineageKeys,
     files: &[SourceFile],
@@ -544,6 +622,13 @@ fn cut(
     for sf in files {
         if !manifest::safe_relative_path(&sf.name) {
             return Err(UploadError::Invalid(format!("file name {:?}", sf.name)));
+        }
+        if let Some(u) = &sf.unchanged {
+            if let Some(map) = reuse_file(&mut table, known, &base_files, sf, u, cs, &mut report) {
+                maps.push(map);
+                report.new_per_file.push((sf.name.clone(), 0));
+                continue;
+            }
         }
         let f = File::open(&sf.path).map_err(io(&sf.path))?;
         let meta = f.metadata().map_err(io(&sf.path))?;

@@ -73,6 +73,7 @@ fn spec(
                 name: n.to_string(),
                 path: dir.join(n),
                 base: (*n != "state").then(|| (n.to_string(), base.join(n))),
+                unchanged: None,
             })
             .collect(),
         previous: None,

@@ -257,9 +257,17 @@ node_calls! {
     FetchTemplate fetch_template(&template: TemplateRef) -> TemplateInfo;
     /// Gives sandbox `id` the values of the secrets it is bound to, in memory.
     SetSecrets set_secrets(&id: SandboxId, values: SecretMap) -> ();
-    /// Makes volume `volume` (an id) of `size_bytes` on this node; an existing one keeps its
-    /// content and takes the size.
-    CreateVolume create_volume(&volume: str, size_bytes: u64) -> VolumeInfo;
+    /// Makes volume `volume` (an id) of `tenant` of `size_bytes` on this node; an existing
+    /// one keeps its content and takes the size.
+    CreateVolume create_volume(&volume: str, &tenant: str, size_bytes: u64) -> VolumeInfo;
+    /// Brings volume `volume` of `tenant` to this node from its newest copy in the object
+    /// store, held under placement `epoch` from now on (the volume moved here); refused when
+    /// the store has no copy of it.
+    RestoreVolume restore_volume(&volume: str, &tenant: str, size_bytes: u64, epoch: u64) -> VolumeInfo;
+    /// Copies the volume to the object store now if it changed since its last copy.
+    SyncVolume sync_volume(&volume: str) -> VolumeInfo;
+    /// One volume's use, and how far its copy in the object store goes.
+    VolumeInfo volume_info(&volume: str) -> VolumeInfo;
     /// Deletes a volume no sandbox of this node mounts.
     DeleteVolume delete_volume(&volume: str) -> ();
     /// One operation on a volume (its file API without a sandbox).

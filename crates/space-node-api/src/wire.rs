@@ -342,6 +342,13 @@ pub struct VolumeInfo {
     pub used_bytes: u64,
     /// Files, directories and links in it.
     pub entries: u64,
+    /// Every write acknowledged before this moment (ms since the Unix epoch) is in the
+    /// volume's copy in the object store; `None`: no copy was made since the node started.
+    #[serde(default)]
+    pub synced_unix_ms: Option<u64>,
+    /// Why the last copy failed, when it did.
+    #[serde(default)]
+    pub copy_error: Option<String>,
 }
 
 /// The answer to a [`crate::NodeApi::volume_call`]: the volume's reply and a read's bytes.

@@ -167,8 +167,23 @@ fn every_call_crosses_the_whole_path_to_the_node() {
             done("console_tail", r.console_tail(&id, 1024).await);
             done("metrics", r.metrics(&id, 0, u64::MAX).await);
             let vol = "vol-00000000000000c1";
-            let made = done("create_volume", r.create_volume(vol, 1 << 20).await);
+            let made = done(
+                "create_volume",
+                r.create_volume(vol, "default", 1 << 20).await,
+            );
             assert_eq!(made.size_bytes, 1 << 20);
+            assert_eq!(done("volume_info", r.volume_info(vol).await).id, vol);
+            // Copies need a btrfs data directory; this node's is plain: both calls reach the
+            // node and are refused there, saying why.
+            for f in [
+                r.sync_volume(vol).await.unwrap_err(),
+                r.restore_volume(vol, "default", 1 << 20, 5)
+                    .await
+                    .unwrap_err(),
+            ] {
+                assert_eq!(f.code, FaultCode::Invalid, "{f}");
+                assert!(f.message.contains("btrfs"), "{f}");
+            }
             assert!(done("volumes", r.volumes().await)
                 .iter()
                 .any(|v| v.id == vol));

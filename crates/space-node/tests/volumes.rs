@@ -49,7 +49,7 @@ fn a_volume_shared_by_sandboxes_and_the_api() {
         |_| {},
         |node| async move {
             build_minimal(&node, "1").await;
-            node.create_volume(VOL, 64 << 20).await.unwrap();
+            node.create_volume(VOL, "t1", 64 << 20).await.unwrap();
             let a = create(&node, mount(VOL, "/data", false)).await;
             let b = create(&node, mount(VOL, "/mnt/v/", false)).await;
             let ro = create(&node, mount(VOL, "/data", true)).await;
@@ -197,7 +197,7 @@ fn a_full_volume_is_enospc_in_the_guest_and_keeps_what_it_had() {
         |_| {},
         |node| async move {
             build_minimal(&node, "1").await;
-            node.create_volume(SMALL, 1 << 20).await.unwrap();
+            node.create_volume(SMALL, "t1", 1 << 20).await.unwrap();
             let id = create(&node, mount(SMALL, "/small", false)).await;
             let g = node.guest(&id).await.unwrap();
             sh(&g, "echo kept > /small/kept.txt").await;

@@ -39,6 +39,8 @@ pub struct Tree {
     size_bytes: AtomicU64,
     used_bytes: AtomicU64,
     entries: AtomicU64,
+    /// Calls that may have changed the tree, counted (copies are made when it moves).
+    changes: AtomicU64,
 }
 
 fn nul_free(s: &str) -> Result<CString> {
@@ -108,6 +110,14 @@ fn timespec(ns: Option<i64>) -> TimeSpec {
     }
 }
 
+struct Counted<'a>(&'a AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
 /// What to change of an entry ([`Tree::set_attr`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Change {
@@ -132,6 +142,7 @@ impl Tree {
             size_bytes: AtomicU64::new(size_bytes),
             used_bytes: AtomicU64::new(0),
             entries: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
         };
         tree.recount()?;
         Ok(tree)
@@ -173,6 +184,18 @@ impl Tree {
             used_bytes: self.used_bytes.load(Ordering::Relaxed),
             entries: self.entries.load(Ordering::Relaxed),
         }
+    }
+
+    /// How many calls that may change the tree were made since it was opened: equal
+    /// counts at two moments mean nothing changed in between.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
+    }
+
+    /// Counts a change when the call ends, after its effect: a copy that read the count
+    /// before the effect landed sees a new count afterwards and copies again.
+    fn change(&self) -> Counted<'_> {
+        Counted(&self.changes)
     }
 
     /// Changes the volume's size (a smaller size than in use refuses only new bytes).
@@ -339,6 +362,7 @@ impl Tree {
 
     /// Writes `data` at `offset` of the existing file `path`; answers its attributes after.
     pub fn write(&self, path: &str, offset: u64, data: &[u8]) -> Result<Attr> {
+        let _counted = self.change();
         if data.len() > space_proto::volume::MAX_IO as usize {
             return Err(Errno::EFBIG);
         }
@@ -375,6 +399,7 @@ impl Tree {
         exclusive: bool,
         truncate: bool,
     ) -> Result<Attr> {
+        let _counted = self.change();
         let (dir, name) = self.parent(path)?;
         let base = OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK;
         let mode = Mode::from_bits_truncate(mode & MODE_BITS);
@@ -423,6 +448,7 @@ impl Tree {
 
     /// Makes the directory `path`.
     pub fn mkdir(&self, path: &str, mode: u32, owner: (u32, u32)) -> Result<Attr> {
+        let _counted = self.change();
         let (dir, name) = self.parent(path)?;
         let mode = Mode::from_bits_truncate(mode & MODE_BITS);
         mkdirat(Some(dir.as_raw_fd()), name.as_c_str(), mode)?;
@@ -446,6 +472,7 @@ impl Tree {
 
     /// Removes the file or symlink `path` (a directory is `EISDIR`).
     pub fn unlink(&self, path: &str) -> Result<()> {
+        let _counted = self.change();
         let (dir, name) = self.parent(path)?;
         let st = Self::lstat_at(&dir, &name)?;
         if kind_of(&st) == EntryKind::Dir {
@@ -466,6 +493,7 @@ impl Tree {
 
     /// Removes the empty directory `path`.
     pub fn rmdir(&self, path: &str) -> Result<()> {
+        let _counted = self.change();
         let (dir, name) = self.parent(path)?;
         let st = Self::lstat_at(&dir, &name)?;
         if kind_of(&st) != EntryKind::Dir {
@@ -483,6 +511,7 @@ impl Tree {
 
     /// Removes `path` and, for a directory, everything under it (never the root).
     pub fn remove_all(&self, path: &str) -> Result<()> {
+        let _counted = self.change();
         let st = self.stat(path)?;
         if path.is_empty() {
             return Err(Errno::EBUSY);
@@ -504,6 +533,7 @@ impl Tree {
 
     /// Moves `from` to `to` (`renameat2` semantics).
     pub fn rename(&self, from: &str, to: &str, noreplace: bool, exchange: bool) -> Result<()> {
+        let _counted = self.change();
         let (fdir, fname) = self.parent(from)?;
         let (tdir, tname) = self.parent(to)?;
         let mut flags = RenameFlags::empty();
@@ -537,6 +567,7 @@ impl Tree {
 
     /// Makes a symlink at `path` holding `target`.
     pub fn symlink(&self, path: &str, target: &str, owner: (u32, u32)) -> Result<Attr> {
+        let _counted = self.change();
         if target.is_empty() || target.len() > space_proto::volume::MAX_PATH {
             return Err(Errno::EINVAL);
         }
@@ -565,6 +596,7 @@ impl Tree {
 
     /// A hard link `to` of `from` (not a directory).
     pub fn link(&self, from: &str, to: &str) -> Result<Attr> {
+        let _counted = self.change();
         let (fdir, fname) = self.parent(from)?;
         let (tdir, tname) = self.parent(to)?;
         linkat(
@@ -580,6 +612,7 @@ impl Tree {
 
     /// Changes what `change` gives of `path`; a symlink's times and owner only.
     pub fn set_attr(&self, path: &str, change: Change) -> Result<Attr> {
+        let _counted = self.change();
         let current = self.stat(path)?;
         if current.kind == EntryKind::Symlink {
             let (dir, name) = self.parent(path)?;

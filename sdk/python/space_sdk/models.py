@@ -282,6 +282,9 @@ class VolumeInfo:
     size_bytes: int
     #: Bytes in use; null when its node did not answer.
     used_bytes: int | None
+    #: Every write acknowledged before this moment is in the volume's copy in the object store and
+    #: survives the loss of its node; null: no copy since its node started, or no object store.
+    synced_unix_ms: int | None
     # </generated fields>
 
     @classmethod

@@ -35,7 +35,7 @@ impl NodeBench<'_> {
     pub(super) async fn volumes(&mut self) -> Result<()> {
         progress("volumes: making the volume and its sandbox");
         self.node
-            .create_volume(VOLUME, 4 << 30)
+            .create_volume(VOLUME, "bench", 4 << 30)
             .await
             .context("creating the volume")?;
         let mut req = self.request();

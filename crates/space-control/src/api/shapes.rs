@@ -93,7 +93,7 @@ shape!(VolumeRenameRequest [], {"type": "object", "required": ["from", "to"], "a
 
 shape!(VolumeName [], {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "Unique in the tenant."});
 
-shape!(Volume [VolumeName], {"type": "object", "required": ["id", "name", "size_bytes", "used_bytes", "created_unix_ms"], "properties": {"id": {"type": "string", "pattern": "^vol-[0-9a-f]{16}$"}, "name": {"$ref": "#/components/schemas/VolumeName"}, "size_bytes": {"type": "integer", "minimum": 0, "description": "Writes past it are refused."}, "used_bytes": {"type": ["integer", "null"], "minimum": 0, "description": "Bytes in use; null when its node did not answer."}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});
+shape!(Volume [VolumeName], {"type": "object", "required": ["id", "name", "size_bytes", "used_bytes", "synced_unix_ms", "created_unix_ms"], "properties": {"id": {"type": "string", "pattern": "^vol-[0-9a-f]{16}$"}, "name": {"$ref": "#/components/schemas/VolumeName"}, "size_bytes": {"type": "integer", "minimum": 0, "description": "Writes past it are refused."}, "used_bytes": {"type": ["integer", "null"], "minimum": 0, "description": "Bytes in use; null when its node did not answer."}, "synced_unix_ms": {"type": ["integer", "null"], "format": "int64", "minimum": 0, "description": "Every write acknowledged before this moment is in the volume's copy in the object store and survives the loss of its node; null: no copy since its node started, or no object store."}, "created_unix_ms": {"type": "integer", "format": "int64", "minimum": 0}}});
 
 shape!(VolumeList [Volume], {"type": "object", "required": ["volumes"], "properties": {"volumes": {"type": "array", "items": {"$ref": "#/components/schemas/Volume"}}}});
 

@@ -199,6 +199,9 @@ async fn relocate_claimed(
         match moved {
             Ok(Some(e)) => {
                 audit(cluster, &tenant, id, from, &row.id, e, &adopted, why).await;
+                if from_node.state == NodeState::Lost {
+                    super::volumes::follow(cluster, &adopted, from, &row).await;
+                }
                 // A drain suspended it itself to move it; any other suspend was a client's.
                 let stay = why != Why::Drain && suspended(&adopted);
                 if run && stay {

@@ -421,12 +421,34 @@ impl NodeApi for ClusterNodes {
     async fn create_volume(
         &self,
         volume: &str,
+        tenant: &str,
         size_bytes: u64,
     ) -> NodeResult<space_node_api::VolumeInfo> {
         self.place_volume(volume)
             .await?
-            .create_volume(volume, size_bytes)
+            .create_volume(volume, tenant, size_bytes)
             .await
+    }
+
+    async fn restore_volume(
+        &self,
+        volume: &str,
+        tenant: &str,
+        size_bytes: u64,
+        epoch: u64,
+    ) -> NodeResult<space_node_api::VolumeInfo> {
+        self.place_volume(volume)
+            .await?
+            .restore_volume(volume, tenant, size_bytes, epoch)
+            .await
+    }
+
+    async fn sync_volume(&self, volume: &str) -> NodeResult<space_node_api::VolumeInfo> {
+        self.volume_client(volume).await?.sync_volume(volume).await
+    }
+
+    async fn volume_info(&self, volume: &str) -> NodeResult<space_node_api::VolumeInfo> {
+        self.volume_client(volume).await?.volume_info(volume).await
     }
 
     async fn delete_volume(&self, volume: &str) -> NodeResult<()> {

@@ -68,22 +68,13 @@ pub fn token_matches(st: &Shared, id: &str, presented: &str) -> bool {
 
 /// The answer's view of a volume, its use from its node.
 async fn view(st: &Shared, row: &VolumeRow) -> api::Volume {
-    let used = match st
-        .node
-        .volume_call(&row.id, VolumeRequest::StatFs, Blob(Vec::new()))
-        .await
-    {
-        Ok(a) => match a.reply {
-            VolumeReply::StatFs(s) => Some(s.used_bytes),
-            _ => None,
-        },
-        Err(_) => None,
-    };
+    let info = st.node.volume_info(&row.id).await.ok();
     api::Volume {
         id: row.id.clone(),
         name: row.name.clone(),
         size_bytes: row.size_bytes,
-        used_bytes: used,
+        used_bytes: info.as_ref().map(|i| i.used_bytes),
+        synced_unix_ms: info.and_then(|i| i.synced_unix_ms),
         created_unix_ms: row.created_unix_ms,
     }
 }
@@ -159,7 +150,11 @@ async fn create_inner(
         }
         e => e.into(),
     })?;
-    if let Err(e) = st.node.create_volume(&id, row.size_bytes).await {
+    if let Err(e) = st
+        .node
+        .create_volume(&id, tenant.as_str(), row.size_bytes)
+        .await
+    {
         let _ = st.store.delete_volume(&id).await;
         return Err(e.into());
     }

@@ -141,6 +141,19 @@ impl Store {
         .await
     }
 
+    /// Names `to` the node that keeps volume `id` if `from` still does; whether it moved
+    /// (another replica may have moved it first).
+    pub async fn move_volume(&self, id: &str, from: &str, to: &str) -> Result<bool, StoreError> {
+        let (id, from, to) = (id.to_owned(), from.to_owned(), to.to_owned());
+        self.write(move |c| {
+            Ok(c.execute(
+                "UPDATE volumes SET node = $3 WHERE id = $1 AND node = $2",
+                args![id.as_str(), from.as_str(), to.as_str()],
+            )? > 0)
+        })
+        .await
+    }
+
     /// Forgets volume `id`; whether it was there.
     pub async fn delete_volume(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();

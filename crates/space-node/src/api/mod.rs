@@ -302,12 +302,34 @@ impl NodeApi for LocalNode {
     async fn create_volume(
         &self,
         volume: &str,
+        tenant: &str,
         size_bytes: u64,
     ) -> NodeResult<space_node_api::VolumeInfo> {
         self.node
-            .create_volume(volume, size_bytes)
+            .create_volume(volume, tenant, size_bytes)
             .await
             .map_err(fault)
+    }
+
+    async fn restore_volume(
+        &self,
+        volume: &str,
+        tenant: &str,
+        size_bytes: u64,
+        epoch: u64,
+    ) -> NodeResult<space_node_api::VolumeInfo> {
+        self.node
+            .restore_volume(volume, tenant, size_bytes, epoch)
+            .await
+            .map_err(fault)
+    }
+
+    async fn sync_volume(&self, volume: &str) -> NodeResult<space_node_api::VolumeInfo> {
+        self.node.sync_volume(volume).await.map_err(fault)
+    }
+
+    async fn volume_info(&self, volume: &str) -> NodeResult<space_node_api::VolumeInfo> {
+        self.node.volume_info(volume).await.map_err(fault)
     }
 
     async fn delete_volume(&self, volume: &str) -> NodeResult<()> {

@@ -38,6 +38,9 @@ const TEMPLATE_FILES: &[&str] = &[
     "template.json",
 ];
 
+/// [`ArchiveConfig::volume_copy_interval`] by default.
+pub const DEFAULT_VOLUME_COPY_INTERVAL: Duration = Duration::from_secs(10);
+
 /// How a node uses the object store.
 #[derive(Clone)]
 pub struct ArchiveConfig {
@@ -58,6 +61,10 @@ pub struct ArchiveConfig {
     pub cache_max_bytes: Option<u64>,
     /// ... and while the data directory's filesystem has less free space than this.
     pub min_free_bytes: u64,
+    /// How often each volume that changed is copied to the store (`docs/volumes.md`): the
+    /// most a node's loss can cost of a volume's acknowledged writes is about this plus one
+    /// copy's time. `None`: only on request.
+    pub volume_copy_interval: Option<Duration>,
     /// Whether this node collects the store's garbage (hourly). A node of a cluster does
     /// not: the control plane does, once for the whole shared store.
     pub collect_garbage: bool,
@@ -88,6 +95,7 @@ impl ArchiveConfig {
             upload_interval: Some(Duration::from_secs(60)),
             cache_max_bytes: None,
             min_free_bytes: 2 << 30,
+            volume_copy_interval: Some(DEFAULT_VOLUME_COPY_INTERVAL),
             collect_garbage: true,
         }
     }
@@ -383,6 +391,7 @@ pub(crate) async fn upload_snapshot(
                     )),
                     _ => None,
                 },
+                unchanged: None,
             })
             .collect(),
         previous,

@@ -95,6 +95,7 @@ pub(crate) async fn template_base(ctx: &Ctx, cfg: &ArchiveConfig, t: &Template) 
                         name: (*f).into(),
                         path: t.dir.join(f),
                         base: None,
+                        unchanged: None,
                     })
                     .collect(),
                 previous: None,

@@ -151,6 +151,21 @@ impl Node {
                 }
             }
         }
+        if let Some(every) = cfg.volume_copy_interval {
+            let cfg = cfg.clone();
+            tokio::spawn(reconcile_every(
+                Arc::downgrade(&self.inner),
+                every,
+                move |inner| {
+                    let cfg = cfg.clone();
+                    async move {
+                        if !Node::is_fenced(&inner) {
+                            super::volumes::sync_all(&inner.ctx, &cfg).await;
+                        }
+                    }
+                },
+            ));
+        }
         tokio::spawn(reconcile_every(
             Arc::downgrade(&self.inner),
             crate::archive::ARCHIVE_TICK,

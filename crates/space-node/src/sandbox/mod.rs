@@ -235,15 +235,24 @@ pub(crate) struct ForkPoint {
 /// from this node) leaves the list empty: the guest's requests for it fail, the rest of the
 /// sandbox goes on.
 fn mounts_of(ctx: &Ctx, record: &SandboxRecord) -> Vec<space_gateway::volumes::Mount> {
+    mounts_for(ctx, &record.id, &record.options.volumes)
+}
+
+/// The gateway's mounts of sandbox `id` for `volumes`, each on the volume's open tree here.
+pub(crate) fn mounts_for(
+    ctx: &Ctx,
+    id: &crate::ids::SandboxId,
+    volumes: &[space_node_api::VolumeMount],
+) -> Vec<space_gateway::volumes::Mount> {
     let mut out = Vec::new();
-    for m in &record.options.volumes {
+    for m in volumes {
         match ctx.volumes.open(&m.volume) {
             Ok(tree) => out.push(space_gateway::volumes::Mount {
                 tree,
                 read_only: m.read_only,
             }),
             Err(e) => {
-                tracing::error!(id = %record.id, volume = %m.volume, error = %e, "a mounted volume cannot be opened");
+                tracing::error!(%id, volume = %m.volume, error = %e, "a mounted volume cannot be opened");
                 return Vec::new();
             }
         }
