@@ -71,6 +71,30 @@ pub async fn run(
     }
 }
 
+/// The object store `store` (a fresh directory under /var/tmp when `None`) under a new master
+/// key, as a node uses it; the directory (the key, and the objects when it is the store)
+/// goes when the handle is dropped.
+pub(crate) fn store_for(store: Option<&str>) -> Result<(ArchiveConfig, tempfile::TempDir)> {
+    let store_dir = tempfile::Builder::new()
+        .prefix("space-bench-objects-")
+        .tempdir_in("/var/tmp")?;
+    let store = match store {
+        Some(s) => StoreConfig::parse(s)?,
+        None => StoreConfig::Local(store_dir.path().join("objects")),
+    };
+    let archive = Archive::new(&store)?;
+    let master: Arc<dyn MasterKey> = Arc::new(LocalMaster::open_or_create(
+        &store_dir.path().join("master.key"),
+    )?);
+    let keyring = Arc::new(Keyring::new(
+        archive.clone(),
+        Arc::new(master),
+        Arc::new(NoAudit),
+        Duration::from_secs(300),
+    ));
+    Ok((ArchiveConfig::new(archive, keyring), store_dir))
+}
+
 /// One node with a store, and everything to clean up after it.
 struct Setup {
     node: Node,
@@ -82,24 +106,7 @@ struct Setup {
 impl Setup {
     async fn open(plan: &ArchivePlan, chunk_kib: u32) -> Result<Setup> {
         let dir = DataDir::with_prefix("space-bench-archive-")?;
-        let store_dir = tempfile::Builder::new()
-            .prefix("space-bench-objects-")
-            .tempdir_in("/var/tmp")?;
-        let store = match &plan.store {
-            Some(s) => StoreConfig::parse(s)?,
-            None => StoreConfig::Local(store_dir.path().join("objects")),
-        };
-        let archive = Archive::new(&store)?;
-        let master: Arc<dyn MasterKey> = Arc::new(LocalMaster::open_or_create(
-            &store_dir.path().join("master.key"),
-        )?);
-        let keyring = Arc::new(Keyring::new(
-            archive.clone(),
-            Arc::new(master),
-            Arc::new(NoAudit),
-            Duration::from_secs(300),
-        ));
-        let mut a = ArchiveConfig::new(archive, keyring);
+        let (mut a, store_dir) = store_for(plan.store.as_deref())?;
         a.chunk_size = chunk_kib << 10;
         a.upload_interval = None;
         a.cache_max_bytes = None;

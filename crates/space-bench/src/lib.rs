@@ -39,3 +39,4 @@ pub mod script;
 pub mod stats;
 pub mod storage;
 pub mod templates;
+pub mod volume_copies;

@@ -119,6 +119,10 @@ enum Command {
     /// uploads for 0, 16 and 64 MiB written, restore from the store against a local restore,
     /// an idle second suspend, a fork's dedup, wake on access, and the chunk sizes.
     Archive(ArchiveArgs),
+    /// Measures volumes' copies in the object store through a node's file API: a copy by
+    /// what changed, a restore of the whole volume, and how long an acknowledged write waits
+    /// for a copy that holds it at the default interval. `--runs` defaults to 3 here.
+    VolumeCopies(VolumeCopiesArgs),
     /// Measures a cluster on this machine: a control replica and several nodes joined over
     /// mutual TLS; a burst of concurrent creates over all nodes against one node.
     Cluster(ClusterArgs),
@@ -161,6 +165,19 @@ struct ArchiveArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [256u32, 64, 1024])]
     chunk_kib: Vec<u32>,
     /// The object store (default: a fresh directory under /var/tmp per node).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct VolumeCopiesArgs {
+    /// MiB of random data in the volume's big file.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    mib: u64,
+    /// Writes whose wait for a copy is measured.
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    writes: u64,
+    /// The object store (default: a fresh directory under /var/tmp).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
 }
@@ -583,6 +600,15 @@ async fn run(cli: Cli) -> Result<()> {
             store: args.store.clone(),
         };
         return space_bench::archive::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::VolumeCopies(args)) = &cli.command {
+        let plan = space_bench::volume_copies::VolumeCopiesPlan {
+            runs: if cli.runs_given { cli.runs } else { 3 },
+            mib: args.mib,
+            writes: args.writes as usize,
+            store: args.store.clone(),
+        };
+        return space_bench::volume_copies::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Node(args)) = &cli.command {
         if !cli.only.is_empty() || cli.dir.is_some() || cli.no_btrfs {

@@ -11,23 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use space_archive::keys::NoAudit;
 use space_archive::testing::{CutProxy, Garage};
-use space_archive::{Archive, Keyring, LocalMaster, MasterKey, StoreConfig};
+use space_archive::StoreConfig;
 use space_node::{ArchiveConfig, NodeError, SandboxOptions, State, Wake};
 
 fn archive_config(store: &StoreConfig, key: &Path, cache_max: Option<u64>) -> ArchiveConfig {
-    let archive = Archive::new(store).unwrap();
-    let master: Arc<dyn MasterKey> = Arc::new(LocalMaster::open_or_create(key).unwrap());
-    let keyring = Arc::new(Keyring::new(
-        archive.clone(),
-        Arc::new(master),
-        Arc::new(NoAudit),
-        Duration::from_secs(60),
-    ));
-    let mut cfg = ArchiveConfig::new(archive, keyring);
+    let mut cfg = archive_over(store, key);
     cfg.cache_max_bytes = cache_max;
-    cfg.upload_interval = None;
     if let Ok(c) = std::env::var("SPACE_TEST_CHUNK_KIB") {
         cfg.chunk_size = c.parse::<u32>().unwrap() << 10;
     }

@@ -7,28 +7,17 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use space_archive::keys::NoAudit;
-use space_archive::{Archive, Keyring, LocalMaster, MasterKey, StoreConfig};
-use space_node::{ArchiveConfig, NodeError};
+use space_archive::StoreConfig;
+use space_node::NodeError;
 use space_proto::volume::{EntryKind, VolumeReply, VolumeRequest};
 
 const VOL: &str = "vol-00000000000000d4";
 
-fn archive_config(store: &Path, key: &Path) -> ArchiveConfig {
-    let archive = Archive::new(&StoreConfig::Local(store.to_owned())).unwrap();
-    let master: Arc<dyn MasterKey> = Arc::new(LocalMaster::open_or_create(key).unwrap());
-    let keyring = Arc::new(Keyring::new(
-        archive.clone(),
-        Arc::new(master),
-        Arc::new(NoAudit),
-        Duration::from_secs(60),
-    ));
-    let mut cfg = ArchiveConfig::new(archive, keyring);
-    cfg.upload_interval = None;
+fn archive_config(store: &Path, key: &Path) -> space_node::ArchiveConfig {
+    let mut cfg = archive_over(&StoreConfig::Local(store.to_owned()), key);
     // Copies on request only, so the test decides when each is made.
     cfg.volume_copy_interval = None;
     cfg

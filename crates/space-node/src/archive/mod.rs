@@ -101,6 +101,17 @@ impl ArchiveConfig {
     }
 }
 
+/// The node's storage driver's clone, as fetches use it.
+pub(crate) fn clone_with(ctx: &Ctx) -> space_archive::CloneFile {
+    let storage = ctx.storage.clone();
+    Arc::new(move |src: &Path, dst: &Path| {
+        storage
+            .clone_file(src, dst)
+            .map(|_| ())
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    })
+}
+
 pub(crate) fn key_error(e: KeyError) -> NodeError {
     match e {
         KeyError::Store(s) => NodeError::Archive(s.to_string()),
@@ -220,13 +231,7 @@ async fn materialize_to(
         })
         .await?;
     }
-    let storage = ctx.storage.clone();
-    let clone: space_archive::CloneFile = Arc::new(move |src: &Path, dst: &Path| {
-        storage
-            .clone_file(src, dst)
-            .map(|_| ())
-            .map_err(|e| std::io::Error::other(e.to_string()))
-    });
+    let clone = clone_with(ctx);
     let a = &cfg.archive;
     let r = if volume {
         space_archive::materialize(a, keys, m, dir, base_dir, clone, DEFAULT_PARALLEL_READS).await

@@ -416,16 +416,11 @@ pub(crate) async fn restore(
     .await?;
     // The files come down into a directory of the new volume, then move into place.
     let staging = format!(".space-restore-{}", copy_name(head.seq));
-    let storage = ctx.storage.clone();
-    let clone: space_archive::CloneFile = Arc::new(move |src: &Path, dst: &Path| {
-        storage
-            .clone_file(src, dst)
-            .map(|_| ())
-            .map_err(|e| std::io::Error::other(e.to_string()))
-    });
+    let clone = crate::archive::clone_with(ctx);
     std::fs::create_dir(dest.join(&staging))
         .map_err(NodeError::io("making", dest.join(&staging)))?;
-    space_archive::materialize(
+    // Unsynced: one `syncfs` below makes the whole volume durable, rather than a sync per file.
+    space_archive::materialize_unsynced(
         a,
         keys,
         &m,
@@ -437,7 +432,13 @@ pub(crate) async fn restore(
     .await
     .map_err(|e| NodeError::Archive(format!("fetching copy {} of volume {id}: {e}", head.seq)))?;
     let d2 = dest.to_owned();
-    blocking(move || build(&d2, &staging, &record)).await?;
+    blocking(move || {
+        build(&d2, &staging, &record)?;
+        let root = std::fs::File::open(&d2).map_err(NodeError::io("opening", d2.clone()))?;
+        nix::unistd::syncfs(std::os::fd::AsRawFd::as_raw_fd(&root))
+            .map_err(|e| NodeError::io("syncing", d2.clone())(e.into()))
+    })
+    .await?;
     Ok(Some(head))
 }
 

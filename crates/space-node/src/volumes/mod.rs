@@ -123,6 +123,15 @@ impl VolumeStore {
         }
     }
 
+    /// Drops the open tree of volume `id` and what is known of its copies.
+    fn forget(&self, id: &str) {
+        self.lock().remove(id);
+        self.copies
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+
     /// Runs `f` on what is known of volume `id`'s copies.
     pub fn with_copy<T>(&self, id: &str, f: impl FnOnce(&mut copies::CopyState) -> T) -> T {
         let mut all = self.copies.lock().unwrap_or_else(|e| e.into_inner());
@@ -133,11 +142,7 @@ impl VolumeStore {
     /// was here of it goes), held under `epoch`.
     pub fn install(&self, id: &str, staged: &Path, meta: &Meta) -> Result<VolumeInfo> {
         check_id(id)?;
-        self.lock().remove(id);
-        self.copies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        self.forget(id);
         let root = self.dir.join(id);
         self.storage.delete_volume(&root)?;
         std::fs::rename(staged, &root).map_err(NodeError::io("moving into place", root.clone()))?;
@@ -167,11 +172,7 @@ impl VolumeStore {
     /// Deletes volume `id` (whoever calls made sure nothing mounts it).
     pub fn delete(&self, id: &str) -> Result<()> {
         check_id(id)?;
-        self.lock().remove(id);
-        self.copies
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        self.forget(id);
         self.storage.delete_volume(&self.dir.join(id))?;
         match std::fs::remove_file(self.meta_path(id)) {
             Ok(()) => Ok(()),

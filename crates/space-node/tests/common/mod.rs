@@ -276,3 +276,21 @@ pub async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> b
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The node's use of `store` under the master key at `key` (made if missing), with no
+/// periodic uploads: tests upload when they mean to.
+pub fn archive_over(store: &space_archive::StoreConfig, key: &Path) -> space_node::ArchiveConfig {
+    use std::sync::Arc;
+    let archive = space_archive::Archive::new(store).unwrap();
+    let master: Arc<dyn space_archive::MasterKey> =
+        Arc::new(space_archive::LocalMaster::open_or_create(key).unwrap());
+    let keyring = Arc::new(space_archive::Keyring::new(
+        archive.clone(),
+        Arc::new(master),
+        Arc::new(space_archive::keys::NoAudit),
+        Duration::from_secs(60),
+    ));
+    let mut cfg = space_node::ArchiveConfig::new(archive, keyring);
+    cfg.upload_interval = None;
+    cfg
+}
