@@ -581,7 +581,7 @@ fn templates_are_built_from_a_dockerfile_and_saved_from_a_sandbox() {
 #[test]
 fn volumes_and_metrics_through_the_cli() {
     let _serial = serial();
-    let s = TestServer::start();
+    let mut s = TestServer::start();
     let dir = tempfile::tempdir().unwrap();
     let local = dir.path().join("data.csv");
     std::fs::write(&local, b"a,b\n1,2\n").unwrap();
@@ -616,6 +616,28 @@ fn volumes_and_metrics_through_the_cli() {
     assert_eq!(std::fs::read(&back).unwrap(), b"from-the-sandbox\n");
     fails_with(&s.cli(["volume", "rm", "data"]), "volume_in_use");
 
+    // Copied to the server's object store within the copy interval, past the last write.
+    let written = now_unix_ms();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let listed = json(&s.cli(["volume", "ls", "--json"]));
+        if listed[0]["synced_unix_ms"]
+            .as_u64()
+            .is_some_and(|t| t > written)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no copy of the volume: {listed}");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+
+    // A restart of `space up`: the volume, its files and the running sandbox's mount stay.
+    s.restart();
+    assert_eq!(sh(&s, &id, "cat /data/out.txt"), "from-the-sandbox\n");
+    sh(&s, &id, "echo after-the-restart > /data/after.txt");
+    ok(&s.cli(["volume", "cp", "data:/after.txt", back.to_str().unwrap()]));
+    assert_eq!(std::fs::read(&back).unwrap(), b"after-the-restart\n");
+
     // Its samples: one after two sampling intervals, in `space metrics` and `space top`.
     let deadline = Instant::now() + Duration::from_secs(60);
     let metrics = loop {
@@ -645,4 +667,11 @@ fn volumes_and_metrics_through_the_cli() {
     ok(&s.cli(["kill", &id]));
     ok(&s.cli(["volume", "rm", "data"]));
     fails_with(&s.cli(["volume", "rm", "data"]), "volume_not_found");
+}
+
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
