@@ -8,7 +8,8 @@
 //!   The SDK finds it at `E2B_VOLUME_API_URL`, which is this server's URL.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -170,6 +171,38 @@ fn path_of(q: &std::collections::BTreeMap<String, String>) -> ContentResult<Stri
     })
 }
 
+/// What every content route starts from: the volume the request's bearer token opens, and
+/// the query (each parameter once).
+pub struct Content {
+    st: Shared,
+    row: VolumeRow,
+    q: std::collections::BTreeMap<String, String>,
+}
+
+impl FromRequestParts<Shared> for Content {
+    type Rejection = ContentError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &Shared) -> ContentResult<Self> {
+        let Path(id) = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map_err(|e| ContentError(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let row = bearer(st, &parts.headers, &id).await?;
+        let q = query(parts.uri.query())?;
+        Ok(Content {
+            st: st.clone(),
+            row,
+            q,
+        })
+    }
+}
+
+impl Content {
+    /// The `path` parameter.
+    fn path(&self) -> ContentResult<String> {
+        path_of(&self.q)
+    }
+}
+
 fn number<T: std::str::FromStr>(
     q: &std::collections::BTreeMap<String, String>,
     key: &str,
@@ -229,22 +262,16 @@ async fn stat_json(st: &Shared, row: &VolumeRow, path: &str) -> ContentResult<Va
 
 /// `GET /volumecontent/{id}/dir?path=P&depth=N`: the entries under `P`, `depth` levels deep
 /// (1: its children).
-pub async fn list_dir(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ContentResult<Json<Value>> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let rel = service::rel_path(&path_of(&q)?)?;
-    let depth = number::<u32>(&q, "depth")?.unwrap_or(1).clamp(1, MAX_DEPTH);
+pub async fn list_dir(c: Content) -> ContentResult<Json<Value>> {
+    let (st, row, q) = (&c.st, &c.row, &c.q);
+    let rel = service::rel_path(&c.path()?)?;
+    let depth = number::<u32>(q, "depth")?.unwrap_or(1).clamp(1, MAX_DEPTH);
     let mut out = Vec::new();
     let mut level = vec![rel];
     for _ in 0..depth {
         let mut next = Vec::new();
         for dir in level {
-            for e in service::entries(&st, &row, &dir, MAX_LISTING).await? {
+            for e in service::entries(st, row, &dir, MAX_LISTING).await? {
                 let p = join(&dir, &e.name);
                 if e.attr.kind == EntryKind::Dir {
                     next.push(p.clone());
@@ -262,21 +289,15 @@ pub async fn list_dir(
 
 /// `POST /volumecontent/{id}/dir?path=P&force=true`: 201 with the directory; an existing
 /// path is 409, unless `force` and it is a directory; `force` makes missing parents.
-pub async fn make_dir(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ContentResult<Response> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let path = path_of(&q)?;
-    let force = flag(&q, "force");
-    let owner = owner_of(&q)?;
-    let mode = number::<u32>(&q, "mode")?;
-    match service::attr(&st, &row, &path).await {
+pub async fn make_dir(c: Content) -> ContentResult<Response> {
+    let (st, row, q) = (&c.st, &c.row, &c.q);
+    let path = c.path()?;
+    let force = flag(q, "force");
+    let owner = owner_of(q)?;
+    let mode = number::<u32>(q, "mode")?;
+    match service::attr(st, row, &path).await {
         Ok((a, _)) if force && a.kind == EntryKind::Dir => {
-            let v = stat_json(&st, &row, &path).await?;
+            let v = stat_json(st, row, &path).await?;
             return Ok((StatusCode::CREATED, Json(v)).into_response());
         }
         Ok(_) => {
@@ -288,8 +309,8 @@ pub async fn make_dir(
         Err(e) if e.status == StatusCode::NOT_FOUND => {}
         Err(e) => return Err(e.into()),
     }
-    service::mkdir(&st, &row, &path, force, mode, owner).await?;
-    let v = stat_json(&st, &row, &path).await?;
+    service::mkdir(st, row, &path, force, mode, owner).await?;
+    let v = stat_json(st, row, &path).await?;
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
@@ -303,15 +324,9 @@ fn owner_of(q: &std::collections::BTreeMap<String, String>) -> ContentResult<Opt
 }
 
 /// `GET /volumecontent/{id}/path?path=P`: the entry.
-pub async fn stat(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ContentResult<Json<Value>> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    Ok(Json(stat_json(&st, &row, &path_of(&q)?).await?))
+pub async fn stat(c: Content) -> ContentResult<Json<Value>> {
+    let (st, row) = (&c.st, &c.row);
+    Ok(Json(stat_json(st, row, &c.path()?).await?))
 }
 
 /// Body of `PATCH /volumecontent/{id}/path`.
@@ -324,16 +339,9 @@ pub struct MetadataBody {
 }
 
 /// `PATCH /volumecontent/{id}/path?path=P` `{uid?, gid?, mode?}`: the entry after.
-pub async fn update_metadata(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-    body: Bytes,
-) -> ContentResult<Json<Value>> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let path = path_of(&q)?;
+pub async fn update_metadata(c: Content, body: Bytes) -> ContentResult<Json<Value>> {
+    let (st, row) = (&c.st, &c.row);
+    let path = c.path()?;
     let m: MetadataBody = if body.iter().all(u8::is_ascii_whitespace) {
         MetadataBody::default()
     } else {
@@ -346,40 +354,28 @@ pub async fn update_metadata(
             "mode is at most 0o7777".into(),
         ));
     }
-    service::set_attr(&st, &row, &path, m.mode, m.uid, m.gid).await?;
-    Ok(Json(stat_json(&st, &row, &path).await?))
+    service::set_attr(st, row, &path, m.mode, m.uid, m.gid).await?;
+    Ok(Json(stat_json(st, row, &path).await?))
 }
 
 /// `DELETE /volumecontent/{id}/path?path=P`: 204; a directory goes with what is in it.
-pub async fn remove(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ContentResult<StatusCode> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let path = path_of(&q)?;
+pub async fn remove(c: Content) -> ContentResult<StatusCode> {
+    let (st, row) = (&c.st, &c.row);
+    let path = c.path()?;
     if service::rel_path(&path)?.is_empty() {
         return Err(ContentError(
             StatusCode::NOT_FOUND,
             "the volume's root cannot be removed".into(),
         ));
     }
-    service::remove(&st, &row, &path).await?;
+    service::remove(st, row, &path).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /volumecontent/{id}/file?path=P`: the bytes.
-pub async fn read_file(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-) -> ContentResult<Response> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let bytes = service::read(&st, &row, &path_of(&q)?, st.max_upload_bytes).await?;
+pub async fn read_file(c: Content) -> ContentResult<Response> {
+    let (st, row) = (&c.st, &c.row);
+    let bytes = service::read(st, row, &c.path()?, st.max_upload_bytes).await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         Body::from(bytes),
@@ -389,19 +385,12 @@ pub async fn read_file(
 
 /// `PUT /volumecontent/{id}/file?path=P&force=true` with the bytes: 201 with the file. An
 /// existing file is 409 unless `force`; a directory there is 409; a missing parent 404.
-pub async fn write_file(
-    State(st): State<Shared>,
-    Path(id): Path<String>,
-    headers: HeaderMap,
-    RawQuery(raw): RawQuery,
-    body: Body,
-) -> ContentResult<Response> {
-    let row = bearer(&st, &headers, &id).await?;
-    let q = query(raw.as_deref())?;
-    let path = path_of(&q)?;
-    let force = flag(&q, "force");
-    let mode = number::<u32>(&q, "mode")?;
-    let owner = owner_of(&q)?;
+pub async fn write_file(c: Content, body: Body) -> ContentResult<Response> {
+    let (st, row, q) = (&c.st, &c.row, &c.q);
+    let path = c.path()?;
+    let force = flag(q, "force");
+    let mode = number::<u32>(q, "mode")?;
+    let owner = owner_of(q)?;
     let limit = st.max_upload_bytes;
     let bytes = axum::body::to_bytes(body, usize::try_from(limit).unwrap_or(usize::MAX))
         .await
@@ -411,7 +400,7 @@ pub async fn write_file(
                 format!("over this server's limit of {limit} bytes"),
             )
         })?;
-    if let Ok((a, _)) = service::attr(&st, &row, &path).await {
+    if let Ok((a, _)) = service::attr(st, row, &path).await {
         if a.kind == EntryKind::Dir {
             return Err(ContentError(
                 StatusCode::CONFLICT,
@@ -425,7 +414,7 @@ pub async fn write_file(
             ));
         }
     }
-    service::write(&st, &row, &path, &bytes, mode, owner, !force, false).await?;
-    let v = stat_json(&st, &row, &path).await?;
+    service::write(st, row, &path, &bytes, mode, owner, !force, false).await?;
+    let v = stat_json(st, row, &path).await?;
     Ok((StatusCode::CREATED, Json(v)).into_response())
 }

@@ -22,8 +22,10 @@ use space_proto::ProtoError;
 use crate::egress::Egress;
 
 mod fs;
+mod inodes;
 
-use fs::{Inner, Inodes, VolumeFs};
+use fs::{Inner, VolumeFs};
+use inodes::Inodes;
 
 /// The longest the gate stays shut without being opened.
 const HOLD_LIMIT: Duration = Duration::from_secs(60);
