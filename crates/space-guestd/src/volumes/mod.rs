@@ -23,6 +23,7 @@ use crate::egress::Egress;
 
 mod fs;
 mod inodes;
+mod readahead;
 
 use fs::{Inner, VolumeFs};
 use inodes::Inodes;
