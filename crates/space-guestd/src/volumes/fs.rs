@@ -23,7 +23,6 @@ use space_proto::volume::{
 };
 
 use super::inodes::Inodes;
-use super::readahead::ReadAhead;
 use super::Gate;
 use crate::egress::{Egress, ReqBody};
 
@@ -37,7 +36,7 @@ const ATTEMPTS: u32 = 5;
 const MAX_LISTING: usize = 1 << 20;
 
 pub(super) enum Handle {
-    File(Arc<ReadAhead>),
+    File,
     Dir(Option<Vec<Entry>>),
 }
 
@@ -111,11 +110,7 @@ fn ns_of(t: Option<TimeOrNow>) -> Option<i64> {
 impl Inner {
     /// One request to the host; a failed uplink is tried again (it reconnects after a
     /// restore).
-    pub(super) async fn call(
-        &self,
-        req: &VolumeRequest,
-        data: &[u8],
-    ) -> Result<(VolumeReply, Bytes), Errno> {
+    async fn call(&self, req: &VolumeRequest, data: &[u8]) -> Result<(VolumeReply, Bytes), Errno> {
         self.gate.enter().await;
         let out = self.send(req, data).await;
         self.gate.leave();
@@ -164,7 +159,7 @@ impl Inner {
         Err(Errno::EIO)
     }
 
-    pub(super) fn path(&self, ino: INodeNo) -> Result<String, Errno> {
+    fn path(&self, ino: INodeNo) -> Result<String, Errno> {
         self.inodes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -192,36 +187,6 @@ impl Inner {
             .unwrap_or_else(|e| e.into_inner())
             .insert(fh, h);
         FileHandle(fh)
-    }
-
-    /// This mount changed file `ino` (`None`: a name, which can put another file at any
-    /// path): what open files read ahead of it is dropped.
-    fn changed(&self, ino: Option<u64>) {
-        for h in self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-        {
-            if let Handle::File(ra) = h {
-                if ino.is_none_or(|i| i == ra.ino) {
-                    ra.changed();
-                }
-            }
-        }
-    }
-
-    /// The read-ahead of open file `fh`.
-    fn read_ahead(&self, fh: FileHandle) -> Option<Arc<ReadAhead>> {
-        match self
-            .handles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&fh.0)
-        {
-            Some(Handle::File(ra)) => Some(ra.clone()),
-            _ => None,
-        }
     }
 
     /// An entry made or found at `path`, remembered for the kernel.
@@ -343,9 +308,7 @@ impl Filesystem for VolumeFs {
                     atime_ns,
                     mtime_ns,
                 };
-                let answer = i.call(&req, &[]).await;
-                i.changed(Some(ino.0));
-                match answer? {
+                match i.call(&req, &[]).await? {
                     (VolumeReply::Attr(a), _) => Ok(file_attr(ino.0, &a)),
                     _ => Err(Errno::EIO),
                 }
@@ -442,11 +405,8 @@ impl Filesystem for VolumeFs {
             reply,
             |i| {
                 let path = path?;
-                let answer = i
-                    .call(&VolumeRequest::Unlink { path: path.clone() }, &[])
-                    .await;
-                i.changed(None);
-                answer?;
+                i.call(&VolumeRequest::Unlink { path: path.clone() }, &[])
+                    .await?;
                 i.inodes
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
@@ -530,9 +490,7 @@ impl Filesystem for VolumeFs {
                     noreplace: bits & libc::RENAME_NOREPLACE != 0,
                     exchange,
                 };
-                let answer = i.call(&q, &[]).await;
-                i.changed(None);
-                answer?;
+                i.call(&q, &[]).await?;
                 let mut inodes = i.inodes.lock().unwrap_or_else(|e| e.into_inner());
                 if exchange {
                     let swap = format!("{from}\u{0}swap");
@@ -580,27 +538,37 @@ impl Filesystem for VolumeFs {
         }
         // No FOPEN_KEEP_CACHE: every open drops the pages cached of the file, so what another
         // sandbox wrote before it closed is read (close-to-open).
-        let ra = Arc::new(ReadAhead::new(ino.0));
-        reply.opened(self.0.handle(Handle::File(ra)), FopenFlags::empty());
+        reply.opened(self.0.handle(Handle::File), FopenFlags::empty());
     }
 
     fn read(
         &self,
         _req: &Request,
         ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: fuser::OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        let ra = self
-            .0
-            .read_ahead(fh)
-            .unwrap_or_else(|| Arc::new(ReadAhead::new(ino.0)));
-        run!(self, reply, |i| ra.read(&i, offset, size).await, |b| reply
-            .data(&b));
+        let path = self.0.path(ino);
+        run!(
+            self,
+            reply,
+            |i| {
+                let q = VolumeRequest::Read {
+                    path: path?,
+                    offset,
+                    size: size.min(MAX_IO),
+                };
+                match i.call(&q, &[]).await? {
+                    (VolumeReply::Data(n), bytes) if n as usize == bytes.len() => Ok(bytes),
+                    _ => Err(Errno::EIO),
+                }
+            },
+            |b| reply.data(&b)
+        );
     }
 
     fn write(
@@ -625,9 +593,7 @@ impl Filesystem for VolumeFs {
                     path: path?,
                     offset,
                 };
-                let answer = i.call(&q, &data).await;
-                i.changed(Some(ino.0));
-                match answer? {
+                match i.call(&q, &data).await? {
                     (VolumeReply::Written { written, .. }, _) => Ok(written),
                     _ => Err(Errno::EIO),
                 }
@@ -828,9 +794,7 @@ impl Filesystem for VolumeFs {
                     truncate: flags & libc::O_TRUNC != 0,
                 };
                 let attr = i.entry(path, q).await?;
-                i.changed(Some(attr.ino.0));
-                let ra = Arc::new(ReadAhead::new(attr.ino.0));
-                Ok::<_, Errno>((attr, i.handle(Handle::File(ra))))
+                Ok::<_, Errno>((attr, i.handle(Handle::File)))
             },
             |made| reply.created(&TTL, &made.0, Generation(0), made.1, FopenFlags::empty())
         );

@@ -23,7 +23,6 @@ use crate::egress::Egress;
 
 mod fs;
 mod inodes;
-mod readahead;
 
 use fs::{Inner, VolumeFs};
 use inodes::Inodes;
