@@ -286,8 +286,10 @@ async fn measure(plan: &VolumeCopiesPlan) -> Result<()> {
     let result = async {
         for i in 0..plan.writes {
             progress(&format!("exposure: write {} of {}", i + 1, plan.writes));
-            // A moment that does not line up with the loop's ticks.
-            let pause = (space_archive::testing::noise(i as u64 + 7, 2)[0] as u64 * 12) % 3000;
+            // A moment anywhere between two of the loop's ticks.
+            let every = space_node::DEFAULT_VOLUME_COPY_INTERVAL.as_millis() as u64;
+            let r = space_archive::testing::noise(i as u64 + 7, 2);
+            let pause = u64::from(u16::from_le_bytes([r[0], r[1]])) % every;
             tokio::time::sleep(Duration::from_millis(pause)).await;
             s.write(
                 &format!("w{i}"),
