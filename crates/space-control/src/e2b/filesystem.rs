@@ -127,10 +127,6 @@ impl Names {
     }
 }
 
-/// Go's `FileMode` bits for a directory and a symlink (envd reports modes so).
-const MODE_DIR: u32 = 1 << 31;
-const MODE_SYMLINK: u32 = 1 << 27;
-
 fn permissions(t: FileType, mode: u32) -> String {
     let kind = match t {
         FileType::Dir => 'd',
@@ -159,18 +155,19 @@ fn timestamp(ns: i64) -> String {
 /// envd's `EntryInfo` of a guest stat.
 pub fn entry(s: &FileStat, names: &Names) -> Value {
     let name = s.path.rsplit('/').next().unwrap_or("").to_owned();
-    let (kind, mode_bits) = match s.file_type {
-        FileType::File => ("FILE_TYPE_FILE", 0),
-        FileType::Dir => ("FILE_TYPE_DIRECTORY", MODE_DIR),
-        FileType::Symlink => ("FILE_TYPE_SYMLINK", MODE_SYMLINK),
-        FileType::Other => ("FILE_TYPE_UNSPECIFIED", 0),
+    let kind = match s.file_type {
+        FileType::File => "FILE_TYPE_FILE",
+        FileType::Dir => "FILE_TYPE_DIRECTORY",
+        FileType::Symlink => "FILE_TYPE_SYMLINK",
+        FileType::Other => "FILE_TYPE_UNSPECIFIED",
     };
     let mut v = json!({
         "name": if s.path == "/" { "/".to_owned() } else { name },
         "type": kind,
         "path": s.path,
         "size": s.size.to_string(),
-        "mode": s.mode | mode_bits,
+        // Permission bits only, as envd sends them (the type is in `type`).
+        "mode": s.mode & 0o7777,
         "permissions": permissions(s.file_type, s.mode),
         "owner": names.user(s.uid),
         "group": names.group(s.gid),
@@ -185,6 +182,12 @@ pub fn entry(s: &FileStat, names: &Names) -> Value {
         v["metadata"] = json!(metadata);
     }
     v
+}
+
+/// The order a depth-first walk in name order visits two paths in: by their parts, a
+/// directory right before what is in it.
+fn walk_order(a: &str, b: &str) -> std::cmp::Ordering {
+    a.split('/').cmp(b.split('/'))
 }
 
 fn answer(r: RpcResult<Value>) -> Response {
@@ -265,7 +268,12 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
             "Remove" => {
                 let r: PathRequest = connect::unary_request(&headers, body).await?;
                 let path = resolve(&home, &r.path)?;
-                e.guest.remove(&path, true).await.map_err(fs_error)?;
+                // envd removes with RemoveAll: a path that is not there is removed already.
+                match e.guest.remove(&path, true).await {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == Some(space_proto::ErrorKind::NotFound) => {}
+                    Err(err) => return Err(fs_error(err)),
+                }
                 Ok(json!({}))
             }
             "ListDir" => {
@@ -277,37 +285,42 @@ pub async fn call(e: Envd, method: &str, headers: HeaderMap, body: Body) -> Resp
                     return Err(RpcError::invalid(format!("{path} is not a directory")));
                 }
                 let names = Names::of(&e).await;
+                // Depth first, each directory's entries in name order, as envd walks.
                 let mut out = Vec::new();
-                let mut level = vec![path];
-                for _ in 0..depth {
-                    let mut next = Vec::new();
-                    for dir in &level {
-                        let listed = match e.guest.list(dir).await {
-                            Ok(l) => l,
-                            // A directory below that went away meanwhile.
-                            Err(err)
-                                if dir != &root.path
-                                    && err.kind() == Some(space_proto::ErrorKind::NotFound) =>
-                            {
-                                continue
-                            }
-                            Err(err) => return Err(fs_error(err)),
-                        };
-                        for d in listed {
-                            if out.len() >= MAX_ENTRIES {
-                                return Err(RpcError::new(
-                                    Code::ResourceExhausted,
-                                    format!("more than {MAX_ENTRIES} entries"),
-                                ));
-                            }
-                            if d.stat.file_type == FileType::Dir {
-                                next.push(d.stat.path.clone());
-                            }
-                            out.push(entry(&d.stat, &names));
+                let mut stack: Vec<(String, u32)> = vec![(path, 1)];
+                while let Some((dir, level)) = stack.pop() {
+                    let mut listed = match e.guest.list(&dir).await {
+                        Ok(l) => l,
+                        // A directory below that went away meanwhile.
+                        Err(err)
+                            if dir != root.path
+                                && err.kind() == Some(space_proto::ErrorKind::NotFound) =>
+                        {
+                            continue
                         }
+                        Err(err) => return Err(fs_error(err)),
+                    };
+                    listed.sort_by(|a, b| a.stat.path.cmp(&b.stat.path));
+                    // Entries of this directory, each followed by what is under it: the
+                    // subdirectories go on the stack in reverse, so the first comes next.
+                    let mut below = Vec::new();
+                    for d in listed {
+                        if out.len() >= MAX_ENTRIES {
+                            return Err(RpcError::new(
+                                Code::ResourceExhausted,
+                                format!("more than {MAX_ENTRIES} entries"),
+                            ));
+                        }
+                        if d.stat.file_type == FileType::Dir && level < depth {
+                            below.push(d.stat.path.clone());
+                        }
+                        out.push((d.stat.path.clone(), entry(&d.stat, &names)));
                     }
-                    level = next;
+                    stack.extend(below.into_iter().rev().map(|p| (p, level + 1)));
                 }
+                // Pre-order by path, which is how a walk in name order visits them.
+                out.sort_by(|a, b| walk_order(&a.0, &b.0));
+                let out: Vec<Value> = out.into_iter().map(|(_, v)| v).collect();
                 Ok(json!({ "entries": out }))
             }
             "CreateWatcher" => {
@@ -523,6 +536,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_walk_visits_a_directory_then_what_is_in_it_in_name_order() {
+        let mut paths = vec!["/r/b", "/r/a.txt", "/r/a/z", "/r/a", "/r/a/b/c", "/r/a/b"];
+        paths.sort_by(|a, b| walk_order(a, b));
+        assert_eq!(
+            paths,
+            ["/r/a", "/r/a/b", "/r/a/b/c", "/r/a/z", "/r/a.txt", "/r/b"]
+        );
+    }
+
+    #[test]
     fn paths_resolve_under_the_home() {
         let h = "/home/user";
         assert_eq!(resolve(h, "a.txt").unwrap(), "/home/user/a.txt");
@@ -560,7 +583,7 @@ mod tests {
         assert_eq!(v["size"], "4096");
         assert_eq!(v["owner"], "user");
         assert_eq!(v["group"], "1000");
-        assert_eq!(v["mode"], 0o755 | MODE_DIR);
+        assert_eq!(v["mode"], 0o755);
         assert_eq!(v["modifiedTime"], "2017-07-14T02:40:00.123456789Z");
         assert_eq!(v["metadata"], json!({"owner-team": "infra"}));
     }

@@ -257,18 +257,29 @@ async fn forward(tx: StreamTx, mut out: Output, pty: bool, keepalive: Duration) 
         loop {
             let next = out.next(pty).await;
             let last = !matches!(next, Ok(Some(_)));
-            let next = next.map(|n| match n {
-                Some(data) => Some(json!({"event": {"data": data}})),
-                None => {
+            let next = match next {
+                Ok(Some(data)) => Ok(Some(json!({"event": {"data": data}}))),
+                Ok(None) => {
                     let status = out.status().unwrap_or(ExitStatus {
                         exit_code: None,
                         signal: None,
                         timed_out: false,
                     });
-                    Some(json!({"event": {"end": end_event(&status)}}))
+                    if status.timed_out {
+                        // The start's deadline (`Connect-Timeout-Ms`) passed and the process
+                        // was killed: the stream ends as a Connect deadline, as envd's does,
+                        // not as an exit.
+                        Err(RpcError::new(
+                            Code::DeadlineExceeded,
+                            "the process ran past the request's deadline and was killed",
+                        ))
+                    } else {
+                        Ok(Some(json!({"event": {"end": end_event(&status)}})))
+                    }
                 }
-            });
-            if events.send(next.map_err(RpcError::from)).await.is_err() || last {
+                Err(e) => Err(RpcError::from(e)),
+            };
+            if events.send(next).await.is_err() || last {
                 return;
             }
         }
@@ -325,6 +336,21 @@ pub async fn start(e: Envd, headers: HeaderMap, body: Body) -> Response {
         Ok(u) => u,
         Err(err) => return err.stream(),
     };
+    // A relative working directory is under the user's home, as envd resolves it (asked
+    // of the guest only then: most starts name none or an absolute one).
+    let cwd = match &req.process.cwd {
+        Some(c) if !c.starts_with('/') => {
+            let home = match e.account().await {
+                Ok(a) => a.home.clone(),
+                Err(err) => return err.stream(),
+            };
+            match super::filesystem::resolve(&home, c) {
+                Ok(p) => Some(p),
+                Err(err) => return err.stream(),
+            }
+        }
+        other => other.clone(),
+    };
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
     let keepalive = keepalive_interval(&headers);
@@ -337,7 +363,7 @@ pub async fn start(e: Envd, headers: HeaderMap, body: Body) -> Response {
             )
             .command(Command::Argv(argv));
             spec.env = req.process.envs.clone();
-            spec.cwd = req.process.cwd.clone();
+            spec.cwd = cwd.clone();
             spec.username = Some(username);
             spec.tag = req.tag.clone();
             e.guest.pty(spec).await.map(Output::Pty)
@@ -345,7 +371,7 @@ pub async fn start(e: Envd, headers: HeaderMap, body: Body) -> Response {
         None => {
             let mut spec = ExecSpec::from_command(Command::Argv(argv));
             spec.env = req.process.envs.clone();
-            spec.cwd = req.process.cwd.clone();
+            spec.cwd = cwd.clone();
             spec.username = Some(username);
             spec.tag = req.tag.clone();
             spec.timeout_ms = lifetime(&headers);

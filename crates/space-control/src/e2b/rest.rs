@@ -190,6 +190,71 @@ pub(crate) fn rfc3339(unix_ms: u64) -> String {
     )
 }
 
+/// Ms since the Unix epoch of an RFC 3339 / ISO 8601 time as the SDKs send it
+/// (`2026-12-06T04:00:00.123456+00:00`, `...Z`; without an offset, UTC).
+pub(crate) fn parse_rfc3339(t: &str) -> Option<u64> {
+    let t = t.trim();
+    let num = |s: &str| -> Option<i64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| s.parse().ok())
+            .flatten()
+    };
+    let (date, rest) = t.split_at_checked(10)?;
+    let rest = rest.strip_prefix(['T', 't', ' '])?;
+    let (y, m, d) = (
+        num(date.get(0..4)?)?,
+        num(date.get(5..7)?)?,
+        num(date.get(8..10)?)?,
+    );
+    if date.as_bytes()[4] != b'-' || date.as_bytes()[7] != b'-' {
+        return None;
+    }
+    let (hh, mm, ss) = (
+        num(rest.get(0..2)?)?,
+        num(rest.get(3..5)?)?,
+        num(rest.get(6..8)?)?,
+    );
+    if rest.as_bytes()[2] != b':' || rest.as_bytes()[5] != b':' {
+        return None;
+    }
+    if !(1..=12).contains(&m) || !(1..=31).contains(&d) || hh > 23 || mm > 59 || ss > 60 {
+        return None;
+    }
+    let mut rest = &rest[8..];
+    let mut ms = 0i64;
+    if let Some(f) = rest.strip_prefix('.') {
+        let n = f.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        let digits = &f[..n];
+        ms = num(&format!("{:0<3}", &digits[..n.min(3)]))?;
+        rest = &f[n..];
+    }
+    let offset_s = match rest {
+        "" | "Z" | "z" => 0,
+        o if o.len() == 6 && (o.starts_with('+') || o.starts_with('-')) && &o[3..4] == ":" => {
+            let v = num(&o[1..3])? * 3600 + num(&o[4..6])? * 60;
+            if o.starts_with('-') {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    // Days from civil (proleptic Gregorian).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + hh * 3600 + mm * 60 + ss - offset_s;
+    u64::try_from(secs * 1000 + ms).ok()
+}
+
 fn e2b_state(s: SbState) -> &'static str {
     match s {
         SbState::Paused | SbState::Suspended => "paused",
@@ -521,7 +586,7 @@ pub async fn kill(
     audited(&st, &who, &raw, "sandbox.kill", result).await
 }
 
-/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now. 204.
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from now (0: now). 204.
 pub async fn set_timeout(
     State(st): State<Shared>,
     E2bCaller(who): E2bCaller,
@@ -529,9 +594,11 @@ pub async fn set_timeout(
     E2bJson(body): E2bJson<TimeoutBody>,
 ) -> E2bResult<StatusCode> {
     let result = async {
-        let timeout = lifetime(body.timeout.ok_or_else(|| {
+        // E2B's minimum is 0 here: the sandbox's time is up now, and its end (kill, or pause
+        // with autoPause) follows at the timeout reconciler's next pass.
+        let timeout = Duration::from_secs(body.timeout.ok_or_else(|| {
             E2bError::new(StatusCode::BAD_REQUEST, "timeout (seconds) is required")
-        })?)?;
+        })?);
         let (_, sb) = owned(&st, &who, &raw).await?;
         end_in(&st, &sb, timeout).await?;
         Ok(StatusCode::NO_CONTENT)
@@ -585,8 +652,9 @@ fn metadata_filter(raw: &str) -> E2bResult<Vec<(String, String)>> {
     Ok(out)
 }
 
-/// `GET /v2/sandboxes?metadata=&state=running,paused&limit=&nextToken=`: newest first;
-/// `x-next-token` names where the next page starts.
+/// `GET /v2/sandboxes?metadata=&state=running,paused&order=desc|asc&startedAfter=&limit=
+/// &nextToken=`: by start time, newest first unless `order=asc`, only those started at or after
+/// `startedAfter`; `x-next-token` names where the next page starts.
 pub async fn list(
     State(st): State<Shared>,
     E2bCaller(who): E2bCaller,
@@ -596,6 +664,8 @@ pub async fn list(
     let mut limit = MAX_PAGE;
     let mut after: Option<String> = None;
     let mut states: Option<Vec<SbState>> = None;
+    let mut oldest_first = false;
+    let mut started_after: Option<u64> = None;
     for (k, v) in &q {
         match k.as_str() {
             "metadata" => filter.metadata.extend(metadata_filter(v)?),
@@ -629,8 +699,26 @@ pub async fn list(
             }
             "nextToken" => after = Some(v.clone()),
             "template" => filter.template = Some(v.clone()),
-            // Order and start filters the SDKs may send: newest first is the order.
-            "order" | "startedAfter" => {}
+            "order" => {
+                oldest_first = match v.as_str() {
+                    "asc" => true,
+                    "desc" => false,
+                    other => {
+                        return Err(E2bError::new(
+                            StatusCode::BAD_REQUEST,
+                            format!("order {other:?} is not asc or desc"),
+                        ))
+                    }
+                }
+            }
+            "startedAfter" => {
+                started_after = Some(parse_rfc3339(v).ok_or_else(|| {
+                    E2bError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("startedAfter {v:?} is not an RFC 3339 time"),
+                    )
+                })?)
+            }
             other => {
                 return Err(E2bError::new(
                     StatusCode::BAD_REQUEST,
@@ -647,7 +735,21 @@ pub async fn list(
             SbState::Suspended,
         ]
     }));
-    let all = service::list_sandboxes(&st, &who.tenant, &filter).await?;
+    let mut all = service::list_sandboxes(&st, &who.tenant, &filter).await?;
+    // By start time as `startedAt` says it, newest first unless `order=asc`; the id breaks
+    // ties so pages stay stable.
+    let started = |s: &Sandbox| s.started_unix_ms.max(s.created_unix_ms);
+    if let Some(after) = started_after {
+        all.retain(|s| started(s) >= after);
+    }
+    all.sort_by(|a, b| {
+        let o = started(a).cmp(&started(b)).then_with(|| a.id.cmp(&b.id));
+        if oldest_first {
+            o
+        } else {
+            o.reverse()
+        }
+    });
     let start = match &after {
         Some(t) => all
             .iter()
@@ -689,6 +791,28 @@ pub async fn unsupported(uri: axum::http::Uri) -> E2bError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_the_sdks_send_parse() {
+        let t = 1_796_159_954_590;
+        assert_eq!(parse_rfc3339("2026-12-01T21:19:14.590Z"), Some(t));
+        assert_eq!(parse_rfc3339("2026-12-01T21:19:14.590123+00:00"), Some(t));
+        assert_eq!(parse_rfc3339("2026-12-01T22:19:14.590+01:00"), Some(t));
+        assert_eq!(parse_rfc3339("2026-12-01T21:19:14.59"), Some(t));
+        assert_eq!(parse_rfc3339("2000-02-29T00:00:00Z"), Some(951_782_400_000));
+        for bad in [
+            "",
+            "2026-12-01",
+            "2026-13-01T00:00:00Z",
+            "2026-12-01T00:00:00+0100",
+            "x",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+        for ms in [0u64, 951_782_400_123, t] {
+            assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
+        }
+    }
 
     #[test]
     fn dates_are_rfc3339_utc() {

@@ -1,0 +1,91 @@
+"""Where envd and E2B's API behave in a particular way the SDK relies on, space does the same:
+list order and start filter, removing a missing path, permission bits in an entry's mode,
+a relative working directory, a deep listing's order, a zero timeout, a command's deadline."""
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from e2b import Sandbox, SandboxQuery, TimeoutException
+
+from conftest import TEMPLATE
+
+
+def test_list_orders_by_start_and_filters_by_start_time():
+    first = Sandbox.create(TEMPLATE, timeout=300, metadata={"suite": "e2b-order"})
+    try:
+        time.sleep(1.1)
+        cut = datetime.now(timezone.utc)
+        second = Sandbox.create(TEMPLATE, timeout=300, metadata={"suite": "e2b-order"})
+        try:
+            q = SandboxQuery(metadata={"suite": "e2b-order"})
+            ids = lambda order: [
+                s.sandbox_id for s in Sandbox.list(query=q, order=order).next_items()
+            ]
+            assert ids("asc") == [first.sandbox_id, second.sandbox_id]
+            assert ids("desc") == [second.sandbox_id, first.sandbox_id]
+            later = SandboxQuery(metadata={"suite": "e2b-order"}, started_after=cut)
+            assert [s.sandbox_id for s in Sandbox.list(query=later).next_items()] == [
+                second.sandbox_id
+            ]
+            future = SandboxQuery(
+                metadata={"suite": "e2b-order"}, started_after=cut + timedelta(hours=1)
+            )
+            assert Sandbox.list(query=future).next_items() == []
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+
+
+def test_files_behave_as_envd(sandbox):
+    # Removing what is not there is done (envd's RemoveAll).
+    sandbox.files.remove("/tmp/never-was")
+    # An entry's mode is its permission bits; the type is separate.
+    sandbox.files.make_dir("/tmp/walk/b/deep")
+    sandbox.commands.run("chmod 750 /tmp/walk/b")
+    info = sandbox.files.get_info("/tmp/walk/b")
+    assert (info.type.value, info.mode) == ("dir", 0o750)
+    sandbox.files.write("/tmp/walk/a.txt", "a")
+    sandbox.files.write("/tmp/walk/b/deep/z.txt", "z")
+    sandbox.files.write("/tmp/walk/b/c.txt", "c")
+    # Depth first, each directory in name order.
+    listed = [e.path for e in sandbox.files.list("/tmp/walk", depth=3)]
+    assert listed == [
+        "/tmp/walk/a.txt",
+        "/tmp/walk/b",
+        "/tmp/walk/b/c.txt",
+        "/tmp/walk/b/deep",
+        "/tmp/walk/b/deep/z.txt",
+    ]
+
+
+def test_a_relative_working_directory_is_under_the_home(sandbox):
+    sandbox.files.make_dir("/home/user/proj")
+    out = sandbox.commands.run("pwd", cwd="proj")
+    assert out.stdout == "/home/user/proj\n"
+
+
+def test_a_deadline_ends_the_command_as_a_timeout(sandbox):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutException):
+        sandbox.commands.run("sleep 30", timeout=2)
+    assert time.monotonic() - t0 < 20
+    # The process is gone.
+    out = sandbox.commands.run("pgrep -x sleep || echo none")
+    assert out.stdout == "none\n"
+
+
+def test_a_zero_timeout_ends_the_sandbox_now():
+    sbx = Sandbox.create(TEMPLATE, timeout=300, metadata={"suite": "e2b-zero"})
+    try:
+        sbx.set_timeout(0)
+        deadline = time.monotonic() + 30
+        while sbx.is_running() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not sbx.is_running()
+    finally:
+        try:
+            sbx.kill()
+        except Exception:
+            pass
