@@ -89,3 +89,44 @@ def test_a_zero_timeout_ends_the_sandbox_now():
             sbx.kill()
         except Exception:
             pass
+
+
+def test_template_aliases_and_unserved_routes_answer_as_e2b():
+    import os
+
+    import httpx
+    from e2b import Template
+
+    assert Template.exists(TEMPLATE)
+    assert not Template.exists("no-such-template-here")
+    # A route space does not serve answers in E2B's error shape, which the SDKs parse.
+    url = os.environ["E2B_API_URL"].rstrip("/")
+    r = httpx.get(
+        f"{url}/templates/no-such/builds/b1/status",
+        headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
+    )
+    body = r.json()
+    assert r.status_code in (404, 501) and body["code"] == r.status_code, body
+    assert isinstance(body["message"], str) and body["message"]
+
+
+def test_an_overwrite_is_written_in_place_and_a_watch_sees_it(sandbox):
+    from e2b import FilesystemEventType
+
+    sandbox.files.make_dir("/tmp/ww")
+    sandbox.files.write("/tmp/ww/f.txt", "one")
+    inode = sandbox.commands.run("stat -c %i /tmp/ww/f.txt").stdout
+    handle = sandbox.files.watch_dir("/tmp/ww")
+    try:
+        sandbox.files.write("/tmp/ww/f.txt", "two")
+        events = []
+        for _ in range(50):
+            events += handle.get_new_events()
+            if any(e.name == "f.txt" and e.type == FilesystemEventType.WRITE for e in events):
+                break
+            time.sleep(0.1)
+    finally:
+        handle.stop()
+    assert any(e.name == "f.txt" and e.type == FilesystemEventType.WRITE for e in events), events
+    assert sandbox.commands.run("stat -c %i /tmp/ww/f.txt").stdout == inode
+    assert sandbox.files.read("/tmp/ww/f.txt") == "two"

@@ -225,17 +225,18 @@ def test_files_octet_stream_gzip_and_metadata(sandbox):
     out = sandbox.commands.run("sha256sum /tmp/streamed.bin")
     assert out.stdout.split()[0] == digest
 
-    # A rewrite keeps the file's metadata and sets its own on top; the guest sees xattrs.
+    # A rewrite's metadata is the file's from then on (envd drops what it does not name);
+    # the guest sees xattrs.
     sandbox.files.write("/tmp/gz.bin", "short", metadata={"team": "web"})
-    assert sandbox.files.get_info("/tmp/gz.bin").metadata == {"team": "web", "run-id": "42"}
+    assert sandbox.files.get_info("/tmp/gz.bin").metadata == {"team": "web"}
     out = sandbox.commands.run(
         "python3 -c \"import os; print(os.getxattr('/tmp/gz.bin', 'user.e2b.team').decode())\""
     )
     assert out.stdout.strip() == "web"
     moved = sandbox.files.rename("/tmp/gz.bin", "/tmp/gz2.bin")
-    assert moved.metadata == {"team": "web", "run-id": "42"}
+    assert moved.metadata == {"team": "web"}
     listed = {e.name: e.metadata for e in sandbox.files.list("/tmp")}
-    assert listed["gz2.bin"] == {"team": "web", "run-id": "42"}
+    assert listed["gz2.bin"] == {"team": "web"}
     assert listed["streamed.bin"] is None
 
     # Several files at once (multipart): the same metadata on each.

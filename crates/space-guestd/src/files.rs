@@ -294,6 +294,19 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
     let parents = params.flag("parents")?;
     let owner = params.get("owner").map(parse_owner).transpose()?;
     let xattrs = params.xattrs()?;
+    // Written in place (truncated, then written: what a watch sees as writes to the file)
+    // rather than to a temporary file renamed over it; a cut-off upload then leaves the file
+    // partly written.
+    let in_place = params.flag("in_place")?;
+    // Attributes under this prefix that the file had are dropped, not kept.
+    let clear = params.get("clear_xattrs").map(str::to_owned);
+    if let Some(p) = &clear {
+        if !p.starts_with("user.") {
+            return Err(ProtoError::invalid(
+                "clear_xattrs names a prefix of user. attributes",
+            ));
+        }
+    }
     let path = params.path.clone();
     let target = PathBuf::from(&path);
     let Some(name) = target.file_name().map(|n| n.to_os_string()) else {
@@ -326,23 +339,40 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
             let final_mode = mode.or(existing.map(|e| e.0)).unwrap_or(0o644);
             let final_owner = owner.or(existing.map(|e| e.1));
             let replaces = existing.is_some();
-            let n = UPLOADS.fetch_add(1, Ordering::Relaxed);
-            let mut tmp_name = std::ffi::OsString::from(".");
-            tmp_name.push(&name);
-            tmp_name.push(format!(".space-upload-{}-{n}", std::process::id()));
-            let tmp = dir.join(tmp_name);
-            let file = fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&tmp)
-                .map_err(|e| create_error(&path, &dir, &e))?;
-            let guard = TempGuard(Some(tmp));
-            // A file that is replaced keeps its attributes; the write's own come on top.
-            if replaces {
-                crate::xattrs::copy(Path::new(&path), &file)
-                    .map_err(|e| io_err("copy the extended attributes of", &path, &e))?;
-            }
+            let (file, guard) = if in_place {
+                let file = fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map_err(|e| create_error(&path, &dir, &e))?;
+                if let (true, Some(p)) = (replaces, &clear) {
+                    crate::xattrs::remove_prefixed(&file, p)
+                        .map_err(|e| io_err("clear the extended attributes of", &path, &e))?;
+                }
+                (file, TempGuard(None))
+            } else {
+                let n = UPLOADS.fetch_add(1, Ordering::Relaxed);
+                let mut tmp_name = std::ffi::OsString::from(".");
+                tmp_name.push(&name);
+                tmp_name.push(format!(".space-upload-{}-{n}", std::process::id()));
+                let tmp = dir.join(tmp_name);
+                let file = fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&tmp)
+                    .map_err(|e| create_error(&path, &dir, &e))?;
+                let guard = TempGuard(Some(tmp));
+                // A file that is replaced keeps its attributes (but those cleared); the
+                // write's own come on top.
+                if replaces {
+                    crate::xattrs::copy(Path::new(&path), &file, clear.as_deref())
+                        .map_err(|e| io_err("copy the extended attributes of", &path, &e))?;
+                }
+                (file, guard)
+            };
             for (name, value) in &xattrs {
                 crate::xattrs::set(&file, name.as_bytes(), value.as_bytes())
                     .map_err(|e| io_err(&format!("set {name} on"), &path, &e))?;
@@ -404,11 +434,13 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
         file.set_permissions(fs::Permissions::from_mode(final_mode))
             .map_err(|e| io_err("chmod", &path, &e))?;
         drop(file);
-        let Some(tmp) = guard.0.as_ref() else {
-            return Err(ProtoError::internal("upload lost its temporary file"));
-        };
-        fs::rename(tmp, &path).map_err(|e| io_err("rename into", &path, &e))?;
-        guard.0 = None;
+        if !in_place {
+            let Some(tmp) = guard.0.as_ref() else {
+                return Err(ProtoError::internal("upload lost its temporary file"));
+            };
+            fs::rename(tmp, &path).map_err(|e| io_err("rename into", &path, &e))?;
+            guard.0 = None;
+        }
         stat_path(&path)
     })
     .await?;

@@ -113,11 +113,35 @@ pub fn set(file: &File, name: &[u8], value: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Copies every `user.` attribute of `from` (values of any size the kernel allows) onto `to`:
-/// what a file keeps when a write replaces it.
-pub fn copy(from: &Path, to: &File) -> io::Result<()> {
+/// Copies every `user.` attribute of `from` (values of any size the kernel allows) onto `to`,
+/// but those whose names start with `except`: what a file keeps when a write replaces it.
+pub fn copy(from: &Path, to: &File, except: Option<&str>) -> io::Result<()> {
     for (name, value) in raw(from, MAX_LIST) {
+        if except.is_some_and(|p| name.starts_with(p.as_bytes())) {
+            continue;
+        }
         set(to, &name, &value)?;
+    }
+    Ok(())
+}
+
+/// Removes the `user.` attributes of an open file whose names start with `prefix`.
+pub fn remove_prefixed(file: &File, prefix: &str) -> io::Result<()> {
+    let fd = file.as_raw_fd();
+    let listed = names(|buf| {
+        // SAFETY: `fd` is open for the call and `buf` is valid for `buf.len()` bytes.
+        unsafe { libc::flistxattr(fd, buf.as_mut_ptr().cast(), buf.len()) }
+    })?;
+    for name in listed.iter().filter(|n| n.starts_with(prefix.as_bytes())) {
+        let cname =
+            CString::new(name.clone()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: `fd` is open for the call and `cname` is NUL-terminated.
+        if unsafe { libc::fremovexattr(fd, cname.as_ptr()) } < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENODATA) {
+                return Err(e);
+            }
+        }
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ async fn fifty_megabyte_file_round_trip() {
                 mode: Some(0o600),
                 create_parents: true,
                 owner: Some((65534, 65534)),
-                xattrs: Default::default(),
+                ..WriteOptions::default()
             },
         )
         .await
@@ -159,6 +159,62 @@ async fn extended_attributes_are_set_by_writes_and_kept_by_rewrites() {
     let resp = h2.send_request(req).await.unwrap();
     assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
     assert_eq!(std::fs::read(path).unwrap(), b"two");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_write_keeps_the_inode_and_clears_what_it_is_told() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Daemon::start();
+    let c = d.client().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f.txt");
+    let path = path.to_str().unwrap();
+    let opts = |pairs: &[(&str, &str)]| WriteOptions {
+        xattrs: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        in_place: true,
+        clear_xattrs: Some("user.e2b.".into()),
+        ..WriteOptions::default()
+    };
+    c.write_file(
+        path,
+        Bytes::from_static(b"a longer first content"),
+        opts(&[("user.e2b.a", "1"), ("user.e2b.b", "2"), ("user.keep", "k")]),
+    )
+    .await
+    .unwrap();
+    let ino = std::fs::metadata(path).unwrap().ino();
+    let s = c
+        .write_file(
+            path,
+            Bytes::from_static(b"short"),
+            opts(&[("user.e2b.a", "3")]),
+        )
+        .await
+        .unwrap();
+    // The same file, truncated and written; of the cleared prefix only what this write set.
+    assert_eq!(std::fs::metadata(path).unwrap().ino(), ino);
+    assert_eq!(std::fs::read(path).unwrap(), b"short");
+    assert_eq!(s.xattrs.get("user.e2b.a").map(String::as_str), Some("3"));
+    assert!(!s.xattrs.contains_key("user.e2b.b"), "{:?}", s.xattrs);
+    assert_eq!(s.xattrs.get("user.keep").map(String::as_str), Some("k"));
+    // A write to a temporary file and a rename makes a new inode, and keeps the others.
+    let s = c
+        .write_file(
+            path,
+            Bytes::from_static(b"renamed"),
+            WriteOptions {
+                clear_xattrs: Some("user.e2b.".into()),
+                ..WriteOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_ne!(std::fs::metadata(path).unwrap().ino(), ino);
+    assert!(!s.xattrs.contains_key("user.e2b.a"), "{:?}", s.xattrs);
+    assert_eq!(s.xattrs.get("user.keep").map(String::as_str), Some("k"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -360,9 +360,16 @@ pub struct WriteOptions {
     /// file that existed keeps its owner and a new one is the daemon's.
     pub owner: Option<(u32, u32)>,
     /// Extended attributes (`user.` names) set on the file; a file that existed keeps its
-    /// others.
+    /// others (but those under `clear_xattrs`).
     #[serde(default)]
     pub xattrs: BTreeMap<String, String>,
+    /// Write the file in place (truncate, then write) rather than to a temporary file renamed
+    /// over it: a watch sees writes to the file, and a cut-off write leaves it partly written.
+    #[serde(default)]
+    pub in_place: bool,
+    /// A prefix (`user.` and more) of attributes a file that existed drops.
+    #[serde(default)]
+    pub clear_xattrs: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

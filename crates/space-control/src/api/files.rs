@@ -100,6 +100,7 @@ pub async fn upload(
         create_parents: q.parents.unwrap_or(false),
         owner: None,
         xattrs: Default::default(),
+        ..WriteOptions::default()
     };
     let pump = async move {
         let mut tx = tx;

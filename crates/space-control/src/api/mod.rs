@@ -414,12 +414,26 @@ fn close_after_refusal(sent_body: bool, resp: &mut Response) {
     }
 }
 
-async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::route_not_found(method.as_str(), uri.path())
+async fn not_found(method: Method, uri: Uri, headers: axum::http::HeaderMap) -> Response {
+    if crate::e2b::is_e2b_request(uri.path(), &headers) {
+        return crate::e2b::unserved(
+            axum::http::StatusCode::NOT_FOUND,
+            method.as_str(),
+            uri.path(),
+        );
+    }
+    ApiError::route_not_found(method.as_str(), uri.path()).into_response()
 }
 
-async fn wrong_method(method: Method, uri: Uri) -> ApiError {
-    ApiError::method_not_allowed(method.as_str(), uri.path())
+async fn wrong_method(method: Method, uri: Uri, headers: axum::http::HeaderMap) -> Response {
+    if crate::e2b::is_e2b_request(uri.path(), &headers) {
+        return crate::e2b::unserved(
+            axum::http::StatusCode::METHOD_NOT_ALLOWED,
+            method.as_str(),
+            uri.path(),
+        );
+    }
+    ApiError::method_not_allowed(method.as_str(), uri.path()).into_response()
 }
 
 async fn health(State(state): State<Shared>) -> Response {

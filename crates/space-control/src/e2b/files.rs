@@ -189,6 +189,10 @@ where
         create_parents: true,
         owner: Some((account.uid, account.gid)),
         xattrs: xattrs.clone(),
+        // As envd: the file is truncated and written where it is (a watch sees it written),
+        // and its E2B metadata is what this upload says, nothing older.
+        in_place: true,
+        clear_xattrs: Some(METADATA_XATTR.to_owned()),
     };
     let stat = e
         .guest

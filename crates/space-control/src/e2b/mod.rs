@@ -184,6 +184,45 @@ pub fn state(st: &Shared) -> Arc<E2bState> {
     st.e2b.clone()
 }
 
+/// Path prefixes of E2B's REST API (none of them is space's own).
+const E2B_PREFIXES: &[&str] = &[
+    "/sandboxes",
+    "/v2/",
+    "/v3/",
+    "/templates",
+    "/volumes",
+    "/volumecontent",
+    "/snapshots",
+    "/secrets",
+    "/teams",
+    "/api-keys",
+    "/access-tokens",
+];
+
+/// Whether a request the router has no route for is an E2B client's: an E2B path, or E2B's
+/// key header. Its error is then in E2B's shape, which the SDKs parse.
+pub fn is_e2b_request(path: &str, headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key("x-api-key")
+        || E2B_PREFIXES
+            .iter()
+            .any(|p| path == p.trim_end_matches('/') || path.starts_with(p))
+}
+
+/// The answer to an E2B request for a route or method space does not serve, in E2B's shape.
+pub fn unserved(
+    status: axum::http::StatusCode,
+    method: &str,
+    path: &str,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let what = if status == axum::http::StatusCode::METHOD_NOT_ALLOWED {
+        format!("{method} is not served on {path}")
+    } else {
+        format!("{method} {path} is not part of space's E2B API (docs/e2b.md)")
+    };
+    rest::E2bError::new(status, what).into_response()
+}
+
 /// E2B's REST routes, added to the API's router.
 pub fn routes(r: Router<Shared>) -> Router<Shared> {
     r.route("/v2/sandboxes", post(rest::create).get(rest::list))
@@ -195,6 +234,7 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
         .route("/sandboxes/{id}/pause", post(rest::pause))
         .route("/sandboxes/metrics", get(metrics::many))
         .route("/sandboxes/{id}/metrics", get(metrics::one))
+        .route("/templates/aliases/{alias}", get(rest::template_alias))
         .route("/sandboxes/{id}/snapshots", post(rest::unsupported))
         .route("/sandboxes/{id}/fork", post(rest::unsupported))
         .route(

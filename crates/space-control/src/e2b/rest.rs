@@ -777,6 +777,27 @@ pub async fn list(
     Ok(r)
 }
 
+/// `GET /templates/aliases/{alias}`: 200 `{templateID, public}` when the caller may create
+/// from template `alias` (its tenant's, or a shared one: `public`), else 404. Another
+/// tenant's template is 404, not E2B's 403: its existence is not told.
+pub async fn template_alias(
+    State(st): State<Shared>,
+    E2bCaller(who): E2bCaller,
+    Path(alias): Path<String>,
+) -> E2bResult<Json<Value>> {
+    let visible = crate::service::templates::list(&st, &who).await?;
+    match visible.iter().find(|t| t.name == alias) {
+        Some(t) => Ok(Json(json!({
+            "templateID": t.name,
+            "public": t.owner.is_none(),
+        }))),
+        None => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!("template {alias:?} not found"),
+        )),
+    }
+}
+
 /// Routes the SDKs call that space does not serve answer in E2B's error shape.
 pub async fn unsupported(uri: axum::http::Uri) -> E2bError {
     E2bError::new(

@@ -211,6 +211,7 @@ impl Operations for InProcess {
                 create_parents: true,
                 owner: None,
                 xattrs: Default::default(),
+                ..WriteOptions::default()
             };
             let body = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
             files::write(&st, &p, id, path, options, body).await

@@ -71,6 +71,12 @@ impl GuestClient {
         if let Some(mode) = options.mode {
             extra.push(("mode", format!("{mode:o}")));
         }
+        if options.in_place {
+            extra.push(("in_place", "true".into()));
+        }
+        if let Some(p) = &options.clear_xattrs {
+            extra.push(("clear_xattrs", p.clone()));
+        }
         if options.xattrs.len() > MAX_XATTRS {
             return Err(ClientError::Invalid(ProtoError::invalid(format!(
                 "at most {MAX_XATTRS} extended attributes may be set at once"
