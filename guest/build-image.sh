@@ -4,7 +4,7 @@
 # Usage: guest/build-image.sh <minimal|base|desktop> <path-to-static-space-guestd>
 #
 #   minimal  busybox (from the busybox-static package) and nothing else; builds in seconds.
-#   base     Debian bookworm (debootstrap --variant=minbase) with bash, coreutils, python3,
+#   base     Debian bookworm (debootstrap --variant=minbase) with bash, coreutils, python3 (also as `python`),
 #            pip/venv, git, curl, ca-certificates, procps, iproute2, sudo, and the account
 #            `user` (uid 1000, passwordless sudo). The debootstrap tree is cached, so only
 #            the first build pays for it. Needs root.
@@ -45,7 +45,7 @@ rootfs_dir="$cache_root/rootfs"
 mirror="${SPACE_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 keep="${SPACE_IMAGE_KEEP:-3}"
 suite=bookworm
-base_packages=(bash coreutils python3 python3-pip python3-venv git curl ca-certificates procps iproute2 sudo)
+base_packages=(bash coreutils python3 python-is-python3 python3-pip python3-venv git curl ca-certificates procps iproute2 sudo)
 # On top of base, without recommends. What E2B's desktop SDK runs: Xvfb, xdpyinfo (x11-utils),
 # startxfce4 with xfwm4 and xfdesktop, xdotool, scrot, xrandr (x11-xserver-utils), x11vnc,
 # /opt/noVNC/utils/novnc_proxy (novnc, websockify), netstat (net-tools), xdg-open, gtk-launch

@@ -130,3 +130,18 @@ def test_an_overwrite_is_written_in_place_and_a_watch_sees_it(sandbox):
     assert any(e.name == "f.txt" and e.type == FilesystemEventType.WRITE for e in events), events
     assert sandbox.commands.run("stat -c %i /tmp/ww/f.txt").stdout == inode
     assert sandbox.files.read("/tmp/ww/f.txt") == "two"
+
+
+def test_python_is_python3_in_base(sandbox):
+    out = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])'")
+    assert out.stdout == "3\n"
+
+
+def test_a_filesystem_only_pause_is_refused_not_done_with_memory(sandbox):
+    sandbox.commands.run("echo kept > /tmp/kept")
+    with pytest.raises(Exception) as e:
+        sandbox.pause(mode="filesystem")
+    assert "filesystem-only pause is not served" in str(e.value)
+    # Nothing happened to the sandbox.
+    assert sandbox.is_running()
+    assert sandbox.files.read("/tmp/kept") == "kept\n"

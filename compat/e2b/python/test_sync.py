@@ -264,9 +264,18 @@ def test_signed_file_urls_work_on_the_sandbox_host(sandbox):
     url = sandbox.download_url("/tmp/signed.txt", use_signature_expiration=120)
     r = httpx.get(url, headers={"Host": host})
     assert (r.status_code, r.text) == (200, "signed")
-    assert httpx.get(url.replace("signed.txt", "other.txt"), headers={"Host": host}).status_code == 401
-    expired = sandbox.download_url("/tmp/signed.txt", use_signature_expiration=-1)
-    assert httpx.get(expired, headers={"Host": host}).status_code == 401
+    forged = httpx.get(url.replace("signed.txt", "other.txt"), headers={"Host": host})
+    assert (forged.status_code, forged.json()) == (
+        401,
+        {"code": 401, "message": "invalid signature"},
+    )
+    # Expired, as envd says it.
+    expired = sandbox.download_url("/tmp/signed.txt", use_signature_expiration=-10)
+    r = httpx.get(expired, headers={"Host": host})
+    assert (r.status_code, r.json()) == (
+        401,
+        {"code": 401, "message": "signature is already expired"},
+    )
     up = sandbox.upload_url("/tmp/uploaded.txt")
     r = httpx.post(up, headers={"Host": host}, files={"file": ("uploaded.txt", b"via a URL")})
     assert r.status_code == 200, r.text

@@ -46,6 +46,15 @@ async fn route(d: Arc<Daemon>, req: Request<Incoming>) -> HandlerResult {
         (&Method::POST, routes::FS_GROW) => crate::grow::grow(&d, req).await,
         (&Method::POST, routes::IDENTITY) => crate::identity::identity(d, req).await,
         (&Method::POST, routes::SHUTDOWN) => shutdown(d),
+        (&Method::POST, routes::SYNC) => {
+            tokio::task::spawn_blocking(|| {
+                // SAFETY: sync(2) takes no arguments and touches no memory of ours.
+                unsafe { libc::sync() }
+            })
+            .await
+            .map_err(|e| ProtoError::internal(format!("sync failed: {e}")))?;
+            ok_json(&serde_json::json!({}))
+        }
         (&Method::GET, routes::STATS) => crate::stats::stats().await,
         (&Method::POST, routes::VOLUMES_MOUNT) => {
             let req = read_json(req.into_body()).await?;

@@ -28,6 +28,8 @@ pub const WATCH: &str = "/v1/watch";
 pub const IDENTITY: &str = "/v1/identity";
 pub const FS_GROW: &str = "/v1/fs/grow";
 pub const SHUTDOWN: &str = "/v1/shutdown";
+/// `POST`: writes every file system's dirty data out (`sync(2)`), whatever the image holds.
+pub const SYNC: &str = "/v1/sync";
 /// `POST /v1/volumes/mount`: mount a volume of the sandbox ([`crate::volume::MountRequest`]).
 pub const VOLUMES_MOUNT: &str = "/v1/volumes/mount";
 /// `POST /v1/volumes/quiesce`: hold or let go the guest's volume requests

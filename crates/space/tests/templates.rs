@@ -209,6 +209,22 @@ fn templates_of_tenants_builds_and_saves() {
             api.sh(acme, &sb, "cat out.txt; echo $WHO").await,
             "tester: hello from the context\ntester\n"
         );
+        // An image whose last step takes away every command (busybox, and with it `sync`):
+        // the builder's own steps after it need none of the image's tools.
+        let bare = api
+            .ok(
+                "POST",
+                "/v1/templates?wait=true",
+                acme,
+                Some(json!({
+                    "name": "acme-bare",
+                    "dockerfile": "FROM acme-tool\nRUN echo kept > /kept && rm /bin/busybox\n",
+                })),
+                202,
+            )
+            .await;
+        assert_eq!(bare["state"], "succeeded", "{bare}");
+
         let failing = api
             .ok(
                 "POST",

@@ -101,45 +101,63 @@ fn basic_user(headers: &HeaderMap) -> Result<Option<String>, RpcError> {
     Ok((!user.is_empty()).then(|| user.to_owned()))
 }
 
-/// Whether a `/files` request carries a valid signature of sandbox `id`, as the SDKs sign
-/// file URLs: `v1_` and the unpadded base64 of SHA-256 over `path:operation:user:token`
-/// (`:expiration` appended when it has one), `read` for a download and `write` for an
-/// upload; an expired one is refused.
-fn signed_ok(e2b: &E2bState, id: &SandboxId, method: &Method, query: Option<&str>) -> bool {
+/// What a `/files` request's signature says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Signed {
+    /// It carries none (or is not a signed kind of request).
+    No,
+    /// A valid signature of sandbox `id`, not expired.
+    Valid,
+    /// A signature that is not the sandbox's.
+    Invalid,
+    /// The sandbox's signature, past its expiration.
+    Expired,
+}
+
+/// Checks a `/files` request's signature of sandbox `id`, as the SDKs sign file URLs: `v1_`
+/// and the unpadded base64 of SHA-256 over `path:operation:user:token` (`:expiration`
+/// appended when it has one), `read` for a download and `write` for an upload. The signature
+/// is checked before the expiration, as envd does, so a forger never learns which failed.
+fn signed(e2b: &E2bState, id: &SandboxId, method: &Method, query: Option<&str>) -> Signed {
     use sha2::Digest;
     use subtle::ConstantTimeEq;
     let Ok(pairs) = space_proto::query::parse_query(query) else {
-        return false;
+        return Signed::No;
     };
     let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let (Some(path), Some(signature)) = (get("path"), get("signature")) else {
-        return false;
+        return Signed::No;
     };
     let operation = match *method {
         Method::GET => "read",
         Method::POST => "write",
-        _ => return false,
+        _ => return Signed::Invalid,
     };
     let user = get("username").unwrap_or("");
     let token = e2b.access_token(id);
     let mut raw = format!("{path}:{operation}:{user}:{token}");
+    let mut expires = None;
     if let Some(exp) = get("signature_expiration") {
         let Ok(exp) = exp.parse::<u64>() else {
-            return false;
+            return Signed::Invalid;
         };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        if exp <= now {
-            return false;
-        }
         raw.push_str(&format!(":{exp}"));
+        expires = Some(exp);
     }
     let want = format!(
         "v1_{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(sha2::Sha256::digest(raw))
     );
-    want.len() == signature.len() && bool::from(want.as_bytes().ct_eq(signature.as_bytes()))
+    if want.len() != signature.len() || !bool::from(want.as_bytes().ct_eq(signature.as_bytes())) {
+        return Signed::Invalid;
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    match expires {
+        Some(exp) if exp <= now => Signed::Expired,
+        _ => Signed::Valid,
+    }
 }
 
 /// Serves one envd request for sandbox `raw_id`.
@@ -163,8 +181,17 @@ pub async fn serve(
         .get("x-access-token")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let signed = token.is_empty() && path == "/files" && signed_ok(&e2b, &id, &method, query);
-    if !signed && !e2b.token_ok(&id, token) {
+    let signature = if token.is_empty() && path == "/files" {
+        signed(&e2b, &id, &method, query)
+    } else {
+        Signed::No
+    };
+    match signature {
+        Signed::Invalid => return unauthorized("invalid signature"),
+        Signed::Expired => return unauthorized("signature is already expired"),
+        Signed::No | Signed::Valid => {}
+    }
+    if signature != Signed::Valid && !e2b.token_ok(&id, token) {
         return unauthorized(if token.is_empty() {
             "this sandbox's envd needs its access token (X-Access-Token)"
         } else {

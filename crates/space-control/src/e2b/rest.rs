@@ -607,14 +607,36 @@ pub async fn set_timeout(
     audited(&st, &who, &raw, "sandbox.set_timeouts", result).await
 }
 
+/// Body of `POST /sandboxes/{id}/pause`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct PauseBody {
+    /// `false`: keep the filesystem only (E2B's `mode="filesystem"`).
+    memory: Option<bool>,
+    /// Refuse the pause when the guest agent does not answer. A suspend here does not need
+    /// the guest (it is the VMM's snapshot), so it is taken either way.
+    #[allow(dead_code)]
+    require_healthy_guest: Option<bool>,
+}
+
 /// `POST /sandboxes/{id}/pause`: suspends (memory and files kept, persistently). 204; 409
-/// when it is paused already.
+/// when it is paused already. A filesystem-only pause (`memory: false`) is refused (501), not
+/// taken with memory: a suspend here always keeps the memory (`docs/e2b.md`).
 pub async fn pause(
     State(st): State<Shared>,
     E2bCaller(who): E2bCaller,
     Path(raw): Path<String>,
+    E2bJson(body): E2bJson<PauseBody>,
 ) -> E2bResult<StatusCode> {
     let result = async {
+        if body.memory == Some(false) {
+            return Err(E2bError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "a filesystem-only pause is not served: space's pause keeps memory and \
+                 filesystem (pause with mode=\"full\")",
+            )
+            .no_retry());
+        }
         let (id, sb) = owned(&st, &who, &raw).await?;
         if sb.state == SbState::Suspended {
             return Err(E2bError::new(

@@ -605,22 +605,14 @@ impl Builder {
         key: &Key,
         state: &StepState,
     ) -> Result<super::cache::Entry> {
-        let mut sync = ExecSpec::argv(["sync"]);
-        sync.timeout_ms = Some(120_000);
-        let out = self
-            .client
-            .run(sync)
+        // The daemon syncs, not a `sync` command: the image need not have one.
+        self.client
+            .sync()
             .await
             .map_err(|source| NodeError::Guest {
                 what: "sync after a step",
                 source,
             })?;
-        if !out.status.success() {
-            return Err(invalid(format!(
-                "`sync` in the builder failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
         self.vm.pause().await?;
         let (cache, src, k, st) = (
             env.cache.clone(),

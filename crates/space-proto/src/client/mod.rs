@@ -543,6 +543,13 @@ impl GuestClient {
         })
     }
 
+    /// Writes every file system's dirty data out in the guest (`sync(2)` by the daemon, so it
+    /// works in an image without a `sync` command).
+    pub async fn sync(&self) -> Result<()> {
+        let _: serde_json::Value = self.post_json(routes::SYNC, &serde_json::json!({})).await?;
+        Ok(())
+    }
+
     /// Asks the guest to power off (as PID 1) or the daemon to exit (outside a VM). The answer
     /// arrives before it happens.
     pub async fn shutdown(&self) -> Result<()> {
