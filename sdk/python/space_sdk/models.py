@@ -297,6 +297,7 @@ class VolumeInfo:
             name=_get(d, "name", str, w),
             size_bytes=_get(d, "size_bytes", int, w),
             used_bytes=_opt(d, "used_bytes", int, w),
+            synced_unix_ms=_opt(d, "synced_unix_ms", int, w),
             created_unix_ms=_get(d, "created_unix_ms", int, w),
         )
 
@@ -397,6 +398,7 @@ class SandboxInfo:
             volumes=[VolumeMount.from_json(v) for v in _objects(d, "volumes", w)],
             auto_resume=True if auto_resume is None else auto_resume,
             restore_point=RestorePoint.from_json(point) if point is not None else None,
+            node=_opt(d, "node", str, w),
         )
 
 

@@ -4,7 +4,9 @@ is not left out on purpose (no server needed)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +93,26 @@ def test_model_fields_are_the_schema_properties(doc: dict[str, Any], cls: type) 
         f"required in the schema but with a default {sorted(required - mandatory)}, "
         f"optional in the schema but without one {sorted(mandatory - required)}"
     )
+
+
+@pytest.mark.parametrize("cls", record_classes(), ids=lambda c: c.__name__)
+def test_every_field_is_read_from_the_answer(cls: type) -> None:
+    # A field the generator added to the model and ``from_json`` does not read fails every
+    # answer at run time; the reader names each field's key.
+    reader = getattr(cls, "from_json", None)
+    if reader is None:
+        return
+    source = inspect.getsource(reader)
+    # A reader that hands the work to a helper of the module (``_key_fields``) reads there.
+    for helper in set(re.findall(r"\b(_\w+_fields)\(", source)):
+        if callable(getattr(models, helper, None)):
+            source += inspect.getsource(getattr(models, helper))
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f'"{f.name}"' not in source and f"{f.name}=" not in source
+    ]
+    assert not missing, f"{cls.__name__}.from_json does not read {missing}"
 
 
 # The list answers the SDK unwraps: schema -> (its one property, the model of the items).
