@@ -95,6 +95,21 @@ pub(crate) fn store_for(store: Option<&str>) -> Result<(ArchiveConfig, tempfile:
     Ok((ArchiveConfig::new(archive, keyring), store_dir))
 }
 
+/// A node on a loop-mounted btrfs image in `dir` with the store `archive`, no rolling
+/// snapshots and no pools: what the groups that measure the store run.
+pub(crate) fn node_config(dir: &DataDir, archive: ArchiveConfig) -> NodeConfig {
+    let mut cfg = NodeConfig::new(dir.data());
+    cfg.storage = StorageOptions {
+        driver: Some(DriverKind::Btrfs),
+        loop_image_size: 16 << 30,
+        loop_image: true,
+    };
+    cfg.rolling.enabled = false;
+    cfg.pools = PoolConfig::disabled();
+    cfg.archive = Some(archive);
+    cfg
+}
+
 /// One node with a store, and everything to clean up after it.
 struct Setup {
     node: Node,
@@ -110,18 +125,10 @@ impl Setup {
         a.chunk_size = chunk_kib << 10;
         a.upload_interval = None;
         a.cache_max_bytes = None;
-        let mut cfg = NodeConfig::new(dir.data());
-        cfg.storage = StorageOptions {
-            driver: Some(DriverKind::Btrfs),
-            loop_image_size: 16 << 30,
-            loop_image: true,
-        };
+        let mut cfg = node_config(&dir, a);
         cfg.qemu.qemu = plan.qemu.clone();
         cfg.qemu.detached = false;
         cfg.ready_timeout = READY_TIMEOUT;
-        cfg.rolling.enabled = false;
-        cfg.pools = PoolConfig::disabled();
-        cfg.archive = Some(a);
         let node = Node::open(cfg)
             .await
             .context("opening the node (needs root for the loop-mounted btrfs image)")?;

@@ -15,8 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, Context as _, Result};
 use space_archive::Archive;
-use space_node::storage::{DriverKind, StorageOptions};
-use space_node::{Node, NodeConfig, PoolConfig};
+use space_node::Node;
 use space_proto::volume::{VolumeReply, VolumeRequest};
 
 use crate::bench::progress;
@@ -60,15 +59,7 @@ async fn open(plan: &VolumeCopiesPlan, interval: Option<Duration>) -> Result<Set
     let (mut a, store_dir) = crate::archive::store_for(plan.store.as_deref())?;
     a.upload_interval = None;
     a.volume_copy_interval = interval;
-    let mut cfg = NodeConfig::new(dir.data());
-    cfg.storage = StorageOptions {
-        driver: Some(DriverKind::Btrfs),
-        loop_image_size: 16 << 30,
-        loop_image: true,
-    };
-    cfg.rolling.enabled = false;
-    cfg.pools = PoolConfig::disabled();
-    cfg.archive = Some(a);
+    let cfg = crate::archive::node_config(&dir, a);
     let node = Node::open(cfg)
         .await
         .context("opening the node (needs root for the loop-mounted btrfs image)")?;

@@ -166,13 +166,14 @@ fn walk(tree: &Tree, dir: &Path) -> Result<(Vec<CopyEntry>, Vec<ToSend>)> {
 pub(crate) async fn copy(ctx: &Arc<Ctx>, cfg: &ArchiveConfig, id: &str) -> Result<Option<u64>> {
     let _one = ctx.volumes.copy_lock.lock().await;
     let vols = &ctx.volumes;
-    let tree = vols.open(id)?;
-    let meta = vols.meta(id)?;
-    let changes = tree.changes();
-    let (copied, last) = vols.with_copy(id, |c| (c.copied_changes, c.last.clone()));
+    let changes = vols.open(id)?.changes();
+    // Unchanged (every pass of the loop, for most volumes): nothing read from disk.
+    let (copied, last, synced) =
+        vols.with_copy(id, |c| (c.copied_changes, c.last.clone(), c.synced_unix_ms));
     if copied == Some(changes) {
-        return Ok(vols.with_copy(id, |c| c.synced_unix_ms));
+        return Ok(synced);
     }
+    let meta = vols.meta(id)?;
     if meta.tenant.is_empty() {
         return Err(NodeError::Invalid(format!(
             "volume {id} has no tenant recorded (made before copies were kept): it is not copied"
