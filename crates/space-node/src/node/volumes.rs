@@ -16,7 +16,7 @@ impl Node {
     ) -> Result<VolumeInfo> {
         self.check_open()?;
         let (ctx, id, tenant) = (self.inner.ctx.clone(), id.to_owned(), tenant.to_owned());
-        blocking(move || ctx.volumes.create(&id, &tenant, size_bytes, 0)).await
+        blocking(move || ctx.volumes.create(&id, &tenant, size_bytes)).await
     }
 
     /// Brings volume `id` of `tenant` here from its newest copy in the object store, held

@@ -69,15 +69,9 @@ impl VolumeStore {
         self.dir.join(format!("{id}.json"))
     }
 
-    /// Makes volume `id` of `tenant` of `size_bytes`, or gives an existing one the new size;
-    /// the volume is held under placement `epoch` from now on (never a lower one).
-    pub fn create(
-        &self,
-        id: &str,
-        tenant: &str,
-        size_bytes: u64,
-        epoch: u64,
-    ) -> Result<VolumeInfo> {
+    /// Makes volume `id` of `tenant` of `size_bytes`, or gives an existing one the new size
+    /// (it keeps its placement epoch; a new one is of epoch 0).
+    pub fn create(&self, id: &str, tenant: &str, size_bytes: u64) -> Result<VolumeInfo> {
         check_id(id)?;
         std::fs::create_dir_all(&self.dir).map_err(NodeError::io("making", self.dir.clone()))?;
         let root = self.dir.join(id);
@@ -96,7 +90,7 @@ impl VolumeStore {
             } else {
                 tenant.to_owned()
             },
-            epoch: old.as_ref().map_or(epoch, |m| m.epoch.max(epoch)),
+            epoch: old.as_ref().map_or(0, |m| m.epoch),
         };
         self.write_meta(id, &meta)?;
         let tree = self.open(id)?;
