@@ -291,8 +291,12 @@ async fn measure_on(plan: &TemplatesPlan, node: &Node) -> Result<()> {
         progress(&format!("template save, run {}/{}", run + 1, plan.runs));
         let id = node.create(CreateRequest::new("df".parse()?)).await?.id;
         let t = Instant::now();
-        node.save_template(&id, &TemplateRef::new("saved", &(run + 1).to_string())?)
-            .await?;
+        node.save_template(
+            &id,
+            &TemplateRef::new("saved", &(run + 1).to_string())?,
+            true,
+        )
+        .await?;
         save.push_duration(t.elapsed());
         node.kill(&id).await?;
     }

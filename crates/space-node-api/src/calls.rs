@@ -235,8 +235,9 @@ node_calls! {
     /// The log of build `build` (a [`TemplateBuild::build_id`]) from byte `from`, waiting a
     /// few seconds for more when there is none yet.
     BuildLog build_log(&build: str, from: u64) -> LogChunk;
-    /// Makes a template of a running sandbox, its processes included.
-    SaveTemplate save_template(&id: SandboxId, &template: TemplateRef) -> TemplateInfo;
+    /// Makes a template of a running sandbox: with `memory`, its processes included; without,
+    /// its disk booted afresh.
+    SaveTemplate save_template(&id: SandboxId, &template: TemplateRef, memory: bool) -> TemplateInfo;
     /// The template pools.
     Pools pools() -> Vec<Pool>;
     /// The PEM of the CA the node's gateway signs intercepted TLS with.

@@ -211,3 +211,37 @@ impl TemplateBuild {
         }
     }
 }
+
+/// The `source` of a template saved from sandbox `id` (made from template `parent`), with its
+/// memory or of its disk alone; [`saved_from`] reads it back.
+pub fn saved_source(id: &crate::SandboxId, parent: &TemplateRef, memory: bool) -> String {
+    let what = if memory { "sandbox" } else { "disk of sandbox" };
+    format!("{what} {id} (from {parent})")
+}
+
+/// The sandbox a template was saved from, and whether with its memory, by its `source`.
+pub fn saved_from(source: &str) -> Option<(&str, bool)> {
+    let (rest, memory) = match source.strip_prefix("disk of sandbox ") {
+        Some(rest) => (rest, false),
+        None => (source.strip_prefix("sandbox ")?, true),
+    };
+    let id = rest.split(' ').next()?;
+    (!id.is_empty()).then_some((id, memory))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_saved_source_names_its_sandbox() {
+        let id: crate::SandboxId = "sbx-0123456789abcdef".parse().unwrap();
+        let parent = TemplateRef::new("base", "1").unwrap();
+        for memory in [true, false] {
+            let s = saved_source(&id, &parent, memory);
+            assert_eq!(saved_from(&s), Some(("sbx-0123456789abcdef", memory)));
+        }
+        assert_eq!(saved_from("stock base"), None);
+        assert_eq!(saved_from("sandbox "), None);
+    }
+}

@@ -347,18 +347,38 @@ fn templates_from_an_image_a_dockerfile_a_start_command_and_a_sandbox() {
             let keeper = guest.exec(ExecSpec::shell("exec sleep 600")).await.unwrap();
             drop(keeper);
             let saved = TemplateRef::new("saved", "1").unwrap();
-            let t = node.save_template(&id, &saved).await.unwrap();
+            let t = node.save_template(&id, &saved, true).await.unwrap();
             assert_eq!(t.manifest.template, saved);
+            // Saved without memory: a write still in the guest's page cache is on the disk (not
+            // under /tmp, a tmpfs), and the process is not.
+            let as_root = ExecSpec {
+                uid: Some(0),
+                gid: Some(0),
+                ..ExecSpec::shell("echo on-disk > /on-disk")
+            };
+            assert!(guest.run(as_root).await.unwrap().status.success());
+            let cold = TemplateRef::new("saved-disk", "1").unwrap();
+            let t = node.save_template(&id, &cold, false).await.unwrap();
+            assert!(
+                t.manifest.source.starts_with("disk of sandbox"),
+                "{}",
+                t.manifest.source
+            );
             node.kill(&id).await.unwrap();
+            let running = |procs: &[space_proto::ProcessInfo]| {
+                procs
+                    .iter()
+                    .any(|p| p.argv.iter().any(|a| a.contains("sleep 600")))
+            };
             let (id, guest) = sandbox(&node, "saved").await;
             assert_eq!(sh(&guest, "cat /tmp/saved").await, (true, "kept\n".into()));
             let procs = guest.processes().await.unwrap();
-            assert!(
-                procs
-                    .iter()
-                    .any(|p| p.argv.iter().any(|a| a.contains("sleep 600"))),
-                "{procs:?}"
-            );
+            assert!(running(&procs), "{procs:?}");
+            node.kill(&id).await.unwrap();
+            let (id, guest) = sandbox(&node, "saved-disk").await;
+            assert_eq!(sh(&guest, "cat /on-disk").await, (true, "on-disk\n".into()));
+            let procs = guest.processes().await.unwrap();
+            assert!(!running(&procs), "{procs:?}");
             node.kill(&id).await.unwrap();
         },
     );

@@ -234,7 +234,11 @@ fn every_call_crosses_the_whole_path_to_the_node() {
             let child = done("fork", r.fork(&id).await);
             let saved = TemplateRef::new("saved", "1").unwrap();
             assert_eq!(
-                done("save_template", r.save_template(&child.id, &saved).await).template,
+                done(
+                    "save_template",
+                    r.save_template(&child.id, &saved, true).await
+                )
+                .template,
                 saved
             );
             done("kill", r.kill(&child.id).await);
@@ -273,7 +277,10 @@ fn every_call_crosses_the_whole_path_to_the_node() {
                 r.info(&id).await.map(|_| ()).unwrap_err(),
                 r.guest(&id).await.map(|_| ()).unwrap_err(),
                 r.build_log("build-1", 0).await.map(|_| ()).unwrap_err(),
-                r.save_template(&id, &saved).await.map(|_| ()).unwrap_err(),
+                r.save_template(&id, &saved, true)
+                    .await
+                    .map(|_| ())
+                    .unwrap_err(),
             ] {
                 assert_eq!(f.code, FaultCode::Unavailable, "{f}");
                 assert!(f.message.contains("fenced"), "{f}");

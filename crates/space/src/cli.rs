@@ -372,6 +372,10 @@ pub enum TemplateCmd {
         /// The version (default: one more than the newest).
         #[arg(long)]
         version: Option<String>,
+        /// Keep the disk only: sandboxes of the template boot it afresh, without this one's
+        /// processes and memory.
+        #[arg(long)]
+        disk_only: bool,
     },
     /// Show a build's log.
     Logs {

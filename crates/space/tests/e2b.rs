@@ -54,10 +54,21 @@ fn the_e2b_sdks_drive_space() {
     let other_key = ok(&server.cli(["tenant", "create", "e2b-other"]))
         .trim()
         .to_owned();
+    // `SPACE_E2B_ONLY=test_file.py[::test]` runs that part of the Python suite alone, and not
+    // the JavaScript one (for working on one area).
+    let only = std::env::var("SPACE_E2B_ONLY").ok();
     let output = run_suite(
         suite(
             &python,
-            &["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "."],
+            &[
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-x",
+                only.as_deref().unwrap_or("."),
+            ],
             &root.join("compat/e2b/python"),
             &server,
             &other_key,
@@ -65,6 +76,9 @@ fn the_e2b_sdks_drive_space() {
         SUITE_TIMEOUT,
     );
     assert_pytest_passed(&output);
+    if only.is_some() {
+        return;
+    }
 
     let js = root.join("compat/e2b/js");
     assert!(

@@ -1084,12 +1084,17 @@ class AsyncSandbox:
         value = await self.client._json("POST", _core.sandbox_path(self.id, "fork"))
         return AsyncSandbox(self.client, SandboxInfo.from_json(value))
 
-    async def save_as_template(self, name: str, version: str | None = None) -> Template:
-        """A template of this sandbox as it is now, its processes included (private to the
-        caller's tenant)."""
+    async def save_as_template(
+        self, name: str, version: str | None = None, memory: bool = True
+    ) -> Template:
+        """A template of this sandbox as it is now (private to the caller's tenant): with
+        ``memory``, its processes included; with ``memory=False``, its disk alone, booted
+        afresh by each new sandbox."""
         body: dict[str, Any] = {"name": name}
         if version is not None:
             body["version"] = version
+        if not memory:
+            body["memory"] = False
         value = await self.client._json("POST", _core.sandbox_path(self.id, "template"), json=body)
         return Template.from_json(value)
 

@@ -22,7 +22,7 @@ use axum::Json;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use space_node_api::{Credentials, ReadyCheck, SandboxId, StartSpec, TemplateRef, TemplateSource};
+use space_node_api::{Credentials, ReadyCheck, StartSpec, TemplateRef, TemplateSource};
 use space_node_api::{TemplateBuild, TemplateInfo};
 
 use super::{ApiJson, ApiPath, ApiQuery, Caller, Shared};
@@ -173,7 +173,7 @@ pub struct WaitQuery {
 }
 
 /// Refuses a template name outside `[a-z0-9][a-z0-9-]{0,39}`.
-fn check_name(name: &str) -> ApiResult<()> {
+pub(crate) fn check_name(name: &str) -> ApiResult<()> {
     if crate::store::TenantName::is_valid(name) {
         return Ok(());
     }
@@ -560,6 +560,10 @@ pub struct SaveBody {
     #[serde(default)]
     #[schemars(with = "Option<crate::api::shapes::TemplateVersion>")]
     version: Option<String>,
+    /// `true` (default): the memory too, so its sandboxes start with this one's processes;
+    /// `false`: the disk alone, booted afresh (the template's start command runs again).
+    #[serde(default)]
+    memory: Option<bool>,
 }
 
 /// `POST /v1/sandboxes/{id}/template`: a template of the sandbox as it is now.
@@ -585,36 +589,8 @@ pub async fn save_template(
 }
 
 async fn save_inner(st: &Shared, who: &Principal, id: &str, body: SaveBody) -> ApiResult<Value> {
-    let sid: SandboxId = st.scope(who, id).await?;
-    check_name(&body.name)?;
-    let all = st.node.templates().await?;
-    let exists = all.iter().any(|t| t.template.name.as_str() == body.name);
-    match st.store.template_owner(&body.name).await? {
-        None if exists && !who.admin => {
-            return Err(ApiError::forbidden(format!(
-                "the template {} is public: only an admin makes its versions",
-                body.name
-            )))
-        }
-        None => st.store.claim_template(&body.name, &who.tenant).await?,
-        Some(owner) if owner != who.tenant.as_str() => {
-            return Err(ApiError::conflict(format!(
-                "the template name {} is taken",
-                body.name
-            )))
-        }
-        Some(_) => {}
-    }
-    let version = body.version.unwrap_or_else(|| {
-        next_version(
-            all.iter()
-                .filter(|t| t.template.name.as_str() == body.name)
-                .map(|t| t.template.version.as_str()),
-        )
-    });
-    let template =
-        TemplateRef::new(&body.name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
-    let t = st.node.save_template(&sid, &template).await?;
+    let memory = body.memory.unwrap_or(true);
+    let t = crate::service::templates::save(st, who, id, &body.name, body.version, memory).await?;
     let owner = st.store.template_owner(&body.name).await?;
     Ok(template_json(&t, owner.as_deref()))
 }
@@ -627,32 +603,7 @@ pub async fn delete_template(
 ) -> ApiResult<StatusCode> {
     let template =
         TemplateRef::new(&name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
-    let result = async {
-        let owner = st.store.template_owner(&name).await?;
-        match &owner {
-            _ if who.admin => {}
-            Some(o) if o == who.tenant.as_str() => {}
-            Some(_) => {
-                return Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "template_not_found",
-                    format!("no template {template}"),
-                ))
-            }
-            None => {
-                return Err(ApiError::forbidden(
-                    "only an admin deletes public templates",
-                ))
-            }
-        }
-        st.node.delete_template(&template).await?;
-        let left = st.node.templates().await?;
-        if owner.is_some() && !left.iter().any(|t| t.template.name.as_str() == name) {
-            st.store.release_template(&name).await?;
-        }
-        Ok(())
-    }
-    .await;
+    let result = crate::service::templates::delete(&st, &who, &template).await;
     st.audit(
         &who,
         None,

@@ -618,9 +618,10 @@ impl NodeApi for ClusterNodes {
         &self,
         id: &SandboxId,
         template: &TemplateRef,
+        memory: bool,
     ) -> NodeResult<TemplateInfo> {
         let c = self.owner(id).await?;
-        let t = c.save_template(id, template).await?;
+        let t = c.save_template(id, template, memory).await?;
         if self.cluster.archive().is_some() {
             c.publish_template(template).await?;
             for (_, other) in self.live().await? {

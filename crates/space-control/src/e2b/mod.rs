@@ -16,8 +16,10 @@ pub mod envd;
 pub mod files;
 pub mod filesystem;
 pub mod metrics;
+pub mod network;
 pub mod process;
 pub mod rest;
+pub mod snapshots;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -235,11 +237,16 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
         .route("/sandboxes/metrics", get(metrics::many))
         .route("/sandboxes/{id}/metrics", get(metrics::one))
         .route("/templates/aliases/{alias}", get(rest::template_alias))
-        .route("/sandboxes/{id}/snapshots", post(rest::unsupported))
-        .route("/sandboxes/{id}/fork", post(rest::unsupported))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route(
+            "/templates/{id}",
+            axum::routing::delete(snapshots::delete_template),
+        )
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route(
             "/sandboxes/{id}/network",
-            axum::routing::put(rest::unsupported),
+            axum::routing::put(network::update),
         )
         .route("/volumes", post(volumes::create).get(volumes::list))
         .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))

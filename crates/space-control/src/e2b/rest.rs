@@ -61,7 +61,7 @@ impl E2bError {
         E2bError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
     }
 
-    fn no_retry(mut self) -> E2bError {
+    pub(crate) fn no_retry(mut self) -> E2bError {
         self.retry = false;
         self
     }
@@ -271,7 +271,7 @@ fn end_at(sb: &Sandbox) -> String {
 }
 
 /// The fields every E2B sandbox answer has.
-fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
+pub(crate) fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
     json!({
         "sandboxID": sb.id.as_str(),
         "templateID": sb.template.name.as_str(),
@@ -331,7 +331,12 @@ pub struct CreateBody {
     #[serde(rename = "autoResume")]
     auto_resume: Option<AutoResume>,
     allow_internet_access: Option<bool>,
-    network: Option<Value>,
+    network: Option<super::network::Network>,
+    /// `false`: an automatic pause keeps the filesystem only (refused: see [`pause`]).
+    #[serde(rename = "autoPauseMemory")]
+    auto_pause_memory: Option<bool>,
+    /// An MCP gateway in the sandbox (refused: space serves MCP itself).
+    mcp: Option<Value>,
     #[serde(rename = "volumeMounts")]
     volume_mounts: Vec<E2bMount>,
 }
@@ -344,7 +349,7 @@ pub struct E2bMount {
     path: String,
 }
 
-fn lifetime(seconds: u64) -> E2bResult<Duration> {
+pub(crate) fn lifetime(seconds: u64) -> E2bResult<Duration> {
     if seconds == 0 {
         return Err(E2bError::new(
             StatusCode::BAD_REQUEST,
@@ -368,20 +373,24 @@ pub async fn create(
             Some(s) => lifetime(s)?,
             None => DEFAULT_TIMEOUT,
         };
-        let egress = match body.allow_internet_access {
-            Some(false) => Some(space_node_api::policy::EgressPolicy {
-                default: space_node_api::policy::EgressDefault::Deny,
-                ..Default::default()
-            }),
-            _ => None,
-        };
+        if body.mcp.as_ref().is_some_and(|m| !m.is_null()) {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "the mcp option (an MCP gateway inside the sandbox) is not served: space serves \
+                 MCP itself at /mcp (docs/mcp.md)",
+            ));
+        }
+        if body.auto_pause_memory == Some(false) {
+            return Err(E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "a filesystem-only automatic pause is not served: space's pause keeps memory \
+                 and filesystem (lifecycle mode \"full\")",
+            ));
+        }
+        let network = body.network.unwrap_or_default();
+        let egress = network.policy(body.allow_internet_access)?;
         let mut metadata = body.metadata;
-        let public = body
-            .network
-            .as_ref()
-            .and_then(|n| n.get("allowPublicTraffic"))
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
+        let public = network.allow_public_traffic.unwrap_or(true);
         if public {
             metadata.insert(PORTS_KEY.into(), "public".into());
         }
@@ -466,7 +475,7 @@ pub(crate) async fn owned(
 }
 
 /// Audits `operation` on `id` for `who`, with the outcome of `result`.
-async fn audited<T>(
+pub(crate) async fn audited<T>(
     st: &Shared,
     who: &Principal,
     id: &str,
@@ -499,7 +508,7 @@ pub async fn get(
 }
 
 /// Sets the lifetime of sandbox `sb` so that it ends `timeout` from now.
-async fn end_in(st: &Shared, sb: &Sandbox, timeout: Duration) -> E2bResult<()> {
+pub(crate) async fn end_in(st: &Shared, sb: &Sandbox, timeout: Duration) -> E2bResult<()> {
     let now = space_node_api::sandbox::now_ms();
     let lived = Duration::from_millis(now.saturating_sub(sb.started_unix_ms));
     let policy = TimeoutPolicy {
@@ -818,17 +827,6 @@ pub async fn template_alias(
             format!("template {alias:?} not found"),
         )),
     }
-}
-
-/// Routes the SDKs call that space does not serve answer in E2B's error shape.
-pub async fn unsupported(uri: axum::http::Uri) -> E2bError {
-    E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} is not part of space's E2B API (docs/e2b.md)",
-            uri.path()
-        ),
-    )
 }
 
 #[cfg(test)]

@@ -339,6 +339,11 @@ pub async fn restore_sandbox(st: &Shared, tenant: &TenantName, id: &SandboxId) -
 
 /// Forks a sandbox of the caller's within the tenant's quota; answers the child.
 pub async fn fork(st: &Shared, who: &Principal, raw: &str) -> ApiResult<api::Sandbox> {
+    Ok(view(&fork_sandbox(st, who, raw).await?, who))
+}
+
+/// [`fork`], answering the node's view of the child.
+pub async fn fork_sandbox(st: &Shared, who: &Principal, raw: &str) -> ApiResult<Sandbox> {
     let id = scoped(st, who, raw, "sandbox.fork").await?;
     let result = async {
         let parent = st.node.info(&id).await.map_err(node_error(&id))?;
@@ -363,7 +368,7 @@ pub async fn fork(st: &Shared, who: &Principal, raw: &str) -> ApiResult<api::San
         result.as_ref().ok().map(|c| format!("child {}", c.id)),
     )
     .await;
-    Ok(view(&result?, who))
+    result
 }
 
 /// Sets a sandbox's timeouts to what `apply` makes of its current ones.

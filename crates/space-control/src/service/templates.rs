@@ -2,11 +2,13 @@
 
 use std::collections::BTreeMap;
 
+use axum::http::StatusCode;
 use space_api as api;
-use space_node_api::{ReadyCheck, TemplateInfo};
+use space_node_api::{ReadyCheck, SandboxId, TemplateInfo, TemplateRef};
 
 use super::Shared;
-use crate::error::ApiResult;
+use crate::api::templates::{check_name, next_version};
+use crate::error::{ApiError, ApiResult};
 use crate::store::Principal;
 
 /// The API's form of a template build owned by `owner` (`None`: shared).
@@ -49,4 +51,75 @@ pub async fn list(st: &Shared, who: &Principal) -> ApiResult<Vec<api::Template>>
             ok.then(|| view(t, owner.map(String::as_str)))
         })
         .collect())
+}
+
+/// Saves sandbox `raw` of the caller's as version `version` (default: one more than the
+/// newest) of template `name`: with `memory`, its processes included; without, its disk
+/// booted afresh. The name becomes the tenant's when nobody owns it; a public name takes
+/// versions from admins only.
+pub async fn save(
+    st: &Shared,
+    who: &Principal,
+    raw: &str,
+    name: &str,
+    version: Option<String>,
+    memory: bool,
+) -> ApiResult<TemplateInfo> {
+    let sid: SandboxId = st.scope(who, raw).await?;
+    check_name(name)?;
+    let all = st.node.templates().await?;
+    let exists = all.iter().any(|t| t.template.name.as_str() == name);
+    match st.store.template_owner(name).await? {
+        None if exists && !who.admin => {
+            return Err(ApiError::forbidden(format!(
+                "the template {name} is public: only an admin makes its versions"
+            )))
+        }
+        None => st.store.claim_template(name, &who.tenant).await?,
+        Some(owner) if owner != who.tenant.as_str() => {
+            return Err(ApiError::conflict(format!(
+                "the template name {name} is taken"
+            )))
+        }
+        Some(_) => {}
+    }
+    let version = version.unwrap_or_else(|| {
+        next_version(
+            all.iter()
+                .filter(|t| t.template.name.as_str() == name)
+                .map(|t| t.template.version.as_str()),
+        )
+    });
+    let template =
+        TemplateRef::new(name, &version).map_err(|e| ApiError::invalid_id(e.to_string()))?;
+    Ok(st.node.save_template(&sid, &template, memory).await?)
+}
+
+/// Deletes template build `template`: an admin's call, or the owning tenant's (another
+/// tenant's is not found). The name is released when its last version goes.
+pub async fn delete(st: &Shared, who: &Principal, template: &TemplateRef) -> ApiResult<()> {
+    let name = template.name.as_str();
+    let owner = st.store.template_owner(name).await?;
+    match &owner {
+        _ if who.admin => {}
+        Some(o) if o == who.tenant.as_str() => {}
+        Some(_) => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "template_not_found",
+                format!("no template {template}"),
+            ))
+        }
+        None => {
+            return Err(ApiError::forbidden(
+                "only an admin deletes public templates",
+            ))
+        }
+    }
+    st.node.delete_template(template).await?;
+    let left = st.node.templates().await?;
+    if owner.is_some() && !left.iter().any(|t| t.template.name.as_str() == name) {
+        st.store.release_template(name).await?;
+    }
+    Ok(())
 }

@@ -445,9 +445,10 @@ impl NodeApi for LocalNode {
         &self,
         id: &SandboxId,
         template: &TemplateRef,
+        memory: bool,
     ) -> NodeResult<TemplateInfo> {
         self.node
-            .save_template(id, template)
+            .save_template(id, template, memory)
             .await
             .map(|t| self.info(&t))
             .map_err(fault)

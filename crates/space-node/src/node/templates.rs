@@ -98,8 +98,21 @@ impl Node {
     /// among its snapshots, reason `fork`) cloned into a new template, so every sandbox made
     /// from the template starts where this one was, its processes included. The template's
     /// defaults are the sandbox's (its template's, and the environment it was created with).
-    pub async fn save_template(&self, id: &SandboxId, template: &TemplateRef) -> Result<Template> {
+    ///
+    /// Without `memory`, only the disk is kept: the guest's file systems are synced, the disk
+    /// of the snapshot is booted afresh as a template build (its template's start command
+    /// run again), so sandboxes made from it start from a cold boot of that disk, without the
+    /// processes and memory of this one.
+    pub async fn save_template(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRef,
+        memory: bool,
+    ) -> Result<Template> {
         self.check_open()?;
+        if !memory {
+            return self.save_disk_template(id, template).await;
+        }
         let ctx = self.inner.ctx.clone();
         let dir = ctx
             .layout
@@ -154,7 +167,7 @@ impl Node {
                 build_ms: started.elapsed().as_millis() as u64,
                 guest,
                 start: None,
-                source: format!("sandbox {id} (from {})", parent.template),
+                source: space_node_api::template::saved_source(id, &parent.template, true),
             };
             let bytes = serde_json::to_vec_pretty(&manifest).expect("manifests serialize");
             let path = dir.join(TEMPLATE_MANIFEST);
@@ -175,6 +188,52 @@ impl Node {
             tracing::info!(template = %template, sandbox = %id, "template saved from a sandbox");
         }
         result
+    }
+
+    /// [`Node::save_template`] without memory.
+    async fn save_disk_template(&self, id: &SandboxId, template: &TemplateRef) -> Result<Template> {
+        let ctx = self.inner.ctx.clone();
+        let dir = ctx
+            .layout
+            .template_dir(template.name.as_str(), template.version.as_str())?;
+        if dir.exists() {
+            return Err(NodeError::TemplateExists(template.clone()));
+        }
+        // What the guest wrote and still holds in its page cache goes to the disk first; a
+        // Paused sandbox wrote nothing since it was last running, and its disk is what the
+        // snapshot takes.
+        if let Ok(client) = self.guest(id).await {
+            client.sync().await.map_err(|e| {
+                NodeError::Invalid(format!("syncing the guest's file systems: {e}"))
+            })?;
+        }
+        let point: ForkPoint = self.call(id, Request::Fork).await?;
+        let parent = point.parent;
+        let from = template::resolve(
+            &ctx.layout,
+            &parent.template.name,
+            &VersionReq::Exact(parent.template.version.clone()),
+        )?;
+        let mut guest = parent.guest.clone();
+        guest.env.extend(parent.options.env.clone());
+        let spec = TemplateSpec {
+            template: template.clone(),
+            kernel: from.kernel(),
+            rootfs: point.dir.join(ROOTFS_FILE),
+            vcpus: parent.vcpus,
+            memory_mib: parent.memory_mib,
+            kernel_cmdline: Some(from.manifest.kernel_cmdline.clone()),
+            ready_timeout: ctx.ready_timeout,
+            guest,
+            start: from.manifest.start.clone(),
+            source: space_node_api::template::saved_source(id, &parent.template, false),
+        };
+        let built = template::build(&*ctx.runtime, &ctx.storage, &ctx.layout, spec).await;
+        self.inner.pools.templates_changed();
+        if built.is_ok() {
+            tracing::info!(template = %template, sandbox = %id, "template saved from a sandbox's disk");
+        }
+        built
     }
 }
 

@@ -54,9 +54,17 @@ pub async fn template(c: &Client, cmd: TemplateCmd, json: bool) -> Result<()> {
             );
         }
         TemplateCmd::Build(a) => build(c, *a, json).await?,
-        TemplateCmd::Save { id, name, version } => {
+        TemplateCmd::Save {
+            id,
+            name,
+            version,
+            disk_only,
+        } => {
             let mut body = Map::new();
             body.insert("name".into(), name.into());
+            if disk_only {
+                body.insert("memory".into(), false.into());
+            }
             if let Some(v) = version {
                 body.insert("version".into(), v.into());
             }
