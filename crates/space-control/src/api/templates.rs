@@ -91,13 +91,13 @@ pub async fn list_templates(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ImageBody {
-    reference: String,
+    pub(crate) reference: String,
     #[serde(default)]
-    username: Option<String>,
+    pub(crate) username: Option<String>,
     #[serde(default)]
-    password: Option<String>,
+    pub(crate) password: Option<String>,
     #[serde(default)]
-    plain_http: bool,
+    pub(crate) plain_http: bool,
 }
 
 impl ImageBody {
@@ -117,51 +117,51 @@ impl ImageBody {
 
 /// Body of `POST /v1/templates`: one source (`image`, `from_image`, `from_archive`,
 /// `dockerfile`), the shape, the start command.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BuildBody {
-    name: String,
+    pub(crate) name: String,
     #[serde(default)]
-    version: Option<String>,
+    pub(crate) version: Option<String>,
     /// A stock image of the server's.
     #[serde(default)]
-    image: Option<String>,
+    pub(crate) image: Option<String>,
     #[serde(default)]
-    from_image: Option<ImageBody>,
+    pub(crate) from_image: Option<ImageBody>,
     /// An upload id of an OCI or Docker archive.
     #[serde(default)]
-    from_archive: Option<String>,
+    pub(crate) from_archive: Option<String>,
     /// The tag to pick in an archive holding several images.
     #[serde(default)]
-    archive_tag: Option<String>,
+    pub(crate) archive_tag: Option<String>,
     /// The Dockerfile's text.
     #[serde(default)]
-    dockerfile: Option<String>,
+    pub(crate) dockerfile: Option<String>,
     /// An upload id of the build context (a tar, plain or gzip).
     #[serde(default)]
-    context: Option<String>,
+    pub(crate) context: Option<String>,
     #[serde(default)]
-    build_args: BTreeMap<String, String>,
+    pub(crate) build_args: BTreeMap<String, String>,
     /// Credentials and scheme for a Dockerfile's `FROM` image.
     #[serde(default)]
-    registry: Option<ImageBody>,
+    pub(crate) registry: Option<ImageBody>,
     #[serde(default)]
-    vcpus: Option<u32>,
+    pub(crate) vcpus: Option<u32>,
     #[serde(default)]
-    memory_mib: Option<u64>,
+    pub(crate) memory_mib: Option<u64>,
     #[serde(default)]
-    disk_mib: Option<u64>,
+    pub(crate) disk_mib: Option<u64>,
     #[serde(default)]
-    start: Option<String>,
+    pub(crate) start: Option<String>,
     #[serde(default)]
-    ready_command: Option<String>,
+    pub(crate) ready_command: Option<String>,
     #[serde(default)]
-    ready_port: Option<u16>,
+    pub(crate) ready_port: Option<u16>,
     #[serde(default)]
-    start_timeout_ms: Option<u64>,
+    pub(crate) start_timeout_ms: Option<u64>,
     /// What a Dockerfile's `RUN` steps may reach (default: the default egress policy).
     #[serde(default)]
-    egress: Option<space_node_api::policy::EgressPolicy>,
+    pub(crate) egress: Option<space_node_api::policy::EgressPolicy>,
 }
 
 /// `?wait=true`
@@ -276,7 +276,7 @@ fn start_of(body: &BuildBody) -> ApiResult<Option<StartSpec>> {
     }
 }
 
-fn new_build_id() -> String {
+pub(crate) fn new_build_id() -> String {
     use rand::RngCore;
     let mut b = [0u8; 8];
     rand::rngs::OsRng.fill_bytes(&mut b);
@@ -290,7 +290,7 @@ pub async fn build_template(
     ApiQuery(q): ApiQuery<WaitQuery>,
     ApiJson(body): ApiJson<BuildBody>,
 ) -> ApiResult<Response> {
-    let started = start_build(&st, &who, body).await;
+    let started = start_build(&st, &who, body, None).await;
     let (row, job) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -317,9 +317,16 @@ pub async fn build_template(
     Ok((StatusCode::ACCEPTED, Json(done)).into_response())
 }
 
-type Job = tokio::task::JoinHandle<ApiResult<TemplateInfo>>;
+pub(crate) type Job = tokio::task::JoinHandle<ApiResult<TemplateInfo>>;
 
-async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult<(BuildRow, Job)> {
+/// Starts a build of `body` for `who`: a new one, or the `waiting` build `waiting` (whose
+/// name is `body.name`).
+pub(crate) async fn start_build(
+    st: &Shared,
+    who: &Principal,
+    body: BuildBody,
+    waiting: Option<&str>,
+) -> ApiResult<(BuildRow, Job)> {
     check_name(&body.name)?;
     let source = source_of(st, who, &body).await?;
     let start = start_of(&body)?;
@@ -381,7 +388,7 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
     if all.iter().any(|t| t.template == template) {
         return Err(ApiError::conflict(format!("template {template} exists")));
     }
-    let id = new_build_id();
+    let id = waiting.map_or_else(new_build_id, str::to_owned);
     let row = BuildRow {
         id: id.clone(),
         tenant: who.tenant.to_string(),
@@ -394,7 +401,20 @@ async fn start_build(st: &Shared, who: &Principal, body: BuildBody) -> ApiResult
         created_ms: 0,
         finished_ms: None,
     };
-    st.store.insert_build(&row).await?;
+    match waiting {
+        None => st.store.insert_build(&row).await?,
+        Some(_) => {
+            if !st
+                .store
+                .start_waiting_build(&id, &version, &row.source)
+                .await?
+            {
+                return Err(ApiError::conflict(format!(
+                    "build {id} has started already"
+                )));
+            }
+        }
+    }
     let build = TemplateBuild {
         template,
         source,

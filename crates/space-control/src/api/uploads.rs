@@ -22,10 +22,10 @@ use space_node_api::BuildInput;
 
 use super::{Caller, Shared};
 use crate::error::{ApiError, ApiResult};
-use crate::store::Principal;
+use crate::store::{Principal, TenantName};
 
 /// A new upload id: `upl-` and 16 hex digits.
-fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     use rand::RngCore;
     let mut b = [0u8; 8];
     rand::rngs::OsRng.fill_bytes(&mut b);
@@ -61,16 +61,28 @@ pub async fn upload(
     body: Body,
 ) -> ApiResult<Response> {
     let id = new_id();
+    let bytes = store(&st, &who.tenant, &id, body).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"upload": id, "bytes": bytes})),
+    )
+        .into_response())
+}
+
+/// Keeps `body` as `tenant`'s upload `id` (replacing one of that id), at most
+/// [`Shared::max_template_upload_bytes`]; answers its size. A body that breaks off leaves no
+/// upload of that id to read.
+pub async fn store(st: &Shared, tenant: &TenantName, id: &str, body: Body) -> ApiResult<u64> {
     let limit = st.max_template_upload_bytes;
     let mut stream = body.into_data_stream();
-    let bytes = match &st.cluster {
+    match &st.cluster {
         Some(cluster) => {
             let archive = cluster.archive().ok_or_else(no_store)?;
             archive
-                .ensure_tenant_key(cluster.store(), cluster.holder(), who.tenant.as_str())
+                .ensure_tenant_key(cluster.store(), cluster.holder(), tenant.as_str())
                 .await
                 .map_err(|e| ApiError::internal(format!("{e:#}")))?;
-            let mut w = UploadWriter::start(archive.keyring(), who.tenant.as_str(), &id)
+            let mut w = UploadWriter::start(archive.keyring(), tenant.as_str(), id)
                 .await
                 .map_err(store_error)?;
             // A part written before the upload broke off has no meta object: never read,
@@ -83,15 +95,17 @@ pub async fn upload(
                 }
                 w.write(&chunk).await.map_err(store_error)?;
             }
-            w.finish().await.map_err(store_error)?
+            w.finish().await.map_err(store_error)
         }
         None => {
             use tokio::io::AsyncWriteExt;
-            let dir = local_dir(&st, &who)?;
+            let dir = local_dir(st, tenant)?;
             std::fs::create_dir_all(&dir)
                 .map_err(|e| ApiError::internal(format!("creating the upload directory: {e}")))?;
-            let path = dir.join(&id);
-            let mut f = tokio::fs::File::create(&path)
+            let path = dir.join(id);
+            // Written beside, renamed over: a reader never sees half of it.
+            let part = dir.join(format!("{id}.part"));
+            let mut f = tokio::fs::File::create(&part)
                 .await
                 .map_err(|e| ApiError::internal(format!("creating an upload: {e}")))?;
             let mut n = 0u64;
@@ -109,27 +123,63 @@ pub async fn upload(
                 }
                 f.flush()
                     .await
-                    .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))
+                    .map_err(|e| ApiError::internal(format!("writing an upload: {e}")))?;
+                tokio::fs::rename(&part, &path)
+                    .await
+                    .map_err(|e| ApiError::internal(format!("keeping an upload: {e}")))
             }
             .await;
             if let Err(e) = written {
-                let _ = tokio::fs::remove_file(&path).await;
+                let _ = tokio::fs::remove_file(&part).await;
                 return Err(e);
             }
-            n
+            Ok(n)
         }
-    };
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({"upload": id, "bytes": bytes})),
-    )
-        .into_response())
+    }
 }
 
-/// The directory of `who`'s uploads on this server's disk.
-fn local_dir(st: &Shared, who: &Principal) -> ApiResult<PathBuf> {
+/// Whether `tenant` has a complete upload `id`.
+pub async fn exists(st: &Shared, tenant: &TenantName, id: &str) -> ApiResult<bool> {
+    match &st.cluster {
+        Some(cluster) => {
+            let archive = cluster.archive().ok_or_else(no_store)?;
+            match uploads::size(archive.keyring(), tenant.as_str(), id).await {
+                Ok(_) => Ok(true),
+                Err(UploadsError::Missing(_)) => Ok(false),
+                Err(e) => Err(store_error(e)),
+            }
+        }
+        None => Ok(local_dir(st, tenant)?.join(id).is_file()),
+    }
+}
+
+/// Copies `tenant`'s upload `id` to the new file `dest`.
+pub async fn fetch(
+    st: &Shared,
+    tenant: &TenantName,
+    id: &str,
+    dest: &std::path::Path,
+) -> ApiResult<u64> {
+    match &st.cluster {
+        Some(cluster) => {
+            let archive = cluster.archive().ok_or_else(no_store)?;
+            uploads::fetch(archive.keyring(), tenant.as_str(), id, dest)
+                .await
+                .map_err(store_error)
+        }
+        None => {
+            let src = local_dir(st, tenant)?.join(id);
+            tokio::fs::copy(&src, dest)
+                .await
+                .map_err(|e| ApiError::invalid(format!("no upload {id}: {e}")))
+        }
+    }
+}
+
+/// The directory of `tenant`'s uploads on this server's disk.
+fn local_dir(st: &Shared, tenant: &TenantName) -> ApiResult<PathBuf> {
     let dir = st.uploads_dir.as_ref().ok_or_else(no_store)?;
-    Ok(dir.join(who.tenant.as_str()))
+    Ok(dir.join(tenant.as_str()))
 }
 
 /// What a build of `who`'s reads for upload `id`, once it is known to exist.
@@ -153,7 +203,7 @@ pub async fn input(st: &Shared, who: &Principal, id: &str) -> ApiResult<BuildInp
             })
         }
         None => {
-            let p = local_dir(st, who)?.join(id);
+            let p = local_dir(st, &who.tenant)?.join(id);
             if !p.is_file() {
                 return Err(ApiError::invalid(format!("no upload {id}")));
             }

@@ -11,6 +11,7 @@
 //! timeouts and wake on access behave the same. A replica keeps no E2B state of its own but a
 //! cache of which sandboxes have E2B's default account.
 
+pub mod builds;
 pub mod connect;
 pub mod envd;
 pub mod files;
@@ -38,6 +39,8 @@ use crate::api::Shared;
 pub const ENVD_VERSION: &str = "0.6.4";
 /// The port E2B's SDKs address envd on.
 pub const ENVD_PORT: u16 = 49983;
+/// Where the SDKs `PUT` the files of a template build's `copy` steps (signed URLs).
+pub const TEMPLATE_FILES_PATH: &str = "/e2b/template-files";
 /// The variable that sets the domain of E2B sandbox hosts.
 pub const DOMAIN_ENV: &str = "SPACE_E2B_DOMAIN";
 /// Sandboxes whose default account is remembered, at most.
@@ -94,6 +97,22 @@ impl E2bState {
             self.vault
                 .mac("e2b envd access token", id.as_str().as_bytes()),
         )
+    }
+
+    /// The signature of an upload URL for `tenant`'s files of hash `hash` good until
+    /// `expires` (ms since the Unix epoch).
+    pub fn upload_signature(&self, tenant: &str, hash: &str, expires: u64) -> String {
+        hex::encode(self.vault.mac(
+            "e2b template files upload",
+            format!("{tenant}\n{hash}\n{expires}").as_bytes(),
+        ))
+    }
+
+    /// Whether `sig` is [`E2bState::upload_signature`]'s (compared in constant time).
+    pub fn upload_signature_ok(&self, tenant: &str, hash: &str, expires: u64, sig: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let want = self.upload_signature(tenant, hash, expires);
+        want.len() == sig.len() && bool::from(want.as_bytes().ct_eq(sig.as_bytes()))
     }
 
     /// Whether `token` is sandbox `id`'s (compared in constant time).
@@ -244,6 +263,26 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
             axum::routing::delete(snapshots::delete_template),
         )
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/secrets", get(rest::not_served).post(rest::not_served))
+        .route(
+            "/secrets/{id}",
+            get(rest::not_served)
+                .post(rest::not_served)
+                .delete(rest::not_served),
+        )
+        .route(
+            "/templates/tags",
+            post(rest::not_served).delete(rest::not_served),
+        )
+        .route("/templates/{id}/tags", get(rest::not_served))
+        .route("/v3/templates", post(builds::request))
+        .route("/templates/{id}/files/{hash}", get(builds::file_link))
+        .route(
+            &format!("{TEMPLATE_FILES_PATH}/{{hash}}"),
+            axum::routing::put(builds::file_upload),
+        )
+        .route("/v2/templates/{id}/builds/{build}", post(builds::trigger))
+        .route("/templates/{id}/builds/{build}/status", get(builds::status))
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(network::update),

@@ -19,7 +19,8 @@ pub struct BuildRow {
     pub version: String,
     /// The source, for people.
     pub source: String,
-    /// `running`, `succeeded` or `failed`.
+    /// `waiting` (an E2B template request whose steps have not come), `running`,
+    /// `succeeded` or `failed`.
     pub state: String,
     pub error: Option<String>,
     /// The log (the end of it) once the build ended.
@@ -145,6 +146,50 @@ impl Store {
                 ],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    /// Records a build that waits for what it builds (E2B's template request, whose steps
+    /// come in a second call): state `waiting`, `source` holding what the request asked.
+    pub async fn insert_waiting_build(&self, b: &BuildRow) -> Result<(), StoreError> {
+        let b = b.clone();
+        self.write(move |c| {
+            let now = db_now(c)?;
+            c.execute(
+                "INSERT INTO template_builds (id, tenant, name, version, source, state, error,
+                     log, created_ms, finished_ms)
+                 VALUES ($1, $2, $3, $4, $5, 'waiting', NULL, '', $6, NULL)",
+                args![
+                    b.id.as_str(),
+                    b.tenant.as_str(),
+                    b.name.as_str(),
+                    b.version.as_str(),
+                    b.source.as_str(),
+                    now
+                ],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Starts waiting build `id` as version `version` from `source`; `false` when it is not
+    /// waiting (started already, or unknown), so it starts once.
+    pub async fn start_waiting_build(
+        &self,
+        id: &str,
+        version: &str,
+        source: &str,
+    ) -> Result<bool, StoreError> {
+        let (id, version, source) = (id.to_owned(), version.to_owned(), source.to_owned());
+        self.write(move |c| {
+            let n = c.execute(
+                "UPDATE template_builds SET state = 'running', version = $2, source = $3
+                 WHERE id = $1 AND state = 'waiting'",
+                args![id.as_str(), version.as_str(), source.as_str()],
+            )?;
+            Ok(n == 1)
         })
         .await
     }
