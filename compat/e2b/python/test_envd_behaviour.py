@@ -132,6 +132,28 @@ def test_an_overwrite_is_written_in_place_and_a_watch_sees_it(sandbox):
     assert sandbox.files.read("/tmp/ww/f.txt") == "two"
 
 
+def test_a_new_file_is_three_events_as_envd_sends(sandbox):
+    from e2b import FilesystemEventType as T
+
+    sandbox.files.make_dir("/home/user/three")
+    handle = sandbox.files.watch_dir("/home/user/three")
+    try:
+        sandbox.files.write("/home/user/three/new.txt", "fresh")
+        events = []
+        for _ in range(30):
+            events += handle.get_new_events()
+            if len(events) >= 3:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        events += handle.get_new_events()
+    finally:
+        handle.stop()
+    assert [e.name for e in events] == ["new.txt"] * 3, events
+    assert events[0].type == T.CREATE, events
+    assert {e.type for e in events} == {T.CREATE, T.WRITE, T.CHMOD}, events
+
+
 def test_python_is_python3_in_base(sandbox):
     out = sandbox.commands.run("python -c 'import sys; print(sys.version_info[0])'")
     assert out.stdout == "3\n"

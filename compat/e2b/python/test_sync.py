@@ -308,15 +308,29 @@ def test_get_host_reaches_a_server_in_the_sandbox(sandbox):
     assert body == "served-by-guest\n"
     sandbox.commands.kill(server.pid)
 
-    # A sandbox whose create kept its traffic private does not answer on its host.
+    # A sandbox whose create kept its traffic private answers on its host only with its
+    # traffic token: 403 without it (or with another sandbox's), as E2B answers.
+    assert sandbox.traffic_access_token is None
     private = Sandbox.create(TEMPLATE, network={"allow_public_traffic": False})
     try:
-        private.commands.run("cd /tmp && python3 -m http.server 8000", background=True)
+        token = private.traffic_access_token
+        assert token and len(token) == 64
+        private.commands.run("mkdir -p /tmp/p && echo private-page > /tmp/p/index.html")
+        private.commands.run("cd /tmp/p && python3 -m http.server 8000", background=True)
         private.commands.run("for i in $(seq 50); do curl -s -o /dev/null localhost:8000 && break; sleep 0.1; done")
-        req = urllib.request.Request(api + "/", headers={"Host": private.get_host(8000)})
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=10)
-        assert e.value.code == 502
+        for headers in [{}, {"e2b-traffic-access-token": "0" * 64}]:
+            req = urllib.request.Request(
+                api + "/index.html", headers={"Host": private.get_host(8000), **headers}
+            )
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=10)
+            assert e.value.code == 403
+        req = urllib.request.Request(
+            api + "/index.html",
+            headers={"Host": private.get_host(8000), "e2b-traffic-access-token": token},
+        )
+        with urllib.request.urlopen(req, timeout=10) as r:
+            assert r.read().decode() == "private-page\n"
     finally:
         private.kill()
 

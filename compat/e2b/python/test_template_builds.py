@@ -55,6 +55,11 @@ def test_a_template_built_by_the_sdk_starts_its_sandboxes(tmp_path, other_key):
     assert any("already cached" in m for m in messages2), messages2
     assert any("from the cache" in m for m in messages2), messages2
 
+    # skip_cache: every step runs again.
+    logs3 = []
+    Template.build(_template(tmp_path, marker), name, skip_cache=True, on_build_logs=logs3.append)
+    assert any(", 0 from the cache" in entry.message for entry in logs3), logs3
+
     # Another tenant cannot build versions of the name (the suite's key is an admin's, whose
     # builds are public: docs/images.md).
     with pytest.raises(Exception) as e:

@@ -13,6 +13,11 @@
 //!    `commands.run("true")` (envd's Connect stream) against `/v1` exec of the same
 //!    `bash -l -c true`.
 //!
+//!
+//! With `--builds`, `compat/e2b/python/bench_builds.py` instead: creates from the template,
+//! a full and a filesystem snapshot; taking each snapshot and a fork; `Template.build` cold
+//! and cached.
+//!
 //! Nothing is asserted; the table is for reading.
 
 use std::future::Future;
@@ -33,6 +38,8 @@ pub struct E2bPlan {
     pub round_trips: usize,
     /// Warm-pool members of `base`.
     pub pool_size: usize,
+    /// Measure snapshots, forks and template builds (this many builds each way) instead.
+    pub builds: Option<usize>,
     /// Guest kernel.
     pub kernel: PathBuf,
     /// The `base` root image.
@@ -47,13 +54,44 @@ pub struct E2bPlan {
 
 /// Runs the benchmark; `interrupted` ends it early (with everything cleaned up).
 pub async fn run(plan: &E2bPlan, interrupted: impl Future<Output = &'static str>) -> Result<()> {
+    let (header, script, args) = match plan.builds {
+        None => (
+            format!(
+                "The E2B Python SDK against space's Python SDK, one server ({{url}}), template \
+                 {TEMPLATE} with a warm pool of {}; {} create pairs, {} round trips each",
+                plan.pool_size, plan.runs, plan.round_trips
+            ),
+            "compat/e2b/python/bench.py",
+            vec![
+                "--runs".into(),
+                plan.runs.to_string(),
+                "--round-trips".into(),
+                plan.round_trips.to_string(),
+                "--template".into(),
+                TEMPLATE.into(),
+            ],
+        ),
+        Some(builds) => (
+            format!(
+                "E2B snapshots, forks and template builds through the E2B Python SDK, one \
+                 server ({{url}}), template {TEMPLATE} with a warm pool of {}; {} creates from \
+                 each source, {builds} builds each way",
+                plan.pool_size, plan.runs
+            ),
+            "compat/e2b/python/bench_builds.py",
+            vec![
+                "--runs".into(),
+                plan.runs.to_string(),
+                "--build-runs".into(),
+                builds.to_string(),
+                "--template".into(),
+                TEMPLATE.into(),
+            ],
+        ),
+    };
     let script = ScriptPlan {
         group: "e2b",
-        header: format!(
-            "The E2B Python SDK against space's Python SDK, one server ({{url}}), template \
-             {TEMPLATE} with a warm pool of {}; {} create pairs, {} round trips each",
-            plan.pool_size, plan.runs, plan.round_trips
-        ),
+        header,
         template: TEMPLATE,
         pool_size: plan.pool_size,
         kernel: plan.kernel.clone(),
@@ -61,15 +99,8 @@ pub async fn run(plan: &E2bPlan, interrupted: impl Future<Output = &'static str>
         qemu: plan.qemu.clone(),
         python: plan.python.clone(),
         installer: "scripts/e2b-env.sh",
-        script: plan.repo.join("compat/e2b/python/bench.py"),
-        args: vec![
-            "--runs".into(),
-            plan.runs.to_string(),
-            "--round-trips".into(),
-            plan.round_trips.to_string(),
-            "--template".into(),
-            TEMPLATE.into(),
-        ],
+        script: plan.repo.join(script),
+        args,
         env: crate::script::e2b_env(&plan.repo),
         unset: vec!["E2B_DOMAIN"],
         configure: None,

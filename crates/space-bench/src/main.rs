@@ -262,6 +262,13 @@ struct E2bArgs {
     /// The Python that has the E2B SDK (default: target/space/venv-e2b/bin/python).
     #[arg(long)]
     python: Option<PathBuf>,
+    /// Measure E2B's snapshots, forks and template builds instead (`--runs` creates from
+    /// each source, `--build-runs` builds each way).
+    #[arg(long)]
+    builds: bool,
+    /// Template builds each way (cold and cached), with `--builds`.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    build_runs: u64,
 }
 
 #[derive(clap::Args, Debug)]
@@ -483,6 +490,7 @@ async fn run(cli: Cli) -> Result<()> {
             runs: cli.runs,
             round_trips: args.round_trips as usize,
             pool_size: args.pool_size as usize,
+            builds: args.builds.then_some(args.build_runs as usize),
             kernel,
             rootfs,
             qemu: cli.qemu.clone(),

@@ -340,13 +340,28 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
             let final_owner = owner.or(existing.map(|e| e.1));
             let replaces = existing.is_some();
             let (file, guard) = if in_place {
+                // Made with its mode and owner before a byte is written, as envd does: a
+                // watch sees the file created, its attributes changed once, then written.
                 let file = fs::OpenOptions::new()
                     .write(true)
                     .create(true)
                     .truncate(true)
-                    .mode(0o600)
+                    .mode(final_mode)
                     .open(&path)
                     .map_err(|e| create_error(&path, &dir, &e))?;
+                if let Some((uid, gid)) = final_owner {
+                    std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                        .map_err(|e| io_err("chown", &path, &e))?;
+                }
+                let now = file
+                    .metadata()
+                    .map_err(|e| io_err("stat", &path, &e))?
+                    .mode()
+                    & 0o7777;
+                if now != final_mode {
+                    file.set_permissions(fs::Permissions::from_mode(final_mode))
+                        .map_err(|e| io_err("chmod", &path, &e))?;
+                }
                 if let (true, Some(p)) = (replaces, &clear) {
                     crate::xattrs::remove_prefixed(&file, p)
                         .map_err(|e| io_err("clear the extended attributes of", &path, &e))?;
@@ -427,12 +442,14 @@ pub async fn write(req: Request<Incoming>) -> HandlerResult {
     }
     let stat = blocking(move || {
         let mut guard = guard;
-        if let Some((uid, gid)) = final_owner {
-            std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
-                .map_err(|e| io_err("chown", &path, &e))?;
+        if !in_place {
+            if let Some((uid, gid)) = final_owner {
+                std::os::unix::fs::fchown(&file, Some(uid), Some(gid))
+                    .map_err(|e| io_err("chown", &path, &e))?;
+            }
+            file.set_permissions(fs::Permissions::from_mode(final_mode))
+                .map_err(|e| io_err("chmod", &path, &e))?;
         }
-        file.set_permissions(fs::Permissions::from_mode(final_mode))
-            .map_err(|e| io_err("chmod", &path, &e))?;
         drop(file);
         if !in_place {
             let Some(tmp) = guard.0.as_ref() else {

@@ -343,7 +343,10 @@ pub fn dockerfile(
         }
         if forced && i == 0 || step.force == Some(true) {
             // A command seen by no earlier build: the cache has nothing from here on.
-            out.push_str(&format!("RUN {}\n", json(&[format!(": {build_id}")])));
+            out.push_str(&format!(
+                "RUN {}\n",
+                json(&["/bin/sh".into(), "-c".into(), format!(": {build_id}")])
+            ));
         }
         if step
             .args
@@ -860,6 +863,14 @@ mod tests {
         body.steps[1].force = Some(true);
         let (text, _) = dockerfile(&body, "root", "bld-2").unwrap();
         assert_eq!(text.matches("bld-2").count(), 1);
+        // Run by the shell (`:` is one of its builtins), like every step.
+        let d = parse(&text, &Default::default()).unwrap();
+        assert!(d.steps.iter().any(|(_, s)| s
+            == &Step::Run(Command::Exec(vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                ": bld-2".into()
+            ]))));
         assert!(
             text.find("bld-2").unwrap() > text.find("\"a\"").unwrap(),
             "{text}"

@@ -434,11 +434,13 @@ async fn fs_event(
     Some(v)
 }
 
-/// envd's event type of a guest watch event (`None`: not reported).
+/// envd's event type of a guest watch event (`None`: not reported). envd's watcher reports
+/// writes, not the close after them, so a new file's upload is three events there (create,
+/// chmod, write) and here.
 fn event_type(k: WatchEventKind) -> Option<&'static str> {
     Some(match k {
         WatchEventKind::Created | WatchEventKind::MovedTo => "EVENT_TYPE_CREATE",
-        WatchEventKind::Modified | WatchEventKind::ClosedWrite => "EVENT_TYPE_WRITE",
+        WatchEventKind::Modified => "EVENT_TYPE_WRITE",
         WatchEventKind::Removed => "EVENT_TYPE_REMOVE",
         WatchEventKind::MovedFrom => "EVENT_TYPE_RENAME",
         WatchEventKind::Attrib => "EVENT_TYPE_CHMOD",

@@ -39,6 +39,8 @@ use crate::api::Shared;
 pub const ENVD_VERSION: &str = "0.6.4";
 /// The port E2B's SDKs address envd on.
 pub const ENVD_PORT: u16 = 49983;
+/// The header that carries a sandbox's traffic token to its ports.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 /// Where the SDKs `PUT` the files of a template build's `copy` steps (signed URLs).
 pub const TEMPLATE_FILES_PATH: &str = "/e2b/template-files";
 /// The variable that sets the domain of E2B sandbox hosts.
@@ -113,6 +115,23 @@ impl E2bState {
         use subtle::ConstantTimeEq;
         let want = self.upload_signature(tenant, hash, expires);
         want.len() == sig.len() && bool::from(want.as_bytes().ct_eq(sig.as_bytes()))
+    }
+
+    /// The token that opens the ports of sandbox `id` when they are not public (E2B's
+    /// `trafficAccessToken`, sent as `e2b-traffic-access-token`): a MAC of its id under the
+    /// vault key, never stored.
+    pub fn traffic_token(&self, id: &SandboxId) -> String {
+        hex::encode(
+            self.vault
+                .mac("e2b traffic access token", id.as_str().as_bytes()),
+        )
+    }
+
+    /// Whether `token` is [`E2bState::traffic_token`] of `id` (compared in constant time).
+    pub fn traffic_token_ok(&self, id: &SandboxId, token: &str) -> bool {
+        use subtle::ConstantTimeEq;
+        let want = self.traffic_token(id);
+        want.len() == token.len() && bool::from(want.as_bytes().ct_eq(token.as_bytes()))
     }
 
     /// Whether `token` is sandbox `id`'s (compared in constant time).
@@ -342,15 +361,28 @@ pub async fn dispatch(State(st): State<Shared>, req: Request, next: Next) -> Res
         let Ok(id) = id.parse::<SandboxId>() else {
             return envd::sandbox_gone(&id);
         };
-        // Only a sandbox made public (as E2B creates make them) answers on its host.
+        // A sandbox made public (as E2B creates make them) answers on its host to anyone;
+        // another only to a request with its traffic token (403 without, as E2B answers).
         let info = match st.node.info(&id).await {
-            Ok(sb)
-                if sb.options.metadata.get(rest::PORTS_KEY).map(String::as_str)
-                    == Some("public") =>
-            {
+            Ok(sb) if rest::ports_public(&sb) => sb,
+            Ok(sb) => {
+                let token = req
+                    .headers()
+                    .get(TRAFFIC_TOKEN_HEADER)
+                    .and_then(|v| v.to_str().ok());
+                if !token.is_some_and(|t| e2b.traffic_token_ok(&id, t)) {
+                    return rest::E2bError::new(
+                        axum::http::StatusCode::FORBIDDEN,
+                        format!(
+                            "the ports of sandbox {id} are not public: send its \
+                             trafficAccessToken as {TRAFFIC_TOKEN_HEADER}"
+                        ),
+                    )
+                    .into_response();
+                }
                 sb
             }
-            _ => return envd::sandbox_gone(id.as_str()),
+            Err(_) => return envd::sandbox_gone(id.as_str()),
         };
         let rest = req.uri().path().trim_start_matches('/').to_owned();
         return crate::api::net::proxy_to(&st, None, &info, port, "", &rest, req, true)

@@ -270,6 +270,12 @@ fn end_at(sb: &Sandbox) -> String {
     }
 }
 
+/// Whether sandbox `sb`'s ports answer anyone on their hosts (an E2B create that did not
+/// say `allowPublicTraffic: false`).
+pub(crate) fn ports_public(sb: &Sandbox) -> bool {
+    sb.options.metadata.get(PORTS_KEY).map(String::as_str) == Some("public")
+}
+
 /// The fields every E2B sandbox answer has.
 pub(crate) fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
     json!({
@@ -279,7 +285,11 @@ pub(crate) fn sandbox_json(e2b: &E2bState, sb: &Sandbox) -> Value {
         "clientID": "space",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": e2b.access_token(&sb.id),
-        "trafficAccessToken": Value::Null,
+        "trafficAccessToken": if ports_public(sb) {
+            Value::Null
+        } else {
+            Value::String(e2b.traffic_token(&sb.id))
+        },
         "domain": e2b.domain,
         "startedAt": rfc3339(sb.started_unix_ms.max(sb.created_unix_ms)),
         "endAt": end_at(sb),
