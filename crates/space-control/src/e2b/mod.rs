@@ -21,6 +21,7 @@ pub mod network;
 pub mod process;
 pub mod rest;
 pub mod snapshots;
+mod times;
 pub mod volumes;
 
 use std::collections::HashMap;
