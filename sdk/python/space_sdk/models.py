@@ -715,7 +715,8 @@ class Template:
 
 @dataclass
 class Build:
-    """A template build: ``state`` is ``running``, ``succeeded`` or ``failed``."""
+    """A template build: ``state`` is ``running``, ``succeeded`` or ``failed`` (``waiting``: an
+    E2B template request whose steps have not come)."""
 
     SCHEMA: ClassVar[str] = "Build"
 
@@ -725,6 +726,7 @@ class Build:
     name: str
     version: str
     source: str
+    #: `waiting`: an E2B template request whose steps have not come (docs/e2b.md).
     state: str
     error: str | None
     created_unix_ms: int
