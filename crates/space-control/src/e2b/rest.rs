@@ -638,18 +638,7 @@ pub async fn list(
                 }
                 states = Some(s);
             }
-            "limit" => {
-                limit = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=MAX_PAGE).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::new(
-                            StatusCode::BAD_REQUEST,
-                            format!("limit must be 1 to {MAX_PAGE}"),
-                        )
-                    })?
-            }
+            "limit" => limit = page_limit(v)?,
             "nextToken" => after = Some(v.clone()),
             "template" => filter.template = Some(v.clone()),
             "order" => {
@@ -703,10 +692,43 @@ pub async fn list(
             o.reverse()
         }
     });
-    let start = match &after {
-        Some(t) => all
+    let e2b = super::state(&st);
+    paged(
+        &all,
+        |s| s.id.as_str(),
+        after.as_deref(),
+        limit,
+        |s| sandbox_json(&e2b, s),
+    )
+}
+
+/// A page size from `limit`: 1 to [`MAX_PAGE`].
+pub(crate) fn page_limit(v: &str) -> E2bResult<usize> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|l| (1..=MAX_PAGE).contains(l))
+        .ok_or_else(|| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("limit must be 1 to {MAX_PAGE}"),
+            )
+        })
+}
+
+/// The page of `items` after the one whose key is `after` (the `nextToken` of the previous
+/// page), at most `limit` of them, each as `json` makes it; `x-next-token` names the last one
+/// when more follow.
+pub(crate) fn paged<T>(
+    items: &[T],
+    key: impl Fn(&T) -> &str,
+    after: Option<&str>,
+    limit: usize,
+    json: impl Fn(&T) -> Value,
+) -> E2bResult<Response> {
+    let start = match after {
+        Some(t) => items
             .iter()
-            .position(|s| s.id.as_str() == t)
+            .position(|i| key(i) == t)
             .map(|i| i + 1)
             .ok_or_else(|| {
                 E2bError::new(
@@ -716,13 +738,12 @@ pub async fn list(
             })?,
         None => 0,
     };
-    let e2b = super::state(&st);
-    let page: Vec<&Sandbox> = all.iter().skip(start).take(limit).collect();
-    let body: Vec<Value> = page.iter().map(|s| sandbox_json(&e2b, s)).collect();
+    let page: Vec<&T> = items.iter().skip(start).take(limit).collect();
+    let body: Vec<Value> = page.iter().map(|i| json(i)).collect();
     let mut r = Json(body).into_response();
-    if start + page.len() < all.len() {
+    if start + page.len() < items.len() {
         if let Some(last) = page.last() {
-            if let Ok(v) = HeaderValue::from_str(last.id.as_str()) {
+            if let Ok(v) = HeaderValue::from_str(key(last)) {
                 r.headers_mut().insert("x-next-token", v);
             }
         }

@@ -9,11 +9,11 @@
 //! snapshot: they are cheap copies on btrfs), each answered or failed on its own.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use space_node_api::template::saved_from;
 use space_node_api::{TemplateInfo, TemplateRef};
 
@@ -24,8 +24,6 @@ use crate::service::sandboxes as service;
 
 /// Forks one request makes at most (E2B's bound).
 pub const MAX_FORKS: u32 = 20;
-/// Snapshots listed per page, at most and by default.
-pub const MAX_PAGE: usize = 100;
 
 /// Body of `POST /sandboxes/{id}/snapshots`.
 #[derive(Debug, Default, Deserialize)]
@@ -129,25 +127,14 @@ pub async fn list(
     Query(q): Query<Vec<(String, String)>>,
 ) -> E2bResult<Response> {
     let (mut sandbox, mut name, mut after) = (None, None, None);
-    let mut limit = MAX_PAGE;
+    let mut limit = rest::MAX_PAGE;
     for (k, v) in &q {
         match k.as_str() {
             "sandboxID" => sandbox = Some(v.clone()),
             // `name:tag` names a version; the snapshot is the name.
             "name" => name = Some(v.split(':').next().unwrap_or_default().to_owned()),
             "nextToken" => after = Some(v.clone()),
-            "limit" => {
-                limit = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=MAX_PAGE).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::new(
-                            StatusCode::BAD_REQUEST,
-                            format!("limit must be 1 to {MAX_PAGE}"),
-                        )
-                    })?
-            }
+            "limit" => limit = rest::page_limit(v)?,
             other => {
                 return Err(E2bError::new(
                     StatusCode::BAD_REQUEST,
@@ -172,33 +159,13 @@ pub async fn list(
     if let Some(n) = &name {
         listed.retain(|l| l.name == n);
     }
-    let start = match &after {
-        Some(t) => listed
-            .iter()
-            .position(|l| l.name == t)
-            .map(|i| i + 1)
-            .ok_or_else(|| {
-                E2bError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!("nextToken {t:?} is not valid"),
-                )
-            })?,
-        None => 0,
-    };
-    let page: Vec<&Listed> = listed.iter().skip(start).take(limit).collect();
-    let body: Vec<Value> = page
-        .iter()
-        .map(|l| json!({"snapshotID": l.name, "names": [l.name]}))
-        .collect();
-    let mut r = Json(body).into_response();
-    if start + page.len() < listed.len() {
-        if let Some(last) = page.last() {
-            if let Ok(v) = HeaderValue::from_str(last.name) {
-                r.headers_mut().insert("x-next-token", v);
-            }
-        }
-    }
-    Ok(r)
+    rest::paged(
+        &listed,
+        |l| l.name,
+        after.as_deref(),
+        limit,
+        |l| json!({"snapshotID": l.name, "names": [l.name]}),
+    )
 }
 
 /// `DELETE /templates/{id}`: every version of the caller's template `id` (a snapshot or a

@@ -127,45 +127,30 @@ impl Store {
         .await
     }
 
-    /// Records a build that starts now.
+    /// Records a build that starts now (`running`), or one that waits for what it builds
+    /// (`waiting`: E2B's template request, whose steps come in a second call, `source`
+    /// holding what the request asked).
     pub async fn insert_build(&self, b: &BuildRow) -> Result<(), StoreError> {
+        if !matches!(b.state.as_str(), "running" | "waiting") {
+            return Err(StoreError::Invalid(format!(
+                "a build starts running or waiting, not {}",
+                b.state
+            )));
+        }
         let b = b.clone();
         self.write(move |c| {
             let now = db_now(c)?;
             c.execute(
                 "INSERT INTO template_builds (id, tenant, name, version, source, state, error,
                      log, created_ms, finished_ms)
-                 VALUES ($1, $2, $3, $4, $5, 'running', NULL, '', $6, NULL)",
+                 VALUES ($1, $2, $3, $4, $5, $6, NULL, '', $7, NULL)",
                 args![
                     b.id.as_str(),
                     b.tenant.as_str(),
                     b.name.as_str(),
                     b.version.as_str(),
                     b.source.as_str(),
-                    now
-                ],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Records a build that waits for what it builds (E2B's template request, whose steps
-    /// come in a second call): state `waiting`, `source` holding what the request asked.
-    pub async fn insert_waiting_build(&self, b: &BuildRow) -> Result<(), StoreError> {
-        let b = b.clone();
-        self.write(move |c| {
-            let now = db_now(c)?;
-            c.execute(
-                "INSERT INTO template_builds (id, tenant, name, version, source, state, error,
-                     log, created_ms, finished_ms)
-                 VALUES ($1, $2, $3, $4, $5, 'waiting', NULL, '', $6, NULL)",
-                args![
-                    b.id.as_str(),
-                    b.tenant.as_str(),
-                    b.name.as_str(),
-                    b.version.as_str(),
-                    b.source.as_str(),
+                    b.state.as_str(),
                     now
                 ],
             )?;

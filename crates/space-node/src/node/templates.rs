@@ -114,20 +114,9 @@ impl Node {
             return self.save_disk_template(id, template).await;
         }
         let ctx = self.inner.ctx.clone();
-        let dir = ctx
-            .layout
-            .template_dir(template.name.as_str(), template.version.as_str())?;
-        if dir.exists() {
-            return Err(NodeError::TemplateExists(template.clone()));
-        }
         let started = std::time::Instant::now();
-        let point: ForkPoint = self.call(id, Request::Fork).await?;
+        let (dir, point, from) = self.save_point(id, template, false).await?;
         let parent = point.parent;
-        let from = template::resolve(
-            &ctx.layout,
-            &parent.template.name,
-            &VersionReq::Exact(parent.template.version.clone()),
-        )?;
         let parent_dir = dir
             .parent()
             .expect("template dirs have a parent")
@@ -190,9 +179,16 @@ impl Node {
         result
     }
 
-    /// [`Node::save_template`] without memory.
-    async fn save_disk_template(&self, id: &SandboxId, template: &TemplateRef) -> Result<Template> {
-        let ctx = self.inner.ctx.clone();
+    /// Where template `template` goes (refused when it exists), a full snapshot of sandbox
+    /// `id` to make it of (the guest's file systems synced first with `sync`), and the
+    /// template the sandbox was made from.
+    async fn save_point(
+        &self,
+        id: &SandboxId,
+        template: &TemplateRef,
+        sync: bool,
+    ) -> Result<(std::path::PathBuf, ForkPoint, Template)> {
+        let ctx = &self.inner.ctx;
         let dir = ctx
             .layout
             .template_dir(template.name.as_str(), template.version.as_str())?;
@@ -202,18 +198,27 @@ impl Node {
         // What the guest wrote and still holds in its page cache goes to the disk first; a
         // Paused sandbox wrote nothing since it was last running, and its disk is what the
         // snapshot takes.
-        if let Ok(client) = self.guest(id).await {
-            client.sync().await.map_err(|e| {
-                NodeError::Invalid(format!("syncing the guest's file systems: {e}"))
-            })?;
+        if sync {
+            if let Ok(client) = self.guest(id).await {
+                client.sync().await.map_err(|e| {
+                    NodeError::Invalid(format!("syncing the guest's file systems: {e}"))
+                })?;
+            }
         }
         let point: ForkPoint = self.call(id, Request::Fork).await?;
-        let parent = point.parent;
         let from = template::resolve(
             &ctx.layout,
-            &parent.template.name,
-            &VersionReq::Exact(parent.template.version.clone()),
+            &point.parent.template.name,
+            &VersionReq::Exact(point.parent.template.version.clone()),
         )?;
+        Ok((dir, point, from))
+    }
+
+    /// [`Node::save_template`] without memory.
+    async fn save_disk_template(&self, id: &SandboxId, template: &TemplateRef) -> Result<Template> {
+        let ctx = self.inner.ctx.clone();
+        let (_, point, from) = self.save_point(id, template, true).await?;
+        let parent = point.parent;
         let mut guest = parent.guest.clone();
         guest.env.extend(parent.options.env.clone());
         let spec = TemplateSpec {

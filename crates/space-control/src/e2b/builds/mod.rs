@@ -104,10 +104,7 @@ pub async fn request(
             created_ms: 0,
             finished_ms: None,
         };
-        st.store
-            .insert_waiting_build(&row)
-            .await
-            .map_err(ApiError::from)?;
+        st.store.insert_build(&row).await.map_err(ApiError::from)?;
         Ok((name, id))
     }
     .await;
@@ -270,6 +267,26 @@ pub async fn file_upload(
     }
 }
 
+/// Build `build` of template `template`, when it is the caller's (or the caller is an admin).
+async fn visible_build(
+    st: &Shared,
+    who: &Principal,
+    template: &str,
+    build: &str,
+) -> E2bResult<BuildRow> {
+    st.store
+        .build(build)
+        .await
+        .map_err(ApiError::from)?
+        .filter(|r| r.name == template && (who.admin || r.tenant == who.tenant.as_str()))
+        .ok_or_else(|| {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                format!("build {build} of template {template} not found"),
+            )
+        })
+}
+
 /// `POST /v2/templates/{id}/builds/{buildID}`: starts the waiting build with these steps.
 /// 202; 404 for a build not the caller's; 409 when it has started already.
 pub async fn trigger(
@@ -279,19 +296,7 @@ pub async fn trigger(
     E2bJson(body): E2bJson<StartBody>,
 ) -> E2bResult<StatusCode> {
     let result = async {
-        let not_found = || {
-            E2bError::new(
-                StatusCode::NOT_FOUND,
-                format!("build {build} of template {template} not found"),
-            )
-        };
-        let row = st
-            .store
-            .build(&build)
-            .await
-            .map_err(ApiError::from)?
-            .filter(|r| r.name == template && (who.admin || r.tenant == who.tenant.as_str()))
-            .ok_or_else(not_found)?;
+        let row = visible_build(&st, &who, &template, &build).await?;
         if row.state != "waiting" {
             return Err(E2bError::new(
                 StatusCode::CONFLICT,
@@ -416,13 +421,14 @@ async fn context(st: &Shared, who: &Principal, hashes: &BTreeSet<String>) -> E2b
     Ok(id)
 }
 
-/// `?logsOffset=N`
+/// `?logsOffset=N&limit=N&level=`
 #[derive(Debug, Default, Deserialize)]
 pub struct StatusQuery {
     #[serde(default, rename = "logsOffset")]
     logs_offset: usize,
     #[serde(default)]
     limit: Option<usize>,
+    /// The least level of the entries answered: a build's log lines are `info`.
     #[serde(default)]
     level: Option<String>,
 }
@@ -435,19 +441,16 @@ pub async fn status(
     Path((template, build)): Path<(String, String)>,
     Query(q): Query<StatusQuery>,
 ) -> E2bResult<Json<Value>> {
-    let _ = &q.level;
-    let row = st
-        .store
-        .build(&build)
-        .await
-        .map_err(ApiError::from)?
-        .filter(|r| r.name == template && (who.admin || r.tenant == who.tenant.as_str()))
-        .ok_or_else(|| {
-            E2bError::new(
-                StatusCode::NOT_FOUND,
-                format!("build {build} of template {template} not found"),
-            )
-        })?;
+    let quiet = match q.level.as_deref() {
+        None | Some("debug" | "info") => false,
+        Some("warn" | "error") => true,
+        Some(other) => {
+            return Err(bad(format!(
+                "level {other:?} is not debug, info, warn or error"
+            )))
+        }
+    };
+    let row = visible_build(&st, &who, &template, &build).await?;
     let log = match row.state.as_str() {
         "running" => st
             .node
@@ -459,7 +462,11 @@ pub async fn status(
     };
     let now = rest::rfc3339(space_node_api::sandbox::now_ms());
     let limit = q.limit.unwrap_or(MAX_LOG_ENTRIES).clamp(1, MAX_LOG_ENTRIES);
-    let lines: Vec<&str> = log.lines().collect();
+    let lines: Vec<&str> = if quiet {
+        Vec::new()
+    } else {
+        log.lines().collect()
+    };
     let entry =
         |line: &str, level: &str| json!({"timestamp": now, "level": level, "message": line});
     let entries: Vec<Value> = lines
@@ -486,11 +493,10 @@ pub async fn status(
             .error
             .clone()
             .unwrap_or_else(|| "the build failed".into());
-        let tail: Vec<Value> = lines
+        // The end of the log, whatever the level asked: it says why.
+        let all: Vec<&str> = log.lines().collect();
+        let tail: Vec<Value> = all[all.len().saturating_sub(20)..]
             .iter()
-            .rev()
-            .take(20)
-            .rev()
             .map(|l| entry(l, "error"))
             .collect();
         out["reason"] = json!({"message": message, "logEntries": tail});

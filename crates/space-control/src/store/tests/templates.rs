@@ -73,6 +73,41 @@ async fn template_names_and_builds(db: Db) {
         (b.state.as_str(), b.error.as_deref()),
         ("failed", Some("restarted"))
     );
+    // A waiting build (E2B's template request) starts once, with its version and source;
+    // a restart leaves it waiting; a build starts nothing but running or waiting.
+    let waiting = BuildRow {
+        state: "waiting".into(),
+        version: String::new(),
+        source: "{\"e2b_template_request\":{}}".into(),
+        ..row("bld-4", "acme")
+    };
+    store.insert_build(&waiting).await.unwrap();
+    assert!(store
+        .insert_build(&BuildRow {
+            state: "succeeded".into(),
+            ..row("bld-5", "acme")
+        })
+        .await
+        .is_err());
+    assert_eq!(store.fail_running_builds("restarted").await.unwrap(), 0);
+    assert!(store
+        .start_waiting_build("bld-4", "2", "Dockerfile")
+        .await
+        .unwrap());
+    assert!(!store
+        .start_waiting_build("bld-4", "3", "Dockerfile")
+        .await
+        .unwrap());
+    assert!(!store
+        .start_waiting_build("bld-404", "1", "Dockerfile")
+        .await
+        .unwrap());
+    let b = store.build("bld-4").await.unwrap().unwrap();
+    assert_eq!(
+        (b.state.as_str(), b.version.as_str(), b.source.as_str()),
+        ("running", "2", "Dockerfile")
+    );
+
     // A long log keeps its end.
     let long = "x".repeat(MAX_STORED_LOG + 10) + "end";
     store.finish_build("bld-3", None, &long).await.unwrap();
