@@ -46,16 +46,23 @@ def wait_pool_full(http, template, limit=180.0):
     raise SystemExit(f"the warm pool of {template} did not fill within {limit:.0f} s")
 
 
+def e2b_env():
+    """The server's URL and key (SPACE_URL, SPACE_API_KEY), given to the E2B SDK unless its
+    own variables say otherwise."""
+    url, key = os.environ["SPACE_URL"], os.environ["SPACE_API_KEY"]
+    os.environ.setdefault("E2B_API_URL", url)
+    os.environ.setdefault("E2B_SANDBOX_URL", url)
+    os.environ.setdefault("E2B_API_KEY", key)
+    return url, key
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--round-trips", type=int, default=200)
     ap.add_argument("--template", default="base")
     a = ap.parse_args()
-    url, key = os.environ["SPACE_URL"], os.environ["SPACE_API_KEY"]
-    os.environ.setdefault("E2B_API_URL", url)
-    os.environ.setdefault("E2B_SANDBOX_URL", url)
-    os.environ.setdefault("E2B_API_KEY", key)
+    url, key = e2b_env()
     client = space_sdk.Space(url=url, api_key=key)
     http = httpx.Client(base_url=url)
 

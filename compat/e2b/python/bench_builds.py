@@ -22,7 +22,7 @@ import time
 
 from e2b import Sandbox, Template
 
-from bench import pct, row, wait_pool_full
+from bench import e2b_env, pct, row, wait_pool_full
 
 import httpx
 
@@ -39,10 +39,7 @@ def main():
     ap.add_argument("--build-runs", type=int, default=5)
     ap.add_argument("--template", default="base")
     a = ap.parse_args()
-    url, key = os.environ["SPACE_URL"], os.environ["SPACE_API_KEY"]
-    os.environ.setdefault("E2B_API_URL", url)
-    os.environ.setdefault("E2B_SANDBOX_URL", url)
-    os.environ.setdefault("E2B_API_KEY", key)
+    url, _ = e2b_env()
     http = httpx.Client(base_url=url)
 
     # The sources: a sandbox with a file and a process, snapshotted both ways.
