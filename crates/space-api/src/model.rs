@@ -81,6 +81,21 @@ pub struct EgressPolicy {
     /// Rules refused.
     #[serde(default)]
     pub deny: Vec<String>,
+    /// Headers the gateway sets on requests to some destinations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderRule>,
+}
+
+/// A header the gateway sets (replacing the request's own) on every request to a destination
+/// `host` matches; `${secret:NAME}` in `value` is vault secret `NAME`'s value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeaderRule {
+    /// Which destinations (`HOST` or `HOST:PORT`, as the policy's rules).
+    pub host: String,
+    /// The header's name.
+    pub name: String,
+    /// Its value.
+    pub value: String,
 }
 
 /// A secret bound to a sandbox.

@@ -1,5 +1,8 @@
-//! One request and its response through the gateway when the sandbox has credentials: inside
-//! an intercepted TLS tunnel, or as a plain-HTTP forward.
+//! One request and its response through the gateway when the sandbox has credentials or a
+//! header rule names the host: inside an intercepted TLS tunnel, or as a plain-HTTP forward.
+//!
+//! The policy's header rules for the host are set on the request first, their secrets put in
+//! (`inject`); those values are scrubbed from the response like bound ones.
 //!
 //! The request: its head and body are searched for every bound secret's placeholder; one
 //! bound elsewhere refuses the request (`403`, `credential.exfiltration`). A body of at most
@@ -28,6 +31,7 @@ use super::policy::Host;
 use super::streams::CHUNK;
 use super::substitute::{self, BodyKind, Scratch, Scrubber};
 use super::{SandboxGateway, SecretBinding, SecretValue};
+use space_node_api::headers::Part;
 
 /// The largest request body (after chunked decoding) read whole, searched and given values;
 /// longer ones stream through. Bounds the memory of a connection of a sandbox with
@@ -265,6 +269,7 @@ where
         ReadBody::Streamed { prefix, .. } => exfiltration(sb, host, port, prefix)?,
     }
     let bound = values(sb, host, port).await;
+    let injected = inject(sb, host, port).await?;
     let in_head: Vec<(&SecretBinding, SecretValue)> = bound
         .values
         .iter()
@@ -272,12 +277,23 @@ where
         .map(|(b, v)| (*b, SecretValue::new(v.as_bytes().to_vec())))
         .collect();
     let mut used: Vec<String> = in_head.iter().map(|(b, _)| b.name.clone()).collect();
-    let mut left_out: Vec<&str> = vec!["expect"];
-    let mut add: Vec<(&str, String)> = Vec::new();
-    if !bound.values.is_empty() {
-        left_out.push("accept-encoding");
-        add.push(("Accept-Encoding", ACCEPTED_ENCODINGS.to_owned()));
+    for (name, _) in injected.secrets.iter() {
+        if !used.contains(name) {
+            used.push(name.clone());
+        }
     }
+    let mut left_out: Vec<&str> = vec!["expect"];
+    left_out.extend(injected.headers.iter().map(|(n, _)| n.as_str()));
+    let mut add: Vec<(&str, &[u8])> = injected
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    if !bound.values.is_empty() || !injected.secrets.is_empty() {
+        left_out.push("accept-encoding");
+        add.push(("Accept-Encoding", ACCEPTED_ENCODINGS.as_bytes()));
+    }
+    let content_length;
     let (body_out, rest) = match body {
         ReadBody::Whole(raw) => {
             let kind = BodyKind::of(head.header("content-type"));
@@ -291,7 +307,8 @@ where
             }
             if has_body {
                 left_out.extend(["content-length", "transfer-encoding"]);
-                add.push(("Content-Length", out.as_bytes().len().to_string()));
+                content_length = out.as_bytes().len().to_string();
+                add.push(("Content-Length", content_length.as_bytes()));
             }
             (out, None)
         }
@@ -312,12 +329,25 @@ where
     out.extend_from_slice(head_out.as_bytes());
     out.extend_from_slice(body_out.as_bytes());
     // One-time codes are put in but not looked for: short, common as text, spent once used.
+    let references: Vec<String> = injected
+        .secrets
+        .iter()
+        .map(|(name, _)| format!("${{secret:{name}}}"))
+        .collect();
     let scrubber = Scrubber::new(
         bound
             .values
             .iter()
             .filter(|(_, v)| !v.is_one_time())
-            .map(|(b, v)| (*b, v.as_bytes())),
+            .map(|(b, v)| (b.placeholder.as_str(), v.as_bytes()))
+            .chain(
+                injected
+                    .secrets
+                    .iter()
+                    .zip(&references)
+                    .filter(|((_, v), _)| !v.is_one_time())
+                    .map(|((_, v), r)| (r.as_str(), v.as_bytes())),
+            ),
     );
     drop_wiped(buf);
     Ok(Prepared {
@@ -358,6 +388,79 @@ async fn values<'a>(sb: &'a SandboxGateway, host: &Host, port: u16) -> Bound<'a>
         }
     }
     Bound { values }
+}
+
+/// What the sandbox's header rules add to a request to this host.
+struct Injected {
+    /// (name, value with secrets in), one per name; a later rule for a name wins.
+    headers: Vec<(String, SecretValue)>,
+    /// The secrets put in, with their values (for the audit and the response's scrubber).
+    secrets: Vec<(String, SecretValue)>,
+}
+
+/// The headers the policy's rules set on a request to `host:port`, secrets in place; a rule
+/// naming a secret the vault no longer has refuses the request (`502`).
+async fn inject(sb: &SandboxGateway, host: &Host, port: u16) -> Result<Injected, Refuse> {
+    let policy = sb.policy();
+    let mut injected = Injected {
+        headers: Vec::new(),
+        secrets: Vec::new(),
+    };
+    for rule in policy.headers_for(host, port) {
+        let mut value = Vec::with_capacity(rule.value.len());
+        for part in rule.parts() {
+            match part {
+                Part::Text(t) => value.extend_from_slice(t.as_bytes()),
+                Part::Secret(name) => {
+                    let known = injected.secrets.iter().find(|(n, _)| n == name);
+                    let v = match known {
+                        Some((_, v)) => SecretValue::new(v.as_bytes().to_vec()),
+                        None => {
+                            let found = match &sb.gateway.config.secrets {
+                                Some(source) => source.value(&sb.id, name).await,
+                                None => None,
+                            };
+                            let Some(v) = found else {
+                                drop_wiped(value);
+                                return Err((
+                                    502,
+                                    format!(
+                                        "header {} for {host} names credential {name}, which \
+                                         the vault does not hold",
+                                        rule.name
+                                    ),
+                                ));
+                            };
+                            let copy = SecretValue::new(v.as_bytes().to_vec());
+                            injected.secrets.push((name.to_owned(), v));
+                            copy
+                        }
+                    };
+                    if v.as_bytes()
+                        .iter()
+                        .any(|&c| c == b'\r' || c == b'\n' || c == 0)
+                    {
+                        drop_wiped(value);
+                        return Err((
+                            502,
+                            format!("the value of credential {name} cannot be placed in a header"),
+                        ));
+                    }
+                    value.extend_from_slice(v.as_bytes());
+                }
+            }
+        }
+        let value = SecretValue::new(value);
+        match injected
+            .headers
+            .iter_mut()
+            .find(|(n, _)| n.eq_ignore_ascii_case(&rule.name))
+        {
+            Some(slot) => *slot = (rule.name.clone(), value),
+            None => injected.headers.push((rule.name.clone(), value)),
+        }
+    }
+    Ok(injected)
 }
 
 /// Reads the request body: whole when it fits [`MAX_SCANNED_BODY`], else what was read so

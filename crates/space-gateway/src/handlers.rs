@@ -376,7 +376,7 @@ async fn tunnel(
         return;
     }
     let meter = Meter::new();
-    let kind = if sb.bindings.is_empty() {
+    let kind = if !sb.exchanges(host, port) {
         pump(sb, &mut body, &tx, upstream, &meter, None).await;
         "tunnel"
     } else {
@@ -495,7 +495,7 @@ async fn handle_forward(
     if let Err((status, reason)) = exchange::exfiltration(&sb, &host, port, &body.buf[..head.len]) {
         return text(status, &reason);
     }
-    if !sb.bindings.is_empty() {
+    if sb.exchanges(&host, port) {
         return forward_with_credentials(sb, host, port, body, decision, permit, target);
     }
     let out = match http1::rewrite(&head, &target, &[], &[], &[]) {

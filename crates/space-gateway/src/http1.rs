@@ -211,7 +211,7 @@ pub fn rewrite(
     target: &str,
     secrets: &[(&SecretBinding, SecretValue)],
     drop: &[&str],
-    add: &[(&str, String)],
+    add: &[(&str, &[u8])],
 ) -> Result<SecretValue, String> {
     let mut out = Vec::with_capacity(head.len + 256);
     let put = |input: &[u8], out: &mut Vec<u8>, in_line: bool| -> Result<(), String> {
@@ -267,7 +267,10 @@ pub fn rewrite(
         out.extend_from_slice(b"\r\n");
     }
     for (name, value) in add {
-        out.extend_from_slice(format!("{name}: {value}\r\n").as_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"Connection: close\r\n\r\n");
     Ok(SecretValue::new(out))
@@ -501,7 +504,7 @@ mod tests {
             "/",
             &[(&gh, SecretValue::new(b"a b".to_vec()))],
             &["a"],
-            &[("B", "1".into())],
+            &[("B", b"1".as_slice())],
         )
         .unwrap();
         assert!(!out.as_bytes().windows(6).any(|w| w == b"A: a b"));

@@ -262,6 +262,13 @@ impl SandboxGateway {
         &self.bindings
     }
 
+    /// Whether requests to `host:port` go through the exchange (`exchange`): the sandbox
+    /// has credential bindings (every request is searched for their placeholders), or a
+    /// header rule of its policy names the destination.
+    pub(crate) fn exchanges(&self, host: &Host, port: u16) -> bool {
+        !self.bindings.is_empty() || self.policy().headers_for(host, port).next().is_some()
+    }
+
     /// The volumes the sandbox's guest may reach, by mount index.
     pub fn mounts(&self) -> Arc<Vec<volumes::Mount>> {
         self.mounts

@@ -194,7 +194,7 @@ pub fn substitute(
 }
 
 /// Replaces every occurrence of the given values (each in all of its [`echo_forms`]) with
-/// the placeholder of its secret, over a stream cut anywhere: bytes that could be the start
+/// the text that stands for it (a binding's placeholder, a header rule's reference), over a stream cut anywhere: bytes that could be the start
 /// of a value are held until the next push shows what follows.
 pub struct Scrubber {
     /// (form of a value, index of its placeholder).
@@ -242,12 +242,12 @@ impl std::fmt::Debug for Scrubber {
 }
 
 impl Scrubber {
-    /// A scrubber for these secrets' values.
-    pub fn new<'a>(secrets: impl IntoIterator<Item = (&'a SecretBinding, &'a [u8])>) -> Scrubber {
+    /// A scrubber for these values, each with the text that replaces it.
+    pub fn new<'a>(secrets: impl IntoIterator<Item = (&'a str, &'a [u8])>) -> Scrubber {
         let mut patterns = Vec::new();
         let mut placeholders = Vec::new();
-        for (b, value) in secrets {
-            placeholders.push(b.placeholder.clone());
+        for (stands_for, value) in secrets {
+            placeholders.push(stands_for.to_owned());
             for form in echo_forms(value) {
                 patterns.push((form, placeholders.len() - 1));
             }
@@ -432,7 +432,10 @@ mod tests {
         let expected_forms = echo_forms(value).len();
         assert!(expected_forms >= 8, "{expected_forms}");
         for step in [1, 2, 3, 7, 16, 45, 1000] {
-            let mut s = Scrubber::new([(&a, value), (&b, other)]);
+            let mut s = Scrubber::new([
+                (a.placeholder.as_str(), value),
+                (b.placeholder.as_str(), other),
+            ]);
             let out = stream(&mut s, &page, step);
             let text = String::from_utf8(out).unwrap();
             assert_eq!(
@@ -453,7 +456,7 @@ mod tests {
         let mut none = Scrubber::new(std::iter::empty());
         assert!(none.is_empty());
         assert_eq!(stream(&mut none, b"abc", 1), b"abc");
-        let s = Scrubber::new([(&b, other)]);
+        let s = Scrubber::new([(b.placeholder.as_str(), other)]);
         assert_eq!(
             s.scrub_all(b"x=swordfish"),
             format!("x={}", b.placeholder).into_bytes()

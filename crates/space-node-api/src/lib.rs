@@ -5,7 +5,7 @@
 //!   [`Gated`] (a node API behind a check, such as a fenced node's);
 //! - [`wire`]: what calls answer ([`Sandbox`], [`Snapshot`], [`TemplateInfo`], ...) and the
 //!   [`Fault`] they fail with;
-//! - [`ids`], [`sandbox`], [`template`], [`policy`], [`secrets`], [`settings`]: the
+//! - [`ids`], [`sandbox`], [`template`], [`policy`], [`headers`], [`secrets`], [`settings`]: the
 //!   vocabulary calls take;
 //! - [`remote`], [`serve`], [`tls`]: the network API (HTTP/2 over mutual TLS from the cluster
 //!   CA), a control replica's client and a node's server;
@@ -16,6 +16,7 @@
 
 pub mod calls;
 pub mod cluster;
+pub mod headers;
 pub mod ids;
 pub mod policy;
 pub mod remote;
@@ -29,6 +30,7 @@ pub mod totp;
 pub mod wire;
 
 pub use calls::{Call, Gate, Gated, NodeApi, NodeResult};
+pub use headers::HeaderRule;
 pub use ids::{
     IdError, SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq,
 };

@@ -7,6 +7,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::headers::HeaderRule;
+
 /// Longest DNS name accepted (in a rule or as a destination).
 pub const MAX_HOST: usize = 253;
 
@@ -47,6 +49,10 @@ pub struct EgressPolicy {
     /// Destinations refused whatever else says.
     #[serde(default)]
     pub deny: Vec<EgressRule>,
+    /// Headers set on requests to some destinations, with secrets put in by the gateway
+    /// (`crate::headers`). They reach a destination only when the rules above allow it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<HeaderRule>,
 }
 
 /// The host part of a rule.
@@ -222,6 +228,26 @@ impl EgressRule {
         }
     }
 
+    /// Whether every destination `other` matches, this rule matches too.
+    pub fn covers(&self, other: &EgressRule) -> bool {
+        if self.port.is_some() && self.port != other.port {
+            return false;
+        }
+        let under = |name: &str, suffix: &str| {
+            name.len() > suffix.len() + 1
+                && name.ends_with(suffix)
+                && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+        };
+        match (&self.host, &other.host) {
+            (HostPattern::Any, _) => true,
+            (HostPattern::Suffix(s), HostPattern::Name(n)) => under(n, s),
+            (HostPattern::Suffix(s), HostPattern::Suffix(t)) => s == t || under(t, s),
+            (HostPattern::Name(a), HostPattern::Name(b)) => a == b,
+            (HostPattern::Ip(a), HostPattern::Ip(b)) => a == b,
+            _ => false,
+        }
+    }
+
     /// Whether the rule names one host exactly (no `*`, no wildcard): only such an allow rule
     /// lets a connection reach a private address.
     pub fn is_exact(&self) -> bool {
@@ -343,7 +369,18 @@ impl EgressPolicy {
                 "the egress policy has {n} rules; at most {MAX_RULES}"
             ));
         }
-        Ok(())
+        crate::headers::validate_headers(&self.headers)
+    }
+
+    /// The header rules for `host:port`, in order (a later one for the same name wins).
+    pub fn headers_for<'a>(
+        &'a self,
+        host: &'a Host,
+        port: u16,
+    ) -> impl Iterator<Item = &'a HeaderRule> + 'a {
+        self.headers
+            .iter()
+            .filter(move |r| r.host.matches(host, port))
     }
 
     /// Decides `host:port`: deny rules win, then allow rules, then the default.
@@ -560,11 +597,39 @@ mod tests {
     }
 
     #[test]
+    fn a_rule_covers_what_it_would_always_match() {
+        for (wide, narrow) in [
+            ("*", "*.a.com:443"),
+            ("*.a.com", "x.a.com"),
+            ("*.a.com", "*.x.a.com"),
+            ("*.a.com", "*.a.com:443"),
+            ("x.a.com", "x.a.com:8443"),
+            ("10.0.0.1", "10.0.0.1:80"),
+        ] {
+            assert!(rule(wide).covers(&rule(narrow)), "{wide} covers {narrow}");
+        }
+        for (wide, narrow) in [
+            ("*.a.com", "a.com"),
+            ("*.a.com", "*"),
+            ("x.a.com", "*.a.com"),
+            ("x.a.com:443", "x.a.com"),
+            ("*.a.com", "xa.com"),
+            ("*.a.com", "10.0.0.1"),
+        ] {
+            assert!(
+                !rule(wide).covers(&rule(narrow)),
+                "{wide} does not cover {narrow}"
+            );
+        }
+    }
+
+    #[test]
     fn deny_wins_then_allow_then_default() {
         let p = EgressPolicy {
             default: EgressDefault::Deny,
             allow: vec![rule("*.example.com"), rule("ok.example.com")],
             deny: vec![rule("bad.example.com")],
+            headers: Vec::new(),
         };
         let d = p.decide(&name("bad.example.com"), 443);
         assert!(!d.allowed);

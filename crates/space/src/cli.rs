@@ -667,6 +667,23 @@ pub enum NetCmd {
         /// `allow` or `deny`.
         action: DefaultArg,
     },
+    /// Set a header on every request to HOST (replacing a rule for the same host and name);
+    /// `${secret:NAME}` in VALUE is put in by the gateway as the request leaves.
+    Header {
+        /// HOST[:PORT], as the rules.
+        host: String,
+        /// The header's name.
+        name: String,
+        /// Its value, e.g. 'Bearer ${secret:API_TOKEN}'.
+        value: String,
+    },
+    /// Remove the header rule for HOST and NAME.
+    Unheader {
+        /// HOST[:PORT].
+        host: String,
+        /// The header's name.
+        name: String,
+    },
 }
 
 /// The egress default.

@@ -373,6 +373,75 @@ fn egress_credentials_and_ingress_end_to_end() {
         "{shown}"
     );
 
+    // ---- header rules: the gateway sets a header, with the value put in ----
+    // A rule may not carry a secret where it is not bound, nor name one that does not exist.
+    let bad = s.cli([
+        "net",
+        &id,
+        "header",
+        "localhost",
+        "X-Api-Key",
+        "k ${secret:TOKEN}",
+    ]);
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("may not be sent to localhost"),
+        "{}",
+        stderr(&bad)
+    );
+    let bad = s.cli([
+        "net",
+        &id,
+        "header",
+        "127.0.0.1",
+        "X-A",
+        "${secret:MISSING}",
+    ]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("MISSING"), "{}", stderr(&bad));
+    let p = json(&s.cli([
+        "net",
+        &id,
+        "header",
+        "127.0.0.1",
+        "X-Api-Key",
+        "k ${secret:TOKEN}",
+        "--json",
+    ]));
+    assert_eq!(
+        p["headers"],
+        serde_json::json!([{"host": "127.0.0.1", "name": "X-Api-Key",
+            "value": "k ${secret:TOKEN}"}])
+    );
+    assert_eq!(p["allow"], serde_json::json!(["localhost", "127.0.0.1"]));
+    let (code, _, err) = via_proxy(
+        &s,
+        &id,
+        &format!(
+            "curl -sS -m 30 -H 'X-Api-Key: guest' http://127.0.0.1:{plain}/header-plain && \
+             curl -sS -m 30 --cacert /tmp/cas.pem https://127.0.0.1:{tls}/header-tls"
+        ),
+    );
+    assert_eq!(code, 0, "{err}");
+    for (seen, path) in [(&plain_seen, "/header-plain"), (&tls_seen, "/header-tls")] {
+        let head = seen.with_path(path).pop().expect("the request arrived");
+        let keys: Vec<&str> = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("x-api-key:"))
+            .collect();
+        assert_eq!(keys, [format!("X-Api-Key: k {value}").as_str()], "{head}");
+    }
+    // The guest never had the value: the environment and disk are checked below.
+    ok(&s.cli(["net", &id, "unheader", "127.0.0.1", "X-Api-Key"]));
+    let (_, body, _) = via_proxy(
+        &s,
+        &id,
+        &format!("curl -sS -m 30 http://127.0.0.1:{plain}/header-gone"),
+    );
+    assert_eq!(body, "upstream saw /header-gone\n");
+    let head = plain_seen.with_path("/header-gone").pop().unwrap();
+    assert!(!head.to_ascii_lowercase().contains("x-api-key"), "{head}");
+
     // ---- audit ----
     let events = audit_until(
         &s,

@@ -198,21 +198,40 @@ class EgressPolicy:
     default: str = "allow"
     allow: list[str] = field(default_factory=list)
     deny: list[str] = field(default_factory=list)
+    #: Headers the gateway sets on requests to some destinations (docs/egress.md, *Headers*). They
+    #: do not allow a destination.
+    headers: list[dict[str, Any]] = field(default_factory=list)
     # </generated fields>
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object the API takes."""
-        return {"default": self.default, "allow": list(self.allow), "deny": list(self.deny)}
+        out: dict[str, Any] = {
+            "default": self.default,
+            "allow": list(self.allow),
+            "deny": list(self.deny),
+        }
+        if self.headers:
+            out["headers"] = [
+                {"host": h["host"], "name": h["name"], "value": h["value"]} for h in self.headers
+            ]
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> EgressPolicy:
         """Reads an ``EgressPolicy`` object."""
         d = _obj(value, "egress policy")
         w = "egress policy"
+        headers = []
+        for h in _objects(d, "headers", w):
+            h = _obj(h, "header rule")
+            headers.append(
+                {k: _get(h, k, str, "header rule") for k in ("host", "name", "value")}
+            )
         return cls(
             default=_opt(d, "default", str, w) or "allow",
             allow=_list(d, "allow", str, w),
             deny=_list(d, "deny", str, w),
+            headers=headers,
         )
 
 

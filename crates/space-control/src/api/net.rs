@@ -116,6 +116,7 @@ pub async fn put_secret(
 ) -> ApiResult<Response> {
     let result = async {
         validate_secret_name(&name)?;
+        not_e2b_kept(&name)?;
         let rules = parse_rules(&body.hosts, "hosts")?;
         let hosts: Vec<String> = rules.iter().map(ToString::to_string).collect();
         Ok(st
@@ -157,6 +158,18 @@ pub async fn put_secret(
     Ok((status, Json(json!(info))).into_response())
 }
 
+/// The vault values of E2B's secrets (`_E2B_...`) change only with their records, through
+/// E2B's `/secrets` (`docs/e2b.md`, *Secrets*).
+fn not_e2b_kept(name: &str) -> ApiResult<()> {
+    if name.starts_with("_E2B_") {
+        return Err(ApiError::invalid(format!(
+            "secret {name} holds the value of an E2B secret; change or delete it through \
+             E2B's /secrets API"
+        )));
+    }
+    Ok(())
+}
+
 fn secret_not_found(name: &str) -> ApiError {
     ApiError::new(
         StatusCode::NOT_FOUND,
@@ -173,6 +186,7 @@ pub async fn delete_secret(
 ) -> ApiResult<StatusCode> {
     let result = async {
         validate_secret_name(&name)?;
+        not_e2b_kept(&name)?;
         if st.vault.delete(&who.tenant, &name).await? {
             st.node.forget_secret(&name).await?;
             Ok(StatusCode::NO_CONTENT)
@@ -193,6 +207,36 @@ pub async fn delete_secret(
     )
     .await;
     result
+}
+
+/// Checks the header rules of `policy` against `tenant`'s vault: every secret a value names
+/// exists, and each rule's host is one the secret may be sent to (covered by one of its host
+/// patterns), so a rule cannot carry a value where a binding could not.
+pub async fn check_header_secrets(
+    st: &Shared,
+    tenant: &TenantName,
+    policy: &EgressPolicy,
+) -> ApiResult<()> {
+    for rule in &policy.headers {
+        for name in rule.secrets() {
+            let info = st
+                .vault
+                .info(tenant, name)
+                .await?
+                .ok_or_else(|| secret_not_found(name))?;
+            let hosts = parse_rules(&info.hosts, "stored hosts")?;
+            if !hosts.iter().any(|h| h.covers(&rule.host)) {
+                return Err(ApiError::invalid(format!(
+                    "header {} names secret {name}, which may not be sent to {} (it is bound \
+                     to {})",
+                    rule.name,
+                    rule.host,
+                    info.hosts.join(", ")
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Resolves the secrets a create names into bindings with fresh placeholders; every name must
@@ -253,6 +297,7 @@ pub async fn put_egress(
     };
     let result = async {
         policy.validate().map_err(ApiError::invalid)?;
+        check_header_secrets(&st, &who.tenant, &policy).await?;
         let info = st
             .node
             .set_egress(&id, policy.clone())
@@ -273,15 +318,21 @@ pub async fn put_egress(
                     .collect::<Vec<_>>()
                     .join(",")
             };
+            let headers: Vec<String> = p
+                .headers
+                .iter()
+                .map(|h| format!("{}@{}", h.name, h.host))
+                .collect();
             format!(
-                "default={} allow={} deny={}",
+                "default={} allow={} deny={} headers={}",
                 if p.default == space_node_api::policy::EgressDefault::Allow {
                     "allow"
                 } else {
                     "deny"
                 },
                 rules(&p.allow),
-                rules(&p.deny)
+                rules(&p.deny),
+                headers.join(",")
             )
         }),
     )

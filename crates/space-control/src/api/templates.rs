@@ -332,6 +332,11 @@ pub(crate) async fn start_build(
     let start = start_of(&body)?;
     if let Some(p) = &body.egress {
         p.validate().map_err(ApiError::invalid)?;
+        if !p.headers.is_empty() {
+            return Err(ApiError::invalid(
+                "egress.headers applies to sandboxes; a build's RUN steps get no header rules",
+            ));
+        }
     }
     if let TemplateSource::Dockerfile {
         dockerfile,

@@ -79,6 +79,7 @@ pub async fn create_sandbox(
     };
     let egress = body.egress.unwrap_or_default();
     egress.validate().map_err(ApiError::invalid)?;
+    crate::api::net::check_header_secrets(st, tenant, &egress).await?;
     let secrets = crate::api::net::bindings(st, tenant, &body.secrets).await?;
     let volumes = super::volumes::mounts(st, tenant, &body.volumes).await?;
     let req = CreateRequest {

@@ -53,6 +53,15 @@ pub fn view_for(r: &Sandbox, tenant: &TenantName) -> api::Sandbox {
             default: egress.default.as_str().to_owned(),
             allow: egress.allow.iter().map(|r| r.to_string()).collect(),
             deny: egress.deny.iter().map(|r| r.to_string()).collect(),
+            headers: egress
+                .headers
+                .iter()
+                .map(|h| api::HeaderRule {
+                    host: h.host.to_string(),
+                    name: h.name.clone(),
+                    value: h.value.clone(),
+                })
+                .collect(),
         },
         secrets: r
             .options

@@ -75,7 +75,8 @@ pub async fn answer_one<S: AsyncRead + AsyncWrite + Unpin>(mut s: S, seen: Arc<S
 }
 
 /// The upstream's answer: `/echo...` paths send the request body back (`-gzip`: compressed,
-/// `-chunked`: chunked, `-header`: in a header too, `-br`: labelled as brotli), `/big?n=N`
+/// `-chunked`: chunked, `-header`: in a header too, `-br`: labelled as brotli, `-head`: the
+/// request's head instead of its body), `/big?n=N`
 /// sends N bytes (`/zeros-gzip?n=N`: N zeros, gzip-compressed), anything else says what it saw.
 fn reply(path: &str, head: &str, body: &[u8]) -> Vec<u8> {
     let text = |status: &str, extra: &str, payload: &[u8]| {
@@ -101,6 +102,7 @@ fn reply(path: &str, head: &str, body: &[u8]) -> Vec<u8> {
             text("200 OK", "Content-Encoding: gzip\r\n", &z.finish().unwrap())
         }
         "/echo-br" => text("200 OK", "Content-Encoding: br\r\n", &echoed),
+        "/echo-head" => text("200 OK", "", head.as_bytes()),
         "/echo-header" => {
             let v = String::from_utf8_lossy(body).replace(['\r', '\n'], "");
             text(

@@ -595,6 +595,7 @@ async fn create(conn: &Conn, a: CreateArgs, status: &Status) -> Result<Done> {
             default: "deny".to_owned(),
             allow,
             deny: Vec::new(),
+            headers: Vec::new(),
         }),
         timeouts: a.idle_timeout_seconds.map(|secs| TimeoutsUpdate {
             idle_ms: Some(secs.saturating_mul(1000)),

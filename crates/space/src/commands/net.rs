@@ -128,6 +128,19 @@ fn print_policy(p: &Value) {
             println!("{kind:<6} {r}");
         }
     }
+    for h in p
+        .get("headers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        println!(
+            "header {} {}: {}",
+            field(h, "host"),
+            field(h, "name"),
+            field(h, "value")
+        );
+    }
 }
 
 /// `space net ID ...`: reads the policy, changes it, writes it back.
@@ -136,7 +149,20 @@ pub async fn net(c: &Client, a: NetArgs, json: bool) -> Result<()> {
     let mut policy: Value = c.get(&path, &[]).await?;
     let mut allow = strings(&policy, "allow");
     let mut deny = strings(&policy, "deny");
+    let mut headers: Vec<Value> = policy
+        .get("headers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let same = |x: &String, p: &str| x.eq_ignore_ascii_case(p);
+    let rule_is = |h: &Value, host: &str, name: &str| {
+        h["host"]
+            .as_str()
+            .is_some_and(|x| x.eq_ignore_ascii_case(host))
+            && h["name"]
+                .as_str()
+                .is_some_and(|x| x.eq_ignore_ascii_case(name))
+    };
     match a.action {
         NetCmd::Ls => {
             if json {
@@ -173,8 +199,26 @@ pub async fn net(c: &Client, a: NetArgs, json: bool) -> Result<()> {
             }
             .into();
         }
+        NetCmd::Header { host, name, value } => {
+            let rule = json!({"host": host, "name": name, "value": value});
+            match headers.iter_mut().find(|h| rule_is(h, &host, &name)) {
+                Some(h) => *h = rule,
+                None => headers.push(rule),
+            }
+        }
+        NetCmd::Unheader { host, name } => {
+            let before = headers.len();
+            headers.retain(|h| !rule_is(h, &host, &name));
+            if headers.len() == before {
+                bail!(
+                    "the policy of {} has no header rule {name} for {host}",
+                    a.id
+                );
+            }
+        }
     }
-    let body = json!({"default": policy["default"], "allow": allow, "deny": deny});
+    let body = json!({"default": policy["default"], "allow": allow, "deny": deny,
+        "headers": headers});
     let updated: Value = c.call(Method::PUT, &path, &body).await?;
     if json {
         output::json(&updated);
