@@ -285,17 +285,18 @@ impl Vault {
             })
     }
 
-    /// Sets (or replaces) secret `name` of `tenant` to `value` of `kind` (for a TOTP
-    /// secret, its seed in base32 or an `otpauth://totp` URI), bound to `hosts` (rule strings
-    /// the caller has validated); returns the listing and whether it is new.
-    pub async fn put(
+    /// Checks and seals `value` of `kind` (for a TOTP secret, its seed in base32 or an
+    /// `otpauth://totp` URI) as secret `name` of `tenant`, bound to `hosts` (rule strings the
+    /// caller has validated): the row to store, made at `created` (now when `None`).
+    pub fn seal_row(
         &self,
         tenant: &TenantName,
         name: &str,
         kind: SecretKind,
         value: &[u8],
         hosts: Vec<String>,
-    ) -> Result<(SecretInfo, bool), StoreError> {
+        created: Option<u64>,
+    ) -> Result<SecretRow, StoreError> {
         validate_secret_name(name)?;
         let canonical;
         let value = match kind {
@@ -329,24 +330,45 @@ impl Vault {
                 "a secret is bound to at most {MAX_SECRET_HOSTS} host patterns"
             )));
         }
-        let existing = self.store.secret(tenant, name).await?;
-        if existing.is_none() && self.store.secrets(tenant).await?.len() >= MAX_SECRETS_PER_TENANT {
-            return Err(StoreError::Invalid(format!(
-                "a tenant keeps at most {MAX_SECRETS_PER_TENANT} secrets"
-            )));
-        }
         let (nonce, ciphertext) = self.seal(&aad(tenant, name, kind), value)?;
         let now = now_ms();
-        let row = SecretRow {
+        Ok(SecretRow {
             tenant: tenant.clone(),
             name: name.to_owned(),
             hosts,
             nonce,
             ciphertext,
-            created_unix_ms: existing.as_ref().map_or(now, |e| e.created_unix_ms),
+            created_unix_ms: created.unwrap_or(now),
             updated_unix_ms: now,
             kind,
-        };
+        })
+    }
+
+    /// Sets (or replaces) secret `name` of `tenant` to `value` of `kind`, bound to `hosts`
+    /// ([`Vault::seal_row`]); returns the listing and whether it is new.
+    pub async fn put(
+        &self,
+        tenant: &TenantName,
+        name: &str,
+        kind: SecretKind,
+        value: &[u8],
+        hosts: Vec<String>,
+    ) -> Result<(SecretInfo, bool), StoreError> {
+        validate_secret_name(name)?;
+        let existing = self.store.secret(tenant, name).await?;
+        let row = self.seal_row(
+            tenant,
+            name,
+            kind,
+            value,
+            hosts,
+            existing.as_ref().map(|e| e.created_unix_ms),
+        )?;
+        if existing.is_none() && self.store.secrets(tenant).await?.len() >= MAX_SECRETS_PER_TENANT {
+            return Err(StoreError::Invalid(format!(
+                "a tenant keeps at most {MAX_SECRETS_PER_TENANT} secrets"
+            )));
+        }
         let created = self.store.put_secret(&row).await?;
         Ok((SecretInfo::from(&row), created))
     }

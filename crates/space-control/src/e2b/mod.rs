@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod network;
 pub mod process;
 pub mod rest;
+pub mod secrets;
 pub mod snapshots;
 mod times;
 pub mod volumes;
@@ -283,12 +284,12 @@ pub fn routes(r: Router<Shared>) -> Router<Shared> {
             axum::routing::delete(snapshots::delete_template),
         )
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
-        .route("/secrets", get(rest::not_served).post(rest::not_served))
+        .route("/secrets", get(secrets::list).post(secrets::create))
         .route(
             "/secrets/{id}",
-            get(rest::not_served)
-                .post(rest::not_served)
-                .delete(rest::not_served),
+            get(secrets::get)
+                .post(secrets::update)
+                .delete(secrets::delete),
         )
         .route(
             "/templates/tags",

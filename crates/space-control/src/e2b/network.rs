@@ -7,19 +7,23 @@
 //! - `allowOut` entries are allow rules, and win over `denyOut` as in E2B (an entry in both
 //!   is allowed).
 //! - Entries are host names (`example.com`, `*.example.com`) or IP addresses; a CIDR range
-//!   other than a single address or all traffic is refused, as are `dnsServers`,
-//!   `egressProxy` and `rules` (space's gateway resolves names itself, has no upstream proxy,
-//!   and injects credentials by placeholder: `docs/egress.md`).
+//!   other than a single address or all traffic is refused, as are `dnsServers` and
+//!   `egressProxy` (space's gateway resolves names itself and has no upstream proxy).
+//! - `rules` (`{host: [{transform: {headers: {name: value}}}]}`) become the policy's header
+//!   rules; `${e2b.secrets.NAME}` in a value becomes a reference to the E2B secret's vault
+//!   value (`e2b::secrets`), which the gateway puts in as the request leaves.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::Value;
 use space_node_api::policy::{EgressDefault, EgressPolicy, EgressRule};
+use space_node_api::HeaderRule;
 
 use super::rest::{self, E2bCaller, E2bError, E2bJson, E2bResult};
 use crate::api::Shared;
 use crate::error::node_error;
+use crate::store::TenantName;
 
 /// The network options of a create or an update, as the SDKs send them.
 #[derive(Debug, Default, Deserialize)]
@@ -82,23 +86,24 @@ impl Network {
         if self.egress_proxy.as_ref().is_some_and(|p| !p.is_null()) {
             return refuse("egressProxy", "the gateway has no upstream proxy");
         }
-        if self
-            .rules
-            .as_ref()
-            .is_some_and(|r| r.as_object().is_none_or(|o| !o.is_empty()))
-        {
-            return refuse(
-                "rules",
-                "credentials are injected by placeholder through /v1/secrets",
-            );
-        }
+        let headers = match &self.rules {
+            None => Vec::new(),
+            Some(r) => header_rules(r)?,
+        };
         let internet = self.allow_internet_access.or(allow_internet_access);
-        if self.allow_out.is_none() && self.deny_out.is_none() && internet.is_none() {
+        if self.allow_out.is_none()
+            && self.deny_out.is_none()
+            && internet.is_none()
+            && headers.is_empty()
+        {
             return Ok(None);
         }
         let allow = self.allow_out.clone().unwrap_or_default();
         let deny = self.deny_out.clone().unwrap_or_default();
-        let mut policy = EgressPolicy::default();
+        let mut policy = EgressPolicy {
+            headers,
+            ..EgressPolicy::default()
+        };
         if internet == Some(false) || deny.iter().any(|d| all_traffic(d)) {
             policy.default = EgressDefault::Deny;
         }
@@ -122,6 +127,132 @@ impl Network {
             .map_err(|e| E2bError::new(StatusCode::BAD_REQUEST, e))?;
         Ok(Some(policy))
     }
+
+    /// [`Network::policy`] with the E2B secrets its header rules name resolved for `tenant`
+    /// ([`resolve_secrets`]).
+    pub async fn egress(
+        &self,
+        st: &Shared,
+        tenant: &TenantName,
+        allow_internet_access: Option<bool>,
+    ) -> E2bResult<Option<EgressPolicy>> {
+        let mut policy = self.policy(allow_internet_access)?;
+        if let Some(p) = &mut policy {
+            resolve_secrets(st, tenant, p).await?;
+        }
+        Ok(policy)
+    }
+}
+
+fn bad_rules(why: impl std::fmt::Display) -> E2bError {
+    E2bError::new(StatusCode::BAD_REQUEST, format!("network.rules: {why}"))
+}
+
+/// `rules` as the SDKs send them: host (or address) to a list of rules, each with an optional
+/// `transform.headers` (name to value). Values keep E2B's references; see
+/// [`resolve_secrets`].
+fn header_rules(rules: &Value) -> E2bResult<Vec<HeaderRule>> {
+    let map = match rules {
+        Value::Null => return Ok(Vec::new()),
+        Value::Object(m) => m,
+        _ => return Err(bad_rules("expected an object of host to a list of rules")),
+    };
+    let mut out = Vec::new();
+    for (host, list) in map {
+        let host_rule = rule(host, "network.rules")?;
+        let list = list
+            .as_array()
+            .ok_or_else(|| bad_rules(format!("the rules of {host:?} are not a list")))?;
+        for r in list {
+            let r = r
+                .as_object()
+                .ok_or_else(|| bad_rules(format!("a rule of {host:?} is not an object")))?;
+            if let Some(k) = r.keys().find(|k| *k != "transform") {
+                return Err(bad_rules(format!("unknown rule field {k:?}")));
+            }
+            let transform = match r.get("transform") {
+                None | Some(Value::Null) => continue,
+                Some(Value::Object(t)) => t,
+                Some(_) => return Err(bad_rules("a transform is not an object")),
+            };
+            if let Some(k) = transform.keys().find(|k| *k != "headers") {
+                return Err(bad_rules(format!(
+                    "unknown transform field {k:?} (headers are served)"
+                )));
+            }
+            let headers = match transform.get("headers") {
+                None | Some(Value::Null) => continue,
+                Some(Value::Object(h)) => h,
+                Some(_) => return Err(bad_rules("transform.headers is not an object")),
+            };
+            for (name, value) in headers {
+                let value = value.as_str().ok_or_else(|| {
+                    bad_rules(format!("the value of header {name:?} is not a string"))
+                })?;
+                if value.contains("${secret:") {
+                    return Err(bad_rules(format!(
+                        "the value of header {name:?} holds \"${{secret:\", which space \
+                         reserves; name E2B secrets as ${{e2b.secrets.NAME}}"
+                    )));
+                }
+                out.push(HeaderRule {
+                    host: host_rule.clone(),
+                    name: name.clone(),
+                    value: value.to_owned(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Rewrites each `${e2b.secrets.NAME}` in the policy's header values into a reference to
+/// the vault value of the caller's E2B secret `NAME`; a secret that does not exist, or any
+/// other `${e2b.` reference (workload identity tokens), is refused.
+pub async fn resolve_secrets(
+    st: &Shared,
+    tenant: &TenantName,
+    policy: &mut EgressPolicy,
+) -> E2bResult<()> {
+    const OPEN: &str = "${e2b.";
+    const SECRETS: &str = "${e2b.secrets.";
+    for h in &mut policy.headers {
+        let mut out = String::with_capacity(h.value.len());
+        let mut rest = h.value.as_str();
+        while let Some(at) = rest.find(OPEN) {
+            out.push_str(&rest[..at]);
+            let after = &rest[at..];
+            if !after.starts_with(SECRETS) {
+                return Err(bad_rules(format!(
+                    "header {:?}: only ${{e2b.secrets.NAME}} references are served (workload \
+                     identity tokens are not)",
+                    h.name
+                )));
+            }
+            let inner = &after[SECRETS.len()..];
+            let end = inner.find('}').ok_or_else(|| {
+                bad_rules(format!(
+                    "header {:?}: a secret reference has no '}}'",
+                    h.name
+                ))
+            })?;
+            let name = &inner[..end];
+            let secret = super::secrets::find(st, tenant, name).await.map_err(|_| {
+                bad_rules(format!(
+                    "header {:?} names secret {:?}, which does not exist (Secret.create)",
+                    h.name,
+                    name.chars().take(80).collect::<String>()
+                ))
+            })?;
+            out.push_str("${secret:");
+            out.push_str(&secret.vault_name());
+            out.push('}');
+            rest = &inner[end + 1..];
+        }
+        out.push_str(rest);
+        h.value = out;
+    }
+    Ok(())
 }
 
 /// `PUT /sandboxes/{id}/network`: replaces the sandbox's egress policy (what the body omits
@@ -134,7 +265,11 @@ pub async fn update(
 ) -> E2bResult<StatusCode> {
     let result = async {
         let (id, _) = rest::owned(&st, &who, &raw).await?;
-        let policy = body.policy(None)?.unwrap_or_default();
+        let policy = body
+            .egress(&st, &who.tenant, None)
+            .await?
+            .unwrap_or_default();
+        crate::api::net::check_header_secrets(&st, &who.tenant, &policy).await?;
         st.node
             .set_egress(&id, policy)
             .await
@@ -183,10 +318,55 @@ mod tests {
             serde_json::json!({"allowOut": ["bad host!"]}),
             serde_json::json!({"dnsServers": ["1.1.1.1"]}),
             serde_json::json!({"egressProxy": {"address": "x:1"}}),
-            serde_json::json!({"rules": {"api.example.com": [{}]}}),
+            serde_json::json!({"rules": {"api.example.com": {}}}),
+            serde_json::json!({"rules": {"api.example.com": [{"transform": {"body": 1}}]}}),
+            serde_json::json!({"rules": {"bad host!": []}}),
+            serde_json::json!({"rules": {"a.example": [{"transform": {"headers": {"X": 1}}}]}}),
+            serde_json::json!({"rules": {"a.example": [{"transform": {"headers":
+                {"X": "${secret:RAW}"}}}]}}),
+            serde_json::json!({"rules": {"a.example": [{"transform": {"headers":
+                {"Host": "x"}}}]}}),
         ] {
             let e = net(bad.clone()).policy(None).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
         }
+    }
+
+    #[test]
+    fn rules_become_header_rules_in_order() {
+        let p = net(serde_json::json!({"rules": {
+            "api.example.com": [
+                {},
+                {"transform": {"headers": {"Authorization": "Bearer ${e2b.secrets.key}"}}},
+                {"transform": {"headers": {"X-Two": "2"}}},
+            ],
+            "10.0.0.1/32": [{"transform": {"headers": {"X-Ip": "yes"}}}],
+        }}))
+        .policy(None)
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.default, EgressDefault::Allow);
+        let rules: Vec<(String, &str, &str)> = p
+            .headers
+            .iter()
+            .map(|h| (h.host.to_string(), h.name.as_str(), h.value.as_str()))
+            .collect();
+        assert_eq!(
+            rules,
+            vec![
+                ("10.0.0.1".to_owned(), "X-Ip", "yes"),
+                (
+                    "api.example.com".to_owned(),
+                    "Authorization",
+                    "Bearer ${e2b.secrets.key}"
+                ),
+                ("api.example.com".to_owned(), "X-Two", "2"),
+            ]
+        );
+        // An empty rules object changes nothing.
+        assert_eq!(
+            net(serde_json::json!({"rules": {}})).policy(None).unwrap(),
+            None
+        );
     }
 }

@@ -310,7 +310,9 @@ pub async fn create(
             ));
         }
         let network = body.network.unwrap_or_default();
-        let egress = network.policy(body.allow_internet_access)?;
+        let egress = network
+            .egress(&st, &who.tenant, body.allow_internet_access)
+            .await?;
         let mut metadata = body.metadata;
         let public = network.allow_public_traffic.unwrap_or(true);
         if public {
@@ -775,12 +777,7 @@ pub async fn template_alias(
 /// Routes of E2B's API that space does not serve (`docs/e2b.md`): 501 in E2B's error shape.
 pub async fn not_served(uri: axum::http::Uri) -> E2bError {
     let path = uri.path();
-    let why = if path.starts_with("/secrets") {
-        "space's secrets are its vault (PUT /v1/secrets/{name}), whose values the gateway sends \
-         only to the hosts each is bound to"
-    } else {
-        "space numbers template versions and keeps no tags"
-    };
+    let why = "space numbers template versions and keeps no tags";
     E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!("{path} is not served by space's E2B API: {why} (docs/e2b.md)"),

@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use crate::keys;
 
 pub(crate) mod cluster;
+mod e2b_secrets;
 mod idempotency;
 mod model;
 mod pg;
@@ -42,6 +43,7 @@ mod tests;
 mod volumes;
 
 pub use cluster::{is_node_id, JoinToken, NodeJoin, NodeRow, NodeState, MAX_NODE_ID_BYTES};
+pub use e2b_secrets::{E2bSecretKey, E2bSecretRow};
 pub use idempotency::{CreateKey, CREATE_KEY_TTL_MS};
 pub use model::*;
 #[cfg(test)]

@@ -170,6 +170,19 @@ CREATE TABLE volumes (
 ) STRICT;
 ALTER TABLE tenants ADD COLUMN max_volume_mib INTEGER NOT NULL DEFAULT 102400;
 "#,
+    // 12: E2B's secrets: name, metadata and version beside their vault rows.
+    r#"
+CREATE TABLE e2b_secrets (
+    id         TEXT PRIMARY KEY NOT NULL,
+    tenant     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    metadata   TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    created_ms INTEGER NOT NULL,
+    updated_ms INTEGER NOT NULL,
+    UNIQUE (tenant, name)
+) STRICT;
+"#,
 ];
 
 /// The SQLite schema version this build writes.
@@ -336,6 +349,19 @@ CREATE TABLE volumes (
     UNIQUE (tenant, name)
 );
 ALTER TABLE tenants ADD COLUMN max_volume_mib BIGINT NOT NULL DEFAULT 102400;
+"#,
+    // 9: E2B's secrets: name, metadata and version beside their vault rows.
+    r#"
+CREATE TABLE e2b_secrets (
+    id         TEXT PRIMARY KEY,
+    tenant     TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    metadata   TEXT NOT NULL,
+    version    BIGINT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    updated_ms BIGINT NOT NULL,
+    UNIQUE (tenant, name)
+);
 "#,
 ];
 

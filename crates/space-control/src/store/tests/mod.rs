@@ -932,7 +932,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, i64::from(SCHEMA_VERSION));
-    assert_eq!(SCHEMA_VERSION, 11);
+    assert_eq!(SCHEMA_VERSION, 12);
     let acme = t("acme");
     assert_eq!(
         store.tenant(&acme).await.unwrap().unwrap().quotas.max_vcpus,
@@ -951,6 +951,7 @@ async fn a_version_1_database_migrates_and_keeps_its_rows() {
     assert_eq!(p.port, 8000);
     assert!(store.secrets(&acme).await.unwrap().is_empty());
     assert!(store.volumes(&acme).await.unwrap().is_empty());
+    assert!(store.e2b_secrets(&acme).await.unwrap().is_empty());
     let quotas = store.tenant(&acme).await.unwrap().unwrap().quotas;
     assert_eq!(quotas.max_volume_mib, crate::store::DEFAULT_MAX_VOLUME_MIB);
 }
@@ -996,6 +997,7 @@ async fn ports_are_looked_up_by_token_hash_and_replaced(db: Db) {
 }
 
 mod cluster;
+mod e2b_secrets;
 mod idempotency;
 mod postgres;
 mod templates;
