@@ -160,11 +160,3 @@ def test_an_mcp_gateway_is_refused_clearly():
     with pytest.raises(Exception) as e:
         Sandbox.create(TEMPLATE, mcp={"exa": {"apiKey": "x"}})
     assert "space serves MCP itself" in str(e.value)
-
-
-def test_e2b_secrets_are_refused_clearly_not_stored():
-    from e2b import Secret
-
-    with pytest.raises(Exception) as e:
-        Secret.create("openai-key", "sk-not-kept")
-    assert "vault" in str(e.value) and "501" in str(e.value)
