@@ -128,7 +128,7 @@ impl HeaderRule {
         if let Some(c) = self
             .value
             .chars()
-            .find(|c| (c.is_ascii_control() && *c != '\t'))
+            .find(|c| c.is_ascii_control() && *c != '\t')
         {
             return Err(format!(
                 "the value of header {n} holds the control character {c:?}"
