@@ -20,6 +20,7 @@ help:
 
 deps:
 	@scripts/deps.sh
+	@scripts/console.sh
 
 artifacts: deps
 	@scripts/artifacts.sh all

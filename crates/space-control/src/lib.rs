@@ -11,6 +11,7 @@
 //! - [`masters`]: each tenant's master key (the deployment's key file or a KMS key);
 //! - [`e2b`]: E2B compatibility (its REST API, envd and sandbox-port hosts);
 //! - [`mcp`]: the MCP server at `/mcp` (`space_mcp` over Streamable HTTP);
+//! - [`console`]: the web console's page and files, embedded at build time;
 //! - [`archive`]: the object store and master key, the audit of key unwraps, ownership of
 //!   sandboxes found in the store.
 //!
@@ -21,6 +22,7 @@
 pub mod api;
 pub mod archive;
 pub mod cluster;
+pub mod console;
 pub mod e2b;
 pub mod egress;
 pub mod error;

@@ -24,6 +24,8 @@ const PUBLIC: &[&str] = &[
     "tls.ca",
     "browser.live",
     "metrics",
+    "console.page",
+    "console.file",
     "ingress.get",
     "ingress.post",
     "ingress.put",

@@ -246,6 +246,8 @@ NOT_WRAPPED: dict[str, str] = {
     "browser.cdp": "a WebSocket for CDP clients (Playwright, Puppeteer): BrowserSession.cdp_url",
     "browser.live": "a page for people: BrowserSession.live_url",
     "tls.ca": "a PEM file for browsers and TLS clients to trust, not an SDK call",
+    "console.page": "the web console, for people in a browser (docs/console.md)",
+    "console.file": "the web console's scripts and styles, for the browser",
     "sandbox.pty": "a WebSocket terminal",
     "node.join": "called by nodes, with a join token",
     "node.rejoin": "called by nodes, with their secret",

@@ -25,7 +25,15 @@ impl FromRequestParts<Shared> for Caller {
                 Ok(s) => state.store.authenticate(Some(s)).await,
                 Err(_) => Err(AuthError::Malformed),
             },
-            None => state.store.authenticate(None).await,
+            None => match websocket_key(&parts.headers) {
+                Some(key) => {
+                    state
+                        .store
+                        .authenticate(Some(&format!("Bearer {key}")))
+                        .await
+                }
+                None => state.store.authenticate(None).await,
+            },
         };
         let e = match result {
             Ok(p) => return Ok(Caller(p)),
@@ -49,6 +57,24 @@ impl FromRequestParts<Shared> for Caller {
         }
         Err(err)
     }
+}
+
+/// The key a browser sends on a WebSocket upgrade, which cannot carry headers of its own:
+/// the subprotocol `space.key.<key>` beside `space` (`docs/api.md`, *Authentication*).
+fn websocket_key(headers: &axum::http::HeaderMap) -> Option<String> {
+    let upgrade = headers
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return None;
+    }
+    headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .find_map(|p| p.trim().strip_prefix("space.key.").map(str::to_owned))
 }
 
 /// An authenticated caller with an admin key (`403 forbidden` for a tenant key).

@@ -70,6 +70,8 @@ pub const ROUTES: &[Route] = &[
     r("GET", "/v1/openapi.json", "openapi"),
     r("GET", "/v1/tls/ca.pem", "tls.ca"),
     r("GET", "/metrics", "metrics"),
+    r("GET", "/", "console.page"),
+    r("GET", "/console/{*path}", "console.file"),
     r("POST", crate::mcp::PATH, "mcp.post"),
     r("GET", crate::mcp::PATH, "mcp.get"),
     r("DELETE", crate::mcp::PATH, "mcp.delete"),
@@ -529,6 +531,8 @@ fn build(state: Shared, max_body_bytes: usize, mcp: Router<Shared>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/tls/ca.pem", get(tls_ca))
         .route("/metrics", get(metrics))
+        .route("/", get(crate::console::page))
+        .route("/console/{*path}", get(crate::console::file))
         .route(
             "/v1/templates",
             get(t::list_templates).post(t::build_template),

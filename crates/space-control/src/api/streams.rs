@@ -89,9 +89,14 @@ pub async fn exec(
 }
 
 fn upgrade(ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> ApiResult<WebSocketUpgrade> {
-    ws.map(|w| w.max_message_size(MAX_WS_MESSAGE))
+    // A browser names `space` (and its key, `space.key.<key>`: it cannot set headers on a
+    // WebSocket) among the subprotocols and must be answered with one it named.
+    ws.map(|w| w.max_message_size(MAX_WS_MESSAGE).protocols([WS_PROTOCOL]))
         .map_err(|r| ApiError::invalid(format!("a WebSocket upgrade is needed: {}", r.body_text())))
 }
+
+/// The subprotocol the server answers when a client offers it.
+pub const WS_PROTOCOL: &str = "space";
 
 /// Waits for the client's first text message.
 async fn first_text(socket: &mut WebSocket) -> Result<String, ApiError> {

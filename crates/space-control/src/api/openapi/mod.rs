@@ -406,6 +406,9 @@ fn parameter(name: &str, g: &mut SchemaGenerator) -> Value {
         "BrowserQueryToken" => {
             json!({"name": "token", "in": "query", "required": false, "schema": {"type": "string", "pattern": "^[0-9]{1,20}\\.[0-9a-f]{64}$"}, "description": "The token of the DevTools URL, for clients that cannot send the key header; without it the key header is needed."})
         }
+        "ConsolePath" => {
+            json!({"name": "path", "in": "path", "required": true, "schema": {"type": "string", "maxLength": 1024}, "description": "A file of the console, under `/console/`."})
+        }
         "ProxyPath" => {
             json!({"name": "path", "in": "path", "required": true, "schema": {"type": "string"}, "description": "The rest of the path (may be empty and may contain slashes), passed on with the query string."})
         }

@@ -23,6 +23,17 @@ pub(super) fn operation(name: &str, g: &mut SchemaGenerator) -> Op {
             .public()
             .ok(200, "The CA certificate, PEM.", vec![("application/x-pem-file", json!({"type": "string"}))])
             .err(&[404, 500]),
+        "console.page" => Op::new("The web console", "console")
+            .desc("The console's page (docs/console.md). It calls this API with the key typed into it; the page itself needs none.")
+            .public()
+            .ok(200, "The page (`304` when the `If-None-Match` tag is current).", vec![("text/html", json!({"type": "string"}))])
+            .err(&[404, 500]),
+        "console.file" => Op::new("A file of the web console", "console")
+            .desc("The console's scripts, styles and vendored libraries, embedded in the binary.")
+            .public()
+            .param("ConsolePath")
+            .ok(200, "The file (`304` when the `If-None-Match` tag is current).", vec![("*/*", json!({"type": "string"}))])
+            .err(&[400, 404, 500]),
         "metrics" => Op::new("Prometheus metrics", "server")
             .desc("Counters `space_api_requests_total{operation, status}`, histogram `space_api_request_duration_seconds{operation}`, gauges `space_sandboxes{state}`, `space_pool_ready{template}`, `space_pool_size{template}`.")
             .public()
