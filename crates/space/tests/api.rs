@@ -109,7 +109,12 @@ fn every_route_is_routed_and_the_rest_is_json() {
                 "{r:?} hit a fallback: {status} {body}"
             );
             // Everything but the open routes wants a key; an unknown ingress token is 404.
-            if r.operation.starts_with("ingress.") || r.operation == "browser.live" {
+            if r.operation == "console.page" {
+                // The console's page is HTML, for a person to log in on.
+                assert_eq!(status, 200, "{r:?}");
+            } else if r.operation.starts_with("ingress.")
+                || matches!(r.operation, "browser.live" | "console.file")
+            {
                 assert_eq!(status, 404, "{r:?}: {body}");
                 assert_eq!(body["error"]["code"], "not_found");
             } else if NODE_ROUTES.contains(&r.operation) {
@@ -148,7 +153,15 @@ fn every_route_is_routed_and_the_rest_is_json() {
                 r.operation.starts_with("ingress.")
                     || r.operation == "browser.live"
                     || NODE_ROUTES.contains(&r.operation)
-                    || matches!(r.operation, "health" | "openapi" | "metrics" | "tls.ca")
+                    || matches!(
+                        r.operation,
+                        "health"
+                            | "openapi"
+                            | "metrics"
+                            | "tls.ca"
+                            | "console.page"
+                            | "console.file"
+                    )
             })
             .count();
         assert_eq!(events.len(), ROUTES.len() - open);
