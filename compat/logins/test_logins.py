@@ -241,13 +241,30 @@ class Site(http.server.BaseHTTPRequestHandler):
         pass
 
 
+class TlsServer(http.server.ThreadingHTTPServer):
+    """Each connection's TLS handshake runs in that connection's own thread: a client that
+    connects and says nothing (a browser's preconnect, held by the gateway) cannot hold up
+    the accept loop, and so every other connection, the way a handshake in `accept` would."""
+
+    def __init__(self, addr: Any, ctx: ssl.SSLContext) -> None:
+        super().__init__(addr, Site)
+        self.ctx = ctx
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        request.settimeout(60)
+        tls = self.ctx.wrap_socket(request, server_side=True)
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            tls.close()
+
+
 @pytest.fixture(scope="module")
 def site() -> Any:
     # Every address: the same site is "another host" when reached as 127.0.0.1.
-    server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), Site)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(os.environ["SITE_CERT"], os.environ["SITE_KEY"])
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    server = TlsServer(("0.0.0.0", 0), ctx)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
     hostport = f"{ADDR}:{port}"
