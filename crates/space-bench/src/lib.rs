@@ -22,6 +22,7 @@ pub mod archive;
 pub mod bare;
 pub mod bench;
 pub mod cluster;
+pub mod console;
 pub mod desktop;
 pub mod e2b;
 pub mod egress;

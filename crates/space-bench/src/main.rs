@@ -22,6 +22,8 @@
 //! source target/space/env.sh && cargo run --release -p space-bench -- desktop [--runs N]
 //!     [--actions N] [--pool-size N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- templates [--runs N]
+//! source target/space/env.sh && cargo run --release -p space-bench -- console [--runs N]
+//!     [--sandboxes N] [--running N] [--keystrokes N]
 //! source target/space/env.sh && cargo run --release -p space-bench -- hostile [--seconds N]
 //! ```
 
@@ -142,6 +144,10 @@ enum Command {
     /// e2b-desktop SDK, the native API and the MCP tools, the browser over CDP, and idle
     /// memory, CPU and first-suspend size beside `base`.
     Desktop(DesktopArgs),
+    /// Measures the web console in Chromium: time to interactive of the sandbox list with
+    /// many sandboxes (cold and warm) and keystroke echo in a terminal against `space shell`.
+    /// `--runs` (loads of the list) defaults to 10 here.
+    Console(ConsoleArgs),
     /// Measures template builds: a small Dockerfile cold and with its cache warm, the import
     /// of an image per 100 MB, and create from the Dockerfile's template against the stock
     /// one. `--runs` defaults to 5 here.
@@ -283,6 +289,28 @@ struct McpArgs {
     #[arg(long)]
     python: Option<PathBuf>,
     /// The `space` binary to start as `space mcp` (default: target/release/space).
+    #[arg(long)]
+    space: Option<PathBuf>,
+}
+
+#[derive(clap::Args, Debug)]
+struct ConsoleArgs {
+    /// Sandboxes on the list.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=2_000))]
+    sandboxes: u64,
+    /// Of which stay running (the rest are suspended, as most of a long-lived fleet is).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=200))]
+    running: u64,
+    /// Keystrokes each way.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    keystrokes: u64,
+    /// The `base` root image.
+    #[arg(long, env = "SPACE_ROOTFS_BASE")]
+    rootfs_base: Option<PathBuf>,
+    /// The Python that has Playwright (default: target/space/venv-browser/bin/python).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// The `space` binary for `space shell` (default: target/release/space).
     #[arg(long)]
     space: Option<PathBuf>,
 }
@@ -525,6 +553,33 @@ async fn run(cli: Cli) -> Result<()> {
             repo,
         };
         return space_bench::mcp::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Console(args)) = &cli.command {
+        let rootfs = args
+            .rootfs_base
+            .clone()
+            .filter(|r| r.is_file())
+            .ok_or_else(|| anyhow!("no base image: pass --rootfs-base or set SPACE_ROOTFS_BASE (`source target/space/env.sh`)"))?;
+        let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let plan = space_bench::console::ConsolePlan {
+            sandboxes: args.sandboxes as usize,
+            running: args.running.min(args.sandboxes) as usize,
+            loads: if cli.runs_given { cli.runs } else { 10 },
+            keystrokes: args.keystrokes as usize,
+            kernel,
+            rootfs,
+            qemu: cli.qemu.clone(),
+            python: args
+                .python
+                .clone()
+                .unwrap_or_else(|| repo.join("target/space/venv-browser/bin/python")),
+            space: args
+                .space
+                .clone()
+                .unwrap_or_else(|| repo.join("target/release/space")),
+            repo,
+        };
+        return space_bench::console::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::Desktop(args)) = &cli.command {
         let image = |path: &Option<PathBuf>, name: &str, var: &str| {
