@@ -2,6 +2,7 @@
 //! a version, beside a vault row (`secrets`) that holds the sealed value under the vault name
 //! [`E2bSecretRow::vault_name`]. Both change in one transaction.
 
+use super::secrets::upsert_secret;
 use super::*;
 
 /// An E2B secret's record; its value is the vault row [`E2bSecretRow::vault_name`].
@@ -70,39 +71,6 @@ fn get(
     )
 }
 
-fn write_sealed(c: &mut dyn Sql, sealed: &SecretRow, hosts: &str) -> Result<(), StoreError> {
-    let replaced = c.execute(
-        "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6,
-         kind = $7 WHERE tenant = $1 AND name = $2",
-        args![
-            sealed.tenant.as_str(),
-            sealed.name.as_str(),
-            hosts,
-            sealed.nonce.as_slice(),
-            sealed.ciphertext.as_slice(),
-            to_db(sealed.updated_unix_ms),
-            sealed.kind.as_str()
-        ],
-    )?;
-    if replaced == 0 {
-        c.execute(
-            "INSERT INTO secrets (tenant, name, hosts, nonce, ciphertext, created_unix_ms,
-             updated_unix_ms, kind) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            args![
-                sealed.tenant.as_str(),
-                sealed.name.as_str(),
-                hosts,
-                sealed.nonce.as_slice(),
-                sealed.ciphertext.as_slice(),
-                to_db(sealed.created_unix_ms),
-                to_db(sealed.updated_unix_ms),
-                sealed.kind.as_str()
-            ],
-        )?;
-    }
-    Ok(())
-}
-
 fn hosts_json(sealed: &SecretRow) -> Result<String, StoreError> {
     serde_json::to_string(&sealed.hosts)
         .map_err(|e| StoreError::Database(format!("encoding the secret's hosts: {e}")))
@@ -163,7 +131,7 @@ impl Store {
                     to_db(row.updated_unix_ms)
                 ],
             )?;
-            write_sealed(c, &sealed, &hosts)
+            upsert_secret(c, &sealed, &hosts).map(|_| ())
         })
         .await
     }
@@ -194,7 +162,7 @@ impl Store {
             if changed == 0 {
                 return Ok(None);
             }
-            write_sealed(c, &sealed, &hosts)?;
+            upsert_secret(c, &sealed, &hosts)?;
             get(c, &tenant, E2bSecretKey::Id(&id))
         })
         .await

@@ -46,6 +46,45 @@ fn get_secret(
     )
 }
 
+/// Writes the sealed secret `row` (its hosts encoded as `hosts`), replacing one of its name
+/// and keeping that one's creation time; answers whether it is new.
+pub(super) fn upsert_secret(
+    c: &mut dyn Sql,
+    row: &SecretRow,
+    hosts: &str,
+) -> Result<bool, StoreError> {
+    let replaced = c.execute(
+        "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6,
+         kind = $7 WHERE tenant = $1 AND name = $2",
+        args![
+            row.tenant.as_str(),
+            row.name.as_str(),
+            hosts,
+            row.nonce.as_slice(),
+            row.ciphertext.as_slice(),
+            to_db(row.updated_unix_ms),
+            row.kind.as_str()
+        ],
+    )?;
+    if replaced > 0 {
+        return Ok(false);
+    }
+    c.execute(
+        &format!("INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+        args![
+            row.tenant.as_str(),
+            row.name.as_str(),
+            hosts,
+            row.nonce.as_slice(),
+            row.ciphertext.as_slice(),
+            to_db(row.created_unix_ms),
+            to_db(row.updated_unix_ms),
+            row.kind.as_str()
+        ],
+    )?;
+    Ok(true)
+}
+
 impl Store {
     // ---- vault ----
 
@@ -62,38 +101,7 @@ impl Store {
                     id: row.tenant.to_string(),
                 });
             }
-            let replaced = c.execute(
-                "UPDATE secrets SET hosts = $3, nonce = $4, ciphertext = $5, updated_unix_ms = $6,
-                 kind = $7 WHERE tenant = $1 AND name = $2",
-                args![
-                    row.tenant.as_str(),
-                    row.name.as_str(),
-                    hosts.as_str(),
-                    row.nonce.as_slice(),
-                    row.ciphertext.as_slice(),
-                    to_db(row.updated_unix_ms),
-                    row.kind.as_str()
-                ],
-            )?;
-            if replaced > 0 {
-                return Ok(false);
-            }
-            c.execute(
-                &format!(
-                    "INSERT INTO secrets ({SECRET_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-                ),
-                args![
-                    row.tenant.as_str(),
-                    row.name.as_str(),
-                    hosts.as_str(),
-                    row.nonce.as_slice(),
-                    row.ciphertext.as_slice(),
-                    to_db(row.created_unix_ms),
-                    to_db(row.updated_unix_ms),
-                    row.kind.as_str()
-                ],
-            )?;
-            Ok(true)
+            upsert_secret(c, &row, &hosts)
         })
         .await
     }
