@@ -17,14 +17,10 @@ pub const MAX_HEADER_VALUE: usize = 8 * 1024;
 /// Where a secret reference starts in a value.
 const OPEN: &str = "${secret:";
 
-/// Headers the gateway owns: framing, hop-by-hop, and what it sets itself for scrubbing. A
-/// rule may not set them.
-const RESERVED: &[&str] = &[
-    "accept-encoding",
+/// Headers that belong to one hop of a connection and are never passed on (RFC 9110 7.6.1,
+/// with the proxy ones).
+pub const HOP_BY_HOP: &[&str] = &[
     "connection",
-    "content-length",
-    "expect",
-    "host",
     "keep-alive",
     "proxy-authenticate",
     "proxy-authorization",
@@ -34,6 +30,10 @@ const RESERVED: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
+
+/// Besides [`HOP_BY_HOP`], what the gateway sets itself (framing, and what it asks upstream
+/// for when it scrubs). A rule may set none of them.
+const GATEWAY_OWNED: &[&str] = &["accept-encoding", "content-length", "expect", "host"];
 
 /// One header set (replacing any the request carries under that name, in any case) on every
 /// request to a destination `host` matches.
@@ -112,7 +112,11 @@ impl HeaderRule {
                 n.chars().take(80).collect::<String>()
             ));
         }
-        if RESERVED.iter().any(|r| n.eq_ignore_ascii_case(r)) {
+        if HOP_BY_HOP
+            .iter()
+            .chain(GATEWAY_OWNED)
+            .any(|r| n.eq_ignore_ascii_case(r))
+        {
             return Err(format!(
                 "header {n} is set by the gateway itself and may not be set by a rule"
             ));

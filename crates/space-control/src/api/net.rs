@@ -523,19 +523,6 @@ pub async fn port_proxy_index(
     .await
 }
 
-/// Headers that belong to one hop and are not passed on.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
     let named: Vec<HeaderName> = headers
@@ -548,7 +535,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for n in named {
         headers.remove(n);
     }
-    for h in HOP_BY_HOP {
+    for h in space_node_api::headers::HOP_BY_HOP {
         headers.remove(*h);
     }
 }
