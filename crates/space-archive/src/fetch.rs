@@ -14,6 +14,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,6 +83,13 @@ pub struct FetchReport {
     pub fetched_bytes: u64,
     /// Ranged reads made.
     pub reads: u64,
+    /// The ranged reads' own times, summed (they overlap: up to `parallel` at once).
+    pub getting: Duration,
+    /// Opening the chunks (decrypting, decompressing, checking each against its name),
+    /// summed over the threads that did it.
+    pub opening: Duration,
+    /// Writing the chunks into the files, summed over the threads that did it.
+    pub writing: Duration,
     /// Of the wall time, making the files durable.
     pub syncing: Duration,
     /// Wall time.
@@ -244,6 +252,8 @@ async fn materialize_inner(
             .into_iter()
             .filter_map(|(k, v)| v.map(|f| (k, f)))
             .collect(),
+        opening_ns: AtomicU64::new(0),
+        writing_ns: AtomicU64::new(0),
     });
     let whole: Vec<u32> = (0..m.chunks.len() as u32)
         .filter(|&i| {
@@ -268,6 +278,8 @@ async fn materialize_inner(
         }
     }
     report.syncing = t_sync.elapsed();
+    report.opening = Duration::from_nanos(ctx.opening_ns.load(Ordering::Relaxed));
+    report.writing = Duration::from_nanos(ctx.writing_ns.load(Ordering::Relaxed));
     report.elapsed = t0.elapsed();
     Ok(report)
 }
@@ -284,10 +296,20 @@ struct Work {
     handles: Vec<Arc<File>>,
     names: Vec<PathBuf>,
     base_files: HashMap<String, File>,
+    /// Nanoseconds spent opening and writing chunks, summed over threads.
+    opening_ns: AtomicU64,
+    writing_ns: AtomicU64,
 }
 
 impl Work {
     fn write(&self, i: u32, plain: &[u8]) -> Result<(), FetchError> {
+        let t = Instant::now();
+        let r = self.write_all(i, plain);
+        add_elapsed(&self.writing_ns, t);
+        r
+    }
+
+    fn write_all(&self, i: u32, plain: &[u8]) -> Result<(), FetchError> {
         let i = i as usize;
         for &(fi, off) in self.targets[i].iter().chain(&self.under[i]) {
             self.handles[fi]
@@ -303,15 +325,21 @@ impl Work {
 
     /// Opens chunk `i` from its sealed bytes (from pack `pack`) and writes it where it goes.
     fn place(&self, pack: &str, i: u32, sealed: &[u8]) -> Result<(), FetchError> {
+        let t = Instant::now();
+        let plain = self.open(pack, i, sealed)?;
+        add_elapsed(&self.opening_ns, t);
+        self.write(i, &plain)
+    }
+
+    /// Opens chunk `i` from its sealed bytes: the whole chunk, checked against its name.
+    fn open(&self, pack: &str, i: u32, sealed: &[u8]) -> Result<Vec<u8>, FetchError> {
         let c = &self.chunks[i as usize];
         let bad = |source| FetchError::Chunk {
             pack: pack.to_owned(),
             source,
         };
         let Some(d) = &c.delta else {
-            let plain =
-                decode_chunk(&self.keys, &c.id, c.plain_len as usize, sealed).map_err(bad)?;
-            return self.write(i, &plain);
+            return decode_chunk(&self.keys, &c.id, c.plain_len as usize, sealed).map_err(bad);
         };
         let pages =
             decode_stored(&self.keys, &c.id, d.stored_len(c.plain_len), sealed).map_err(bad)?;
@@ -350,7 +378,7 @@ impl Work {
             at += n;
         }
         verify(&self.keys, &c.id, &plain).map_err(bad)?;
-        self.write(i, &plain)
+        Ok(plain)
     }
 }
 
@@ -393,7 +421,7 @@ async fn fetch_all(
             reads.push((pack, cur));
         }
     }
-    let mut set: JoinSet<Result<(u64, u64), FetchError>> = JoinSet::new();
+    let mut set: JoinSet<Result<(u64, u64, Duration), FetchError>> = JoinSet::new();
     let mut queue = reads.into_iter();
     let parallel = parallel.max(1);
     loop {
@@ -412,7 +440,9 @@ async fn fetch_all(
                     .map(|&i| chunks[i as usize].offset + chunks[i as usize].len as u64)
                     .max()
                     .unwrap_or(start);
+                let t_get = Instant::now();
                 let bytes = a.get_range(&path, start..end).await?;
+                let got = t_get.elapsed();
                 if (bytes.len() as u64) < end - start {
                     return Err(FetchError::Short { pack: pack_name });
                 }
@@ -424,7 +454,7 @@ async fn fetch_all(
                         let lo = (c.offset - start) as usize;
                         work.place(&pack_name, i, &bytes[lo..lo + c.len as usize])?;
                     }
-                    Ok((n, fetched))
+                    Ok((n, fetched, got))
                 })
                 .await
                 .map_err(|e| FetchError::Io {
@@ -437,9 +467,10 @@ async fn fetch_all(
         }
         match set.join_next().await {
             None => return Ok(()),
-            Some(Ok(Ok((n, bytes)))) => {
+            Some(Ok(Ok((n, bytes, got)))) => {
                 report.chunks += n;
                 report.fetched_bytes += bytes;
+                report.getting += got;
             }
             Some(Ok(Err(e))) => return Err(e),
             Some(Err(e)) => {
@@ -451,6 +482,11 @@ async fn fetch_all(
             }
         }
     }
+}
+
+fn add_elapsed(total_ns: &AtomicU64, since: Instant) {
+    let ns = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+    total_ns.fetch_add(ns, Ordering::Relaxed);
 }
 
 fn punch_hole(f: &File, start: u64, len: u64) -> std::io::Result<()> {

@@ -35,6 +35,7 @@ pub mod node;
 pub mod procmem;
 pub mod qmp;
 pub mod rate;
+pub mod restore;
 pub mod scratch;
 pub mod script;
 pub mod stats;

@@ -121,6 +121,11 @@ enum Command {
     /// uploads for 0, 16 and 64 MiB written, restore from the store against a local restore,
     /// an idle second suspend, a fork's dedup, wake on access, and the chunk sizes.
     Archive(ArchiveArgs),
+    /// Measures a suspended sandbox restored from its local copy and from the object store
+    /// (a Garage on loopback by default) to the first exec, for guests of 256 MiB, 1 GiB and
+    /// 4 GiB holding 25% of their RAM size as fresh data, random and text, and where the time
+    /// of a restore from the store goes. `--runs` defaults to 3 here.
+    Restore(RestoreArgs),
     /// Measures volumes' copies in the object store through a node's file API: a copy by
     /// what changed, a restore of the whole volume, and how long an acknowledged write waits
     /// for a copy that holds it at the default interval. `--runs` defaults to 3 here.
@@ -171,6 +176,22 @@ struct ArchiveArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [256u32, 64, 1024])]
     chunk_kib: Vec<u32>,
     /// The object store (default: a fresh directory under /var/tmp per node).
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+struct RestoreArgs {
+    /// Guest RAM sizes in MiB (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = [256u64, 1024, 4096])]
+    sizes: Vec<u64>,
+    /// Fresh data each guest holds, as a percentage of its RAM size.
+    #[arg(long, default_value_t = 25)]
+    fresh_pct: u64,
+    /// The kinds of data: random (incompressible), text (hex, zstd halves it).
+    #[arg(long, value_delimiter = ',', default_values_t = ["random".to_string(), "text".to_string()])]
+    kinds: Vec<String>,
+    /// The object store (default: a Garage on loopback, started for the run).
     #[arg(long, value_name = "URL")]
     store: Option<String>,
 }
@@ -663,6 +684,24 @@ async fn run(cli: Cli) -> Result<()> {
             store: args.store.clone(),
         };
         return space_bench::archive::run(&plan, shutdown_signal()).await;
+    }
+    if let Some(Command::Restore(args)) = &cli.command {
+        let kinds = args
+            .kinds
+            .iter()
+            .map(|k| k.parse().map_err(anyhow::Error::msg))
+            .collect::<Result<Vec<_>>>()?;
+        let plan = space_bench::restore::RestorePlan {
+            runs: if cli.runs_given { cli.runs } else { 3 },
+            qemu: cli.qemu.clone(),
+            kernel,
+            rootfs,
+            sizes_mib: args.sizes.clone(),
+            fresh_pct: args.fresh_pct,
+            kinds,
+            store: args.store.clone(),
+        };
+        return space_bench::restore::run(&plan, shutdown_signal()).await;
     }
     if let Some(Command::VolumeCopies(args)) = &cli.command {
         let plan = space_bench::volume_copies::VolumeCopiesPlan {

@@ -171,6 +171,7 @@ mod templates;
 pub(crate) use adopt::{adopt_archived, adopt_moved};
 pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
+pub use restore::RestoreReport;
 pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
 pub use space_archive::gc::GC_EVERY;
 pub(crate) use templates::{local_template, published, template_base};
@@ -194,7 +195,9 @@ pub(super) async fn materialize_into(
     dir: &Path,
     base_dir: Option<&Path>,
 ) -> Result<()> {
-    materialize_to(ctx, cfg, keys, m, dir, base_dir, true).await
+    materialize_to(ctx, cfg, keys, m, dir, base_dir, true)
+        .await
+        .map(drop)
 }
 
 /// Fetches `m` into `dir` (a plain directory, made anew, removed again on any failure) with
@@ -208,7 +211,7 @@ async fn materialize_to(
     dir: &Path,
     base_dir: Option<&Path>,
     volume: bool,
-) -> Result<()> {
+) -> Result<space_archive::FetchReport> {
     let remove = {
         let (s, d) = (ctx.storage.clone(), dir.to_owned());
         move || {
@@ -250,7 +253,7 @@ async fn materialize_to(
     match r {
         Ok(report) => {
             tracing::debug!(dir = %dir.display(), chunks = report.chunks, deltas = report.deltas, bytes = report.fetched_bytes, reads = report.reads, syncing = ?report.syncing, took = ?report.elapsed, "fetched");
-            Ok(())
+            Ok(report)
         }
         Err(e) => {
             let _ = blocking(remove).await;

@@ -3,6 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use space_archive::FetchReport;
+
 use super::*;
 
 /// A fresh hidden name for a fetch into `parent` (two fetches of one snapshot can overlap).
@@ -71,6 +73,29 @@ pub(crate) async fn fetch_snapshot(
 /// Where [`fetch_for_restore`] left the device state and manifest for the runtime.
 pub(crate) struct Incoming {
     dir: PathBuf,
+    /// Keys unwrapped, the manifest fetched, opened and checked, the template found.
+    pub(crate) prepared: Duration,
+    /// What fetching the chunks did.
+    pub(crate) fetch: FetchReport,
+}
+
+/// Where the time of a sandbox's last restore went (`Node::last_restore`): for the
+/// benchmarks, and the log.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Whether the snapshot came from the object store (else from its local copy).
+    pub from_store: bool,
+    /// From the store: keys unwrapped, the manifest fetched, opened and checked, the
+    /// template found.
+    pub prepared: Duration,
+    /// From the store: fetching, opening and writing the chunks.
+    pub fetch: Option<FetchReport>,
+    /// The VM started on the files and its device state loaded.
+    pub vm_started: Duration,
+    /// The guest answering: the identity step, disk and volumes (after `vm_started`).
+    pub guest_ready: Duration,
+    /// The whole restore, as the caller waited for it.
+    pub total: Duration,
 }
 
 impl Incoming {
@@ -103,10 +128,14 @@ pub(crate) async fn fetch_for_restore(
 ) -> Result<Incoming> {
     let t0 = std::time::Instant::now();
     let (keys, m, t) = prepare(ctx, cfg, r, snap, hash).await?;
+    let prepared = t0.elapsed();
+    let dir = sandbox_dir.join(".incoming");
+    let fetch = materialize_to(ctx, cfg, keys, &m, &dir, Some(&t.dir), false).await?;
     let incoming = Incoming {
-        dir: sandbox_dir.join(".incoming"),
+        dir,
+        prepared,
+        fetch,
     };
-    materialize_to(ctx, cfg, keys, &m, &incoming.dir, Some(&t.dir), false).await?;
     let placed = (|| {
         fix_kernel_path(&incoming.dir.join("manifest.json"), &t.kernel())?;
         for f in ["mem", "rootfs.ext4"] {

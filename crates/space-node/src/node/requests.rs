@@ -254,6 +254,19 @@ impl Node {
         self.call(id, |r| Request::Evict(snap, r)).await
     }
 
+    /// Where the time of the last restore of sandbox `id` on this node went, if it was
+    /// restored here.
+    pub fn last_restore(&self, id: &SandboxId) -> Option<crate::archive::RestoreReport> {
+        let sandboxes = self.lock_sandboxes();
+        let status = &sandboxes.get(id)?.status;
+        let report = status
+            .last_restore
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        report
+    }
+
     /// The resource samples of a sandbox of this node whose span ends within `[start_ms,
     /// end_ms]`, oldest first ([`crate::metrics`]); none for one that has not run a full
     /// sampling interval here, or that was killed (its series ends with it).

@@ -87,5 +87,9 @@ async fn take_over(
     } else {
         None
     };
-    Ok(Live { vm, client })
+    Ok(Live {
+        vm,
+        client,
+        started: std::time::Duration::ZERO,
+    })
 }

@@ -215,6 +215,7 @@ async fn finish_restore(
                 Some(Live {
                     vm,
                     client: Some(client),
+                    started: std::time::Duration::ZERO,
                 }),
             ));
         }

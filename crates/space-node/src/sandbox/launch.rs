@@ -153,6 +153,7 @@ pub(crate) async fn launch(
             Ok(Live {
                 vm,
                 client: Some(client),
+                started,
             })
         }
         Err(e) => {

@@ -135,6 +135,8 @@ pub(crate) struct Status {
     /// Set when the driver failed and stopped driving the sandbox (see the module docs):
     /// what happened, for the internal error callers get.
     pub fault: Mutex<Option<String>>,
+    /// Where the time of the sandbox's last restore went.
+    pub last_restore: Mutex<Option<crate::archive::RestoreReport>>,
 }
 
 impl Status {
@@ -272,6 +274,8 @@ pub(crate) struct Live {
     pub vm: Box<dyn NodeVm>,
     /// `None` for an adopted paused VM (the driver connects when the guest runs again).
     pub client: Option<GuestClient>,
+    /// How long the runtime took to start the VM (zero for an adopted one).
+    pub started: Duration,
 }
 
 /// The actor.
@@ -319,6 +323,7 @@ impl Sandbox {
                 record.options.secrets.clone(),
             ),
             fault: Mutex::new(None),
+            last_restore: Mutex::new(None),
         });
         status.egress.set_mounts(mounts_of(&ctx, &record));
         let (tx, rx) = mpsc::channel(QUEUE);

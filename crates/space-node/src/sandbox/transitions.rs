@@ -3,6 +3,7 @@
 //! record as an intent first and as its outcome last.
 
 use super::*;
+use crate::archive::RestoreReport;
 
 impl Sandbox {
     pub(super) async fn pause(&mut self) -> Result<()> {
@@ -308,6 +309,7 @@ impl Sandbox {
                 NodeError::internal("a suspended sandbox without a restore point")
             })?;
         self.begin(Intent::Restore, Running, Some(&point))?;
+        let t0 = Instant::now();
         if let Err(e) = clear_vm_files(&self.dir) {
             self.abandon();
             return Err(e);
@@ -319,13 +321,27 @@ impl Sandbox {
                 return Err(e);
             }
         };
+        let t_launch = Instant::now();
         let launched = launch(&self.ctx, &self.dir, how, &self.record).await;
+        let mut report = RestoreReport::default();
         if let Some(incoming) = incoming {
+            report.from_store = true;
+            report.prepared = incoming.prepared;
+            report.fetch = Some(incoming.fetch.clone());
             incoming.remove();
             self.caching.push((point.clone(), None));
         }
         match launched {
             Ok(live) => {
+                report.vm_started = live.started;
+                report.guest_ready = t_launch.elapsed().saturating_sub(live.started);
+                report.total = t0.elapsed();
+                tracing::debug!(id = %self.record.id, ?report, "restored");
+                *self
+                    .status
+                    .last_restore
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(report);
                 self.vm = Some(live.vm);
                 self.client = live.client;
                 self.record.origin = Origin::Snapshot {
