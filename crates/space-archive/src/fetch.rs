@@ -147,70 +147,10 @@ async fn materialize_inner(
         move |source| FetchError::Io { op, path, source }
     };
     // 1. Files, with their base content and holes.
-    let mut handles: Vec<Arc<File>> = Vec::with_capacity(m.files.len());
-    for f in &m.files {
-        let path = dest.join(&f.name);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
-        }
-        let based = f.runs.iter().any(|r| matches!(r, Run::Base(_)));
-        if based {
-            let base_name = f.base.clone().unwrap_or_default();
-            let src = match base_dir {
-                Some(d) if d.join(&base_name).is_file() => d.join(&base_name),
-                _ => {
-                    return Err(FetchError::NoBase {
-                        file: f.name.clone(),
-                        base: base_name,
-                    })
-                }
-            };
-            clone(&src, &path).map_err(io("cloning the base into", &path))?;
-        }
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(!based)
-            .open(&path)
-            .map_err(io("creating", &path))?;
-        file.set_len(f.size).map_err(io("sizing", &path))?;
-        if based {
-            let mut index = 0u64;
-            for r in &f.runs {
-                match r {
-                    Run::Zero(n) => {
-                        let start = index * m.chunk_size as u64;
-                        let len = (n * m.chunk_size as u64).min(f.size - start);
-                        punch_hole(&file, start, len).map_err(io("punching a hole in", &path))?;
-                        index += n;
-                    }
-                    Run::Base(n) => index += n,
-                    Run::Chunks(c) => index += c.len() as u64,
-                }
-            }
-        }
-        file.set_permissions(std::fs::Permissions::from_mode(f.mode & 0o777))
-            .map_err(io("setting the mode of", &path))?;
-        handles.push(Arc::new(file));
-    }
+    let handles = lay_out(m, dest, base_dir, &clone)?;
 
-    // 2. Where every stored chunk goes: chunk index -> (file, offset) list.
-    let mut targets: Vec<Vec<(usize, u64)>> = vec![Vec::new(); m.chunks.len()];
-    for (fi, f) in m.files.iter().enumerate() {
-        let mut index = 0u64;
-        for r in &f.runs {
-            match r {
-                Run::Zero(n) | Run::Base(n) => index += n,
-                Run::Chunks(c) => {
-                    for &ci in c {
-                        targets[ci as usize].push((fi, index * m.chunk_size as u64));
-                        index += 1;
-                    }
-                }
-            }
-        }
-    }
+    // 2. Where every stored chunk goes.
+    let targets = chunk_targets(m);
 
     // 3. Chunks stored whole, then the deltas that apply to them.
     let mut under: Vec<Vec<(usize, u64)>> = vec![Vec::new(); m.chunks.len()];
@@ -282,6 +222,89 @@ async fn materialize_inner(
     report.writing = Duration::from_nanos(ctx.writing_ns.load(Ordering::Relaxed));
     report.elapsed = t0.elapsed();
     Ok(report)
+}
+
+/// Makes `dest/<file>` for every file of `m`, each with its base content (a clone of the base
+/// template's file) and holes where its zero chunks are; stored chunks are still to be
+/// written. Answers the files, open for reading and writing, in the manifest's order.
+pub(crate) fn lay_out(
+    m: &Manifest,
+    dest: &Path,
+    base_dir: Option<&Path>,
+    clone: &CloneFile,
+) -> Result<Vec<Arc<File>>, FetchError> {
+    let io = |op: &'static str, path: &Path| {
+        let path = path.to_owned();
+        move |source| FetchError::Io { op, path, source }
+    };
+    let mut handles: Vec<Arc<File>> = Vec::with_capacity(m.files.len());
+    for f in &m.files {
+        let path = dest.join(&f.name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io("creating", parent))?;
+        }
+        let based = f.runs.iter().any(|r| matches!(r, Run::Base(_)));
+        if based {
+            let base_name = f.base.clone().unwrap_or_default();
+            let src = match base_dir {
+                Some(d) if d.join(&base_name).is_file() => d.join(&base_name),
+                _ => {
+                    return Err(FetchError::NoBase {
+                        file: f.name.clone(),
+                        base: base_name,
+                    })
+                }
+            };
+            clone(&src, &path).map_err(io("cloning the base into", &path))?;
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(!based)
+            .open(&path)
+            .map_err(io("creating", &path))?;
+        file.set_len(f.size).map_err(io("sizing", &path))?;
+        if based {
+            let mut index = 0u64;
+            for r in &f.runs {
+                match r {
+                    Run::Zero(n) => {
+                        let start = index * m.chunk_size as u64;
+                        let len = (n * m.chunk_size as u64).min(f.size - start);
+                        punch_hole(&file, start, len).map_err(io("punching a hole in", &path))?;
+                        index += n;
+                    }
+                    Run::Base(n) => index += n,
+                    Run::Chunks(c) => index += c.len() as u64,
+                }
+            }
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(f.mode & 0o777))
+            .map_err(io("setting the mode of", &path))?;
+        handles.push(Arc::new(file));
+    }
+    Ok(handles)
+}
+
+/// Where every stored chunk of `m` goes: chunk index -> (file index, byte offset) list.
+pub(crate) fn chunk_targets(m: &Manifest) -> Vec<Vec<(usize, u64)>> {
+    let mut targets: Vec<Vec<(usize, u64)>> = vec![Vec::new(); m.chunks.len()];
+    for (fi, f) in m.files.iter().enumerate() {
+        let mut index = 0u64;
+        for r in &f.runs {
+            match r {
+                Run::Zero(n) | Run::Base(n) => index += n,
+                Run::Chunks(c) => {
+                    for &ci in c {
+                        targets[ci as usize].push((fi, index * m.chunk_size as u64));
+                        index += 1;
+                    }
+                }
+            }
+        }
+    }
+    targets
 }
 
 /// What the reads of one materialize share.

@@ -15,6 +15,7 @@
 //! - [`kms`]: the AWS KMS API as a master key provider;
 //! - [`manifest`], [`pack`]: the two kinds of data object;
 //! - [`upload`], [`fetch`]: a snapshot directory into the store and back;
+//! - [`lazy`]: a snapshot's files used by a VM before they have arrived;
 //! - [`gc`]: garbage collection of unreferenced packs and shredded lineages;
 //! - [`uploads`]: build inputs (contexts, image archives) a cluster keeps for its nodes;
 //! - [`volumes`]: copies of tenants' volumes.
@@ -24,6 +25,7 @@ pub mod fetch;
 pub mod gc;
 pub mod keys;
 pub mod kms;
+pub mod lazy;
 pub mod manifest;
 pub mod pack;
 pub mod store;

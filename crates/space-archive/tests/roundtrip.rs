@@ -9,76 +9,12 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use common::*;
-use space_archive::fetch::{materialize, CloneFile, FetchError, DEFAULT_PARALLEL_READS};
-use space_archive::manifest::{BaseRef, DeltaOn};
-use space_archive::upload::{upload, Known, Previous, SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE};
+use space_archive::fetch::{materialize, FetchError, DEFAULT_PARALLEL_READS};
+use space_archive::manifest::DeltaOn;
+use space_archive::upload::{upload, Known, Previous, DEFAULT_CHUNK_SIZE};
 use space_archive::{Archive, Manifest, ManifestError, StoreConfig};
 
 const CHUNK: u64 = DEFAULT_CHUNK_SIZE as u64;
-
-fn copy_clone() -> CloneFile {
-    Arc::new(|src: &Path, dst: &Path| std::fs::copy(src, dst).map(|_| ()))
-}
-
-/// A snapshot directory: `mem` (8 MiB: 2 MiB of noise, then the base's bytes, then zeros),
-/// `rootfs.ext4` (32 MiB sparse, two written regions), `state` (small).
-fn make_snapshot(dir: &Path, base: &Path, seed: u64) {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::create_dir_all(base).unwrap();
-    let base_part = noise(1000, 4 * MIB as usize);
-    write_file(&base.join("mem"), 8 * MIB, &[(2 * MIB, &base_part)]);
-    write_file(&base.join("rootfs.ext4"), 32 * MIB, &[]);
-    let mine = noise(seed, 2 * MIB as usize);
-    write_file(
-        &dir.join("mem"),
-        8 * MIB,
-        &[(0, &mine), (2 * MIB, &base_part)],
-    );
-    let d1 = noise(seed + 1, MIB as usize);
-    let d2 = b"hello disk".repeat(50_000);
-    write_file(
-        &dir.join("rootfs.ext4"),
-        32 * MIB,
-        &[(MIB, &d1), (20 * MIB, &d2)],
-    );
-    write_file(&dir.join("state"), 60_000, &[(0, &noise(seed + 2, 60_000))]);
-}
-
-fn spec(
-    sandbox: &str,
-    snapshot: &str,
-    lineage: &str,
-    dir: &Path,
-    base: &Path,
-    archive: &Archive,
-) -> UploadSpec {
-    UploadSpec {
-        tenant: "alice".into(),
-        lineage: lineage.into(),
-        sandbox: sandbox.into(),
-        snapshot: snapshot.into(),
-        manifest_path: archive.manifest_path(sandbox, snapshot).unwrap(),
-        chunk_size: DEFAULT_CHUNK_SIZE,
-        pack_target: 4 << 20,
-        base: Some(BaseRef {
-            name: "tpl".into(),
-            version: "v1".into(),
-            manifest_hash: "none".into(),
-        }),
-        host: None,
-        record: serde_json::json!({"id": sandbox}),
-        files: ["mem", "rootfs.ext4", "state"]
-            .iter()
-            .map(|n| SourceFile {
-                name: n.to_string(),
-                path: dir.join(n),
-                base: (*n != "state").then(|| (n.to_string(), base.join(n))),
-                unchanged: None,
-            })
-            .collect(),
-        previous: None,
-    }
-}
 
 /// `dst` as a copy of snapshot directory `src`, with `writes` (file, offset, bytes) applied.
 fn copy_with(src: &Path, dst: &Path, writes: &[(&str, u64, &[u8])]) {

@@ -8,8 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use space_archive::fetch::CloneFile;
 use space_archive::keys::NoAudit;
+use space_archive::manifest::BaseRef;
 pub use space_archive::testing::{noise, Garage};
+use space_archive::upload::{SourceFile, UploadSpec, DEFAULT_CHUNK_SIZE};
 use space_archive::{Archive, Keyring, LocalMaster, MasterKey};
 
 pub const MIB: u64 = 1 << 20;
@@ -86,4 +89,68 @@ pub fn any_file_contains(dir: &Path, needle: &[u8]) -> Option<PathBuf> {
             .map(|b| b.windows(needle.len()).any(|w| w == needle))
             .unwrap_or(false)
     })
+}
+
+pub fn copy_clone() -> CloneFile {
+    Arc::new(|src: &Path, dst: &Path| std::fs::copy(src, dst).map(|_| ()))
+}
+
+/// A snapshot directory: `mem` (8 MiB: 2 MiB of noise, then the base's bytes, then zeros),
+/// `rootfs.ext4` (32 MiB sparse, two written regions), `state` (small).
+pub fn make_snapshot(dir: &Path, base: &Path, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::create_dir_all(base).unwrap();
+    let base_part = noise(1000, 4 * MIB as usize);
+    write_file(&base.join("mem"), 8 * MIB, &[(2 * MIB, &base_part)]);
+    write_file(&base.join("rootfs.ext4"), 32 * MIB, &[]);
+    let mine = noise(seed, 2 * MIB as usize);
+    write_file(
+        &dir.join("mem"),
+        8 * MIB,
+        &[(0, &mine), (2 * MIB, &base_part)],
+    );
+    let d1 = noise(seed + 1, MIB as usize);
+    let d2 = b"hello disk".repeat(50_000);
+    write_file(
+        &dir.join("rootfs.ext4"),
+        32 * MIB,
+        &[(MIB, &d1), (20 * MIB, &d2)],
+    );
+    write_file(&dir.join("state"), 60_000, &[(0, &noise(seed + 2, 60_000))]);
+}
+
+pub fn spec(
+    sandbox: &str,
+    snapshot: &str,
+    lineage: &str,
+    dir: &Path,
+    base: &Path,
+    archive: &Archive,
+) -> UploadSpec {
+    UploadSpec {
+        tenant: "alice".into(),
+        lineage: lineage.into(),
+        sandbox: sandbox.into(),
+        snapshot: snapshot.into(),
+        manifest_path: archive.manifest_path(sandbox, snapshot).unwrap(),
+        chunk_size: DEFAULT_CHUNK_SIZE,
+        pack_target: 4 << 20,
+        base: Some(BaseRef {
+            name: "tpl".into(),
+            version: "v1".into(),
+            manifest_hash: "none".into(),
+        }),
+        host: None,
+        record: serde_json::json!({"id": sandbox}),
+        files: ["mem", "rootfs.ext4", "state"]
+            .iter()
+            .map(|n| SourceFile {
+                name: n.to_string(),
+                path: dir.join(n),
+                base: (*n != "state").then(|| (n.to_string(), base.join(n))),
+                unchanged: None,
+            })
+            .collect(),
+        previous: None,
+    }
 }

@@ -1,0 +1,973 @@
+//! An archived snapshot's files used before they have arrived: a restore starts its VM on
+//! them at once, and the chunks it touches are fetched first.
+//!
+//! [`LazyFiles::open`] lays the files out as a fetch does (a clone of the base template's
+//! file, holes where the zero chunks are) and fetches the files that are not lazy (the device
+//! state and the runtime's manifest: small, and needed whole before the VM starts). Each
+//! chunk-sized slot of a lazy file is then *present* (zero, base, or installed) or *missing*
+//! (a stored chunk not yet here). [`LazyFiles::read_at`] and [`LazyFiles::write_at`] (what
+//! the file system in front of the VM calls) wait for the slots they cover; a missing slot is
+//! asked for at once. [`LazyFiles::hydrate`] (one task per restore) fetches what is asked for
+//! first, then the prefetch list, then everything else in pack order, until every slot is
+//! present: then the files are whole and the VM can go on without this.
+//!
+//! Every chunk is opened (AES-GCM), decompressed and checked against its name (the keyed hash
+//! of its plaintext; a delta after its pages are put in) before a byte of it is written, and
+//! a slot is written only while it is missing: a chunk that arrives twice, or one the guest
+//! wrote meanwhile, is never written over. A read of the store that fails or stalls is tried
+//! again a few times; then the restore fails, every waiter gets an error, and nothing is
+//! installed after that.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::crypto::LineageKeys;
+use crate::fetch::{chunk_targets, lay_out, CloneFile, FetchError};
+use crate::manifest::{DeltaOn, Manifest, Run};
+use crate::pack::{decode_chunk, decode_stored, verify, ChunkError};
+use crate::store::{Archive, StoreError};
+
+/// A background read covers at most this much of a pack.
+const MAX_READ: u64 = 8 << 20;
+/// A read asked for by a waiter covers at most this much (its chunks and their neighbours
+/// that are missing too).
+const MAX_URGENT_READ: u64 = 1 << 20;
+/// Gap between chunks of one pack that a read bridges rather than splitting.
+const MAX_GAP: u64 = 256 << 10;
+/// Reads asked for by waiters in flight at once.
+const MAX_URGENT: usize = 16;
+
+/// How a lazy restore fetches.
+#[derive(Debug, Clone)]
+pub struct LazyOptions {
+    /// Files served lazily; the manifest's other files are fetched whole by `open`.
+    pub lazy: Vec<String>,
+    /// Background reads in flight at once; 0: none, only what waiters ask for (the slots
+    /// nobody touches then never arrive).
+    pub parallel: usize,
+    /// The longest one read of the store may take before it is tried again.
+    pub read_timeout: Duration,
+    /// Tries of each read before the restore fails.
+    pub attempts: u32,
+    /// Slots to fetch first, in order: (file name, chunk index in the file).
+    pub prefetch: Vec<(String, u64)>,
+}
+
+impl Default for LazyOptions {
+    fn default() -> Self {
+        LazyOptions {
+            lazy: vec!["mem".into(), "rootfs.ext4".into()],
+            parallel: crate::fetch::DEFAULT_PARALLEL_READS,
+            read_timeout: Duration::from_secs(10),
+            attempts: 3,
+            prefetch: Vec::new(),
+        }
+    }
+}
+
+impl LazyOptions {
+    /// The longest a waiter can wait for one read before the restore fails: every try,
+    /// and the pauses between them.
+    pub fn stall_limit(&self) -> Duration {
+        let tries = self.attempts.max(1);
+        self.read_timeout * tries + backoff(tries) + Duration::from_secs(5)
+    }
+}
+
+/// The pause before try `n + 1` (after `n` failed), summed over all of them for `n = tries`.
+fn backoff(tries: u32) -> Duration {
+    (1..tries).map(pause_after).sum()
+}
+
+fn pause_after(n: u32) -> Duration {
+    Duration::from_millis(200u64 << (2 * n.min(4)).min(10))
+}
+
+/// What a lazy restore did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LazyReport {
+    /// Chunks fetched because a reader or writer waited for them.
+    pub urgent_chunks: u64,
+    /// Chunks fetched from the prefetch list.
+    pub prefetched_chunks: u64,
+    /// Chunks fetched in the background.
+    pub background_chunks: u64,
+    /// Bytes read from the store.
+    pub fetched_bytes: u64,
+    /// Ranged reads made (tries included).
+    pub reads: u64,
+    /// Reads tried again after a failure or a stall.
+    pub retries: u64,
+    /// Reads and writes that had to wait for a slot.
+    pub waits: u64,
+    /// Their waiting, summed.
+    pub waited: Duration,
+    /// From the start of [`LazyFiles::hydrate`] until every slot was present.
+    pub hydrated_in: Duration,
+}
+
+/// A slot of a lazy file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Present,
+    Missing,
+    /// Being written by an install.
+    Installing,
+}
+
+/// A stored chunk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Not asked for.
+    Idle,
+    /// Asked for by a waiter, not yet in a read.
+    Wanted,
+    /// In a read.
+    Fetching,
+    /// Installed everywhere it was missing.
+    Done,
+}
+
+/// Why a chunk is fetched, for the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    Urgent,
+    Prefetch,
+    Background,
+}
+
+struct State {
+    /// Per lazy file (by manifest file index), per slot.
+    slots: HashMap<usize, Vec<Slot>>,
+    chunks: Vec<Chunk>,
+    /// Chunks waiters asked for, oldest first.
+    wanted: VecDeque<u32>,
+    /// Slots still missing, over all lazy files.
+    missing: u64,
+    failed: Option<String>,
+    /// While set, the first-touch order of missing slots is kept in `touched`.
+    recording: bool,
+    touched: Vec<(usize, u64)>,
+    touched_set: HashSet<(usize, u64)>,
+    report: LazyReport,
+}
+
+struct Inner {
+    archive: Archive,
+    keys: Arc<LineageKeys>,
+    m: Manifest,
+    opts: LazyOptions,
+    files: Vec<Arc<File>>,
+    paths: Vec<PathBuf>,
+    /// Chunk index -> (file index, byte offset) list.
+    targets: Vec<Vec<(usize, u64)>>,
+    /// Per lazy file, per slot: the stored chunk that belongs there (None: zero or base).
+    slot_chunk: HashMap<usize, Vec<Option<u32>>>,
+    base_files: HashMap<String, File>,
+    /// (pack, offset) -> chunk index, for the neighbours of a chunk in its pack.
+    by_pack: BTreeMap<(u32, u64), u32>,
+    state: Mutex<State>,
+    changed: Condvar,
+    /// Wakes [`LazyFiles::hydrate`] when a waiter asks for a chunk.
+    asked: Notify,
+}
+
+/// The files of one lazy restore; cheap to clone (one shared state).
+#[derive(Clone)]
+pub struct LazyFiles {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LazyFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LazyFiles")
+            .field("snapshot", &self.inner.m.snapshot)
+            .field("lazy", &self.inner.opts.lazy)
+            .finish()
+    }
+}
+
+/// An error of a lazy file's read or write, as the file system answers it.
+#[derive(Debug, thiserror::Error)]
+pub enum LazyError {
+    /// The restore failed (the message says why); nothing more arrives.
+    #[error("the restore failed: {0}")]
+    Failed(String),
+    /// Outside the file.
+    #[error("offset {offset} and length {len} are outside the file ({size} bytes)")]
+    OutOfRange {
+        /// Where.
+        offset: u64,
+        /// How much.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// The file is not one of the lazy ones.
+    #[error("file {0} is not served lazily")]
+    NotLazy(usize),
+    /// Reading or writing the local file.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl LazyFiles {
+    /// Lays out every file of `m` in `dest` and fetches the ones that are not lazy; the lazy
+    /// ones are usable at once through [`LazyFiles::read_at`] and [`LazyFiles::write_at`]
+    /// while [`LazyFiles::hydrate`] runs.
+    pub async fn open(
+        archive: &Archive,
+        keys: Arc<LineageKeys>,
+        m: &Manifest,
+        dest: &Path,
+        base_dir: Option<&Path>,
+        clone: CloneFile,
+        opts: LazyOptions,
+    ) -> Result<LazyFiles, FetchError> {
+        let files = {
+            let (m, dest, base_dir) = (m.clone(), dest.to_owned(), base_dir.map(Path::to_owned));
+            tokio::task::spawn_blocking(move || lay_out(&m, &dest, base_dir.as_deref(), &clone))
+                .await
+                .map_err(|e| FetchError::Io {
+                    op: "laying out",
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(e.to_string()),
+                })??
+        };
+        let targets = chunk_targets(m);
+        let lazy: Vec<usize> = m
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| opts.lazy.contains(&f.name))
+            .map(|(i, _)| i)
+            .collect();
+        let cs = m.chunk_size as u64;
+        let mut slot_chunk = HashMap::new();
+        let mut slots = HashMap::new();
+        let mut missing = 0u64;
+        for &fi in &lazy {
+            let f = &m.files[fi];
+            let mut per = Vec::with_capacity(f.size.div_ceil(cs) as usize);
+            for r in &f.runs {
+                match r {
+                    Run::Zero(n) | Run::Base(n) => per.extend((0..*n).map(|_| None)),
+                    Run::Chunks(c) => per.extend(c.iter().map(|&i| Some(i))),
+                }
+            }
+            let s: Vec<Slot> = per
+                .iter()
+                .map(|c| match c {
+                    Some(_) => Slot::Missing,
+                    None => Slot::Present,
+                })
+                .collect();
+            missing += s.iter().filter(|s| **s == Slot::Missing).count() as u64;
+            slots.insert(fi, s);
+            slot_chunk.insert(fi, per);
+        }
+        let mut base_files = HashMap::new();
+        for c in &m.chunks {
+            if let Some(DeltaOn::Base { file, .. }) = c.delta.as_ref().map(|d| &d.on) {
+                if base_files.contains_key(file) {
+                    continue;
+                }
+                let opened = base_dir.map(|d| d.join(file)).map(File::open);
+                match opened {
+                    Some(Ok(f)) => {
+                        base_files.insert(file.clone(), f);
+                    }
+                    _ => {
+                        return Err(FetchError::NoBase {
+                            file: "a page delta".into(),
+                            base: file.clone(),
+                        })
+                    }
+                }
+            }
+        }
+        let inner = Arc::new(Inner {
+            archive: archive.clone(),
+            keys,
+            m: m.clone(),
+            opts,
+            files,
+            paths: m.files.iter().map(|f| dest.join(&f.name)).collect(),
+            targets,
+            slot_chunk,
+            base_files,
+            by_pack: m
+                .chunks
+                .iter()
+                .enumerate()
+                .map(|(i, l)| ((l.pack, l.offset), i as u32))
+                .collect(),
+            state: Mutex::new(State {
+                slots,
+                chunks: vec![Chunk::Idle; m.chunks.len()],
+                wanted: VecDeque::new(),
+                missing,
+                failed: None,
+                recording: true,
+                touched: Vec::new(),
+                touched_set: HashSet::new(),
+                report: LazyReport::default(),
+            }),
+            changed: Condvar::new(),
+            asked: Notify::new(),
+        });
+        // The files that are not lazy, whole, now.
+        let eager: Vec<u32> = (0..m.chunks.len() as u32)
+            .filter(|&c| {
+                inner.targets[c as usize]
+                    .iter()
+                    .any(|(fi, _)| !inner.slot_chunk.contains_key(fi))
+            })
+            .collect();
+        for run in runs_of(&inner.m, eager, MAX_READ) {
+            fetch_run(&inner, run, Why::Background).await?;
+        }
+        inner.lock_state().report = LazyReport::default();
+        Ok(LazyFiles { inner })
+    }
+
+    /// The manifest index of file `name`, if it is served lazily.
+    pub fn lazy_file(&self, name: &str) -> Option<usize> {
+        let i = self.inner.m.files.iter().position(|f| f.name == name)?;
+        self.inner.slot_chunk.contains_key(&i).then_some(i)
+    }
+
+    /// The size of file `fi` of the manifest.
+    pub fn size(&self, fi: usize) -> u64 {
+        self.inner.m.files.get(fi).map(|f| f.size).unwrap_or(0)
+    }
+
+    /// Where file `fi` is on the local disk (complete once hydrated).
+    pub fn path(&self, fi: usize) -> Option<&Path> {
+        self.inner.paths.get(fi).map(PathBuf::as_path)
+    }
+
+    /// Whether every slot is present.
+    pub fn complete(&self) -> bool {
+        let st = self.lock();
+        st.failed.is_none() && st.missing == 0
+    }
+
+    /// Why the restore failed, if it did.
+    pub fn failed(&self) -> Option<String> {
+        self.lock().failed.clone()
+    }
+
+    /// Fails the restore from outside (the VM went away): every waiter gets an error and
+    /// nothing more is installed.
+    pub fn fail(&self, why: &str) {
+        fail(&self.inner, why.to_owned());
+    }
+
+    /// Ends recording and answers the slots that were missing when first touched, in the
+    /// order they were: (file name, chunk index in the file).
+    pub fn take_touched(&self) -> Vec<(String, u64)> {
+        let mut st = self.lock();
+        st.recording = false;
+        let touched = std::mem::take(&mut st.touched);
+        st.touched_set.clear();
+        touched
+            .into_iter()
+            .map(|(fi, slot)| (self.inner.m.files[fi].name.clone(), slot))
+            .collect()
+    }
+
+    /// What the restore has done so far.
+    pub fn report(&self) -> LazyReport {
+        self.lock().report.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads `buf.len()` bytes of lazy file `fi` at `offset`, waiting for what has not
+    /// arrived (asking for it first). Blocks: call it from a thread that may.
+    pub fn read_at(&self, fi: usize, offset: u64, buf: &mut [u8]) -> Result<(), LazyError> {
+        self.wait_for(fi, offset, buf.len() as u64)?;
+        self.inner.files[fi].read_exact_at(buf, offset)?;
+        Ok(())
+    }
+
+    /// Writes `data` into lazy file `fi` at `offset`, once the slots it covers are here (a
+    /// write never races an install). Blocks: call it from a thread that may.
+    pub fn write_at(&self, fi: usize, offset: u64, data: &[u8]) -> Result<(), LazyError> {
+        self.wait_for(fi, offset, data.len() as u64)?;
+        self.inner.files[fi].write_all_at(data, offset)?;
+        Ok(())
+    }
+
+    /// Waits until every slot of `[offset, offset + len)` of file `fi` is present.
+    fn wait_for(&self, fi: usize, offset: u64, len: u64) -> Result<(), LazyError> {
+        let size = self.size(fi);
+        if offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(LazyError::OutOfRange { offset, len, size });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let Some(per) = self.inner.slot_chunk.get(&fi) else {
+            return Err(LazyError::NotLazy(fi));
+        };
+        let cs = self.inner.m.chunk_size as u64;
+        let (first, last) = (offset / cs, (offset + len - 1) / cs);
+        let t0 = Instant::now();
+        let limit = self.inner.opts.stall_limit();
+        let mut st = self.lock();
+        let mut waited = false;
+        loop {
+            if let Some(why) = &st.failed {
+                return Err(LazyError::Failed(why.clone()));
+            }
+            let mut here = true;
+            let mut asked = false;
+            for slot in first..=last {
+                let s = st.slots.get(&fi).map(|v| v[slot as usize]);
+                match s {
+                    Some(Slot::Present) | None => {}
+                    Some(Slot::Installing) => here = false,
+                    Some(Slot::Missing) => {
+                        here = false;
+                        if st.recording && st.touched_set.insert((fi, slot)) {
+                            st.touched.push((fi, slot));
+                        }
+                        if let Some(c) = per[slot as usize] {
+                            if st.chunks[c as usize] == Chunk::Idle {
+                                st.chunks[c as usize] = Chunk::Wanted;
+                                st.wanted.push_back(c);
+                                asked = true;
+                            }
+                        }
+                    }
+                }
+            }
+            if here {
+                break;
+            }
+            if asked {
+                self.inner.asked.notify_one();
+            }
+            waited = true;
+            let left = limit.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                let why = format!(
+                    "a read of {} waited {:?} for the object store",
+                    self.inner.m.files[fi].name, limit
+                );
+                st.failed = Some(why.clone());
+                self.inner.changed.notify_all();
+                return Err(LazyError::Failed(why));
+            }
+            st = self
+                .inner
+                .changed
+                .wait_timeout(st, left.min(Duration::from_millis(500)))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if waited {
+            st.report.waits += 1;
+            st.report.waited += t0.elapsed();
+        }
+        Ok(())
+    }
+
+    /// Fetches every missing chunk: the ones waiters ask for first, then the prefetch list,
+    /// then the rest in pack order; answers once every slot is present (the files are then
+    /// whole), or the error that failed the restore (after which nothing is installed).
+    pub async fn hydrate(&self) -> Result<LazyReport, FetchError> {
+        let t0 = Instant::now();
+        let r = drive(&self.inner).await;
+        if let Err(e) = &r {
+            fail(&self.inner, e.to_string());
+        }
+        r?;
+        let mut st = self.lock();
+        st.report.hydrated_in = t0.elapsed();
+        Ok(st.report.clone())
+    }
+}
+
+fn fail(inner: &Inner, why: String) {
+    let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    if st.failed.is_none() {
+        st.failed = Some(why);
+    }
+    drop(st);
+    inner.changed.notify_all();
+    inner.asked.notify_one();
+}
+
+/// The background order: the prefetch list's chunks first, then the others by pack and
+/// offset (the order uploads wrote them, roughly the files' order).
+fn background_order(inner: &Inner) -> (VecDeque<u32>, HashSet<u32>) {
+    let mut seen = HashSet::new();
+    let mut prefetch = VecDeque::new();
+    for (name, slot) in &inner.opts.prefetch {
+        let Some(fi) = inner.m.files.iter().position(|f| &f.name == name) else {
+            continue;
+        };
+        let Some(c) = inner
+            .slot_chunk
+            .get(&fi)
+            .and_then(|per| per.get(*slot as usize))
+            .copied()
+            .flatten()
+        else {
+            continue;
+        };
+        if seen.insert(c) {
+            prefetch.push_back(c);
+        }
+    }
+    let prefetched: HashSet<u32> = prefetch.iter().copied().collect();
+    let mut rest: Vec<u32> = (0..inner.m.chunks.len() as u32)
+        .filter(|c| !seen.contains(c))
+        .filter(|&c| {
+            inner.targets[c as usize]
+                .iter()
+                .any(|(fi, _)| inner.slot_chunk.contains_key(fi))
+        })
+        .collect();
+    rest.sort_by_key(|&c| {
+        let l = &inner.m.chunks[c as usize];
+        (l.pack, l.offset)
+    });
+    prefetch.extend(rest);
+    (prefetch, prefetched)
+}
+
+async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
+    let (mut queue, prefetched) = background_order(inner);
+    let mut set: JoinSet<Result<(), FetchError>> = JoinSet::new();
+    let mut background = 0usize;
+    let mut urgent = 0usize;
+    let mut kinds: HashMap<tokio::task::Id, bool> = HashMap::new();
+    loop {
+        // What waiters asked for first.
+        let wanted: Vec<u32> = {
+            let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = &st.failed {
+                return Err(FetchError::Io {
+                    op: "restoring",
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(why.clone()),
+                });
+            }
+            if urgent >= MAX_URGENT {
+                Vec::new()
+            } else {
+                let mut out = Vec::new();
+                while let Some(c) = st.wanted.pop_front() {
+                    if st.chunks[c as usize] == Chunk::Wanted {
+                        st.chunks[c as usize] = Chunk::Fetching;
+                        out.push(c);
+                    }
+                }
+                // Their neighbours in the pack that nobody fetches yet come along.
+                let extra: Vec<u32> = neighbours(inner, &out, &st.chunks);
+                for &c in &extra {
+                    st.chunks[c as usize] = Chunk::Fetching;
+                }
+                out.extend(extra);
+                out
+            }
+        };
+        if !wanted.is_empty() {
+            for run in runs_of(&inner.m, wanted, MAX_URGENT_READ) {
+                let i2 = inner.clone();
+                let h = set.spawn(async move { fetch_run(&i2, run, Why::Urgent).await });
+                kinds.insert(h.id(), true);
+                urgent += 1;
+            }
+        }
+        // Then the background, while there is room.
+        while background < inner.opts.parallel {
+            let run = {
+                let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut run: Vec<u32> = Vec::new();
+                let (mut pack, mut start, mut end) = (u32::MAX, 0u64, 0u64);
+                while let Some(&c) = queue.front() {
+                    if st.chunks[c as usize] != Chunk::Idle {
+                        queue.pop_front();
+                        continue;
+                    }
+                    let l = &inner.m.chunks[c as usize];
+                    let l_end = l.offset + l.len as u64;
+                    if !run.is_empty()
+                        && (l.pack != pack
+                            || l.offset < end
+                            || l.offset > end + MAX_GAP
+                            || l_end - start > MAX_READ)
+                    {
+                        break;
+                    }
+                    if run.is_empty() {
+                        (pack, start) = (l.pack, l.offset);
+                    }
+                    end = l_end;
+                    st.chunks[c as usize] = Chunk::Fetching;
+                    run.push(c);
+                    queue.pop_front();
+                }
+                run
+            };
+            if run.is_empty() {
+                break;
+            }
+            let why = if prefetched.contains(&run[0]) {
+                Why::Prefetch
+            } else {
+                Why::Background
+            };
+            let i2 = inner.clone();
+            let h = set.spawn(async move { fetch_run(&i2, run, why).await });
+            kinds.insert(h.id(), false);
+            background += 1;
+        }
+        if set.is_empty() {
+            {
+                let st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                if st.missing == 0 {
+                    return Ok(());
+                }
+                if inner.opts.parallel > 0 && st.wanted.is_empty() && queue.is_empty() {
+                    // Every chunk was fetched; a slot still missing would be a chunk
+                    // without a place, which the manifest's validation rules out.
+                    return Err(FetchError::Io {
+                        op: "restoring",
+                        path: PathBuf::new(),
+                        source: std::io::Error::other(format!(
+                            "{} slots are still missing after every chunk was fetched",
+                            st.missing
+                        )),
+                    });
+                }
+            }
+            // Nothing in flight: wait for a waiter to ask (no background reads).
+            inner.asked.notified().await;
+            continue;
+        }
+        tokio::select! {
+            _ = inner.asked.notified() => {}
+            done = set.join_next_with_id() => {
+                let Some(done) = done else { continue };
+                let (id, r) = match done {
+                    Ok((id, r)) => (id, r),
+                    Err(e) => {
+                        return Err(FetchError::Io {
+                            op: "fetching",
+                            path: PathBuf::new(),
+                            source: std::io::Error::other(e.to_string()),
+                        })
+                    }
+                };
+                if kinds.remove(&id) == Some(true) {
+                    urgent -= 1;
+                } else {
+                    background -= 1;
+                }
+                r?;
+            }
+        }
+    }
+}
+
+/// Missing chunks next to `these` in their packs that nobody is fetching, so that one read
+/// brings a little more than it must (what is near in a pack is near in the file).
+fn neighbours(inner: &Inner, these: &[u32], chunks: &[Chunk]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let taken: HashSet<u32> = these.iter().copied().collect();
+    for &c in these {
+        let l = &inner.m.chunks[c as usize];
+        let mut size = l.len as u64;
+        for (&(pack, _), &n) in inner.by_pack.range((l.pack, l.offset + 1)..) {
+            if pack != l.pack || size >= MAX_URGENT_READ {
+                break;
+            }
+            if chunks[n as usize] != Chunk::Idle || taken.contains(&n) || out.contains(&n) {
+                break;
+            }
+            size += inner.m.chunks[n as usize].len as u64;
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// Splits `wanted` into reads: per pack, by offset, each covering at most `max` bytes with
+/// gaps of at most [`MAX_GAP`].
+fn runs_of(m: &Manifest, wanted: Vec<u32>, max: u64) -> Vec<Vec<u32>> {
+    let mut by_pack: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for i in wanted {
+        by_pack
+            .entry(m.chunks[i as usize].pack)
+            .or_default()
+            .push(i);
+    }
+    let mut reads = Vec::new();
+    for (_, mut list) in by_pack {
+        list.sort_by_key(|&i| m.chunks[i as usize].offset);
+        list.dedup();
+        let mut cur: Vec<u32> = Vec::new();
+        let (mut start, mut end) = (0u64, 0u64);
+        for i in list {
+            let c = &m.chunks[i as usize];
+            let c_end = c.offset + c.len as u64;
+            if !cur.is_empty() && (c.offset > end + MAX_GAP || c_end - start > max) {
+                reads.push(std::mem::take(&mut cur));
+            }
+            if cur.is_empty() {
+                start = c.offset;
+                end = c_end;
+            }
+            end = end.max(c_end);
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            reads.push(cur);
+        }
+    }
+    reads
+}
+
+/// One ranged read of a pack, tried again after a failure or a stall.
+async fn read_range(
+    inner: &Inner,
+    pack: u32,
+    range: std::ops::Range<u64>,
+) -> Result<Bytes, FetchError> {
+    let name = inner.m.packs[pack as usize].clone();
+    let path = inner.archive.pack_path(&inner.m.lineage, &name)?;
+    let tries = inner.opts.attempts.max(1);
+    let mut last: Option<FetchError> = None;
+    for n in 0..tries {
+        if n > 0 {
+            tokio::time::sleep(pause_after(n)).await;
+            inner.lock_state().report.retries += 1;
+        }
+        if inner.lock_state().failed.is_some() {
+            break;
+        }
+        inner.lock_state().report.reads += 1;
+        let got = tokio::time::timeout(
+            inner.opts.read_timeout,
+            inner.archive.get_range(&path, range.clone()),
+        )
+        .await;
+        match got {
+            Ok(Ok(bytes)) if (bytes.len() as u64) < range.end - range.start => {
+                // A short pack does not grow back: no retry.
+                return Err(FetchError::Short { pack: name });
+            }
+            Ok(Ok(bytes)) => {
+                inner.lock_state().report.fetched_bytes += bytes.len() as u64;
+                return Ok(bytes);
+            }
+            Ok(Err(e @ StoreError::Missing { .. })) => return Err(e.into()),
+            Ok(Err(e)) => last = Some(e.into()),
+            Err(_) => {
+                last = Some(FetchError::Io {
+                    op: "reading",
+                    path: PathBuf::from(path.to_string()),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the object store did not answer within {:?}",
+                            inner.opts.read_timeout
+                        ),
+                    ),
+                })
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| FetchError::Io {
+        op: "reading",
+        path: PathBuf::from(path.to_string()),
+        source: std::io::Error::other("the restore failed meanwhile"),
+    }))
+}
+
+impl Inner {
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Fetches chunks `run` (one pack, close together), and the chunks their deltas apply to,
+/// opens and checks them, and installs them.
+async fn fetch_run(inner: &Arc<Inner>, run: Vec<u32>, why: Why) -> Result<(), FetchError> {
+    let m = &inner.m;
+    // The chunks deltas of the run apply to come along (from wherever they are).
+    let mut need: Vec<u32> = run.clone();
+    for &c in &run {
+        if let Some(DeltaOn::Chunk(r)) = m.chunks[c as usize].delta.as_ref().map(|d| &d.on) {
+            if !need.contains(r) {
+                need.push(*r);
+            }
+        }
+    }
+    let mut sealed: HashMap<u32, Bytes> = HashMap::new();
+    for read in runs_of(m, need, u64::MAX) {
+        let pack = m.chunks[read[0] as usize].pack;
+        let start = m.chunks[read[0] as usize].offset;
+        let end = read
+            .iter()
+            .map(|&i| m.chunks[i as usize].offset + m.chunks[i as usize].len as u64)
+            .max()
+            .unwrap_or(start);
+        let bytes = read_range(inner, pack, start..end).await?;
+        for &i in &read {
+            let c = &m.chunks[i as usize];
+            let lo = (c.offset - start) as usize;
+            sealed.insert(i, bytes.slice(lo..lo + c.len as usize));
+        }
+    }
+    let i2 = inner.clone();
+    tokio::task::spawn_blocking(move || install_all(&i2, &run, &sealed, why))
+        .await
+        .map_err(|e| FetchError::Io {
+            op: "installing chunks",
+            path: PathBuf::new(),
+            source: std::io::Error::other(e.to_string()),
+        })?
+}
+
+fn install_all(
+    inner: &Inner,
+    run: &[u32],
+    sealed: &HashMap<u32, Bytes>,
+    why: Why,
+) -> Result<(), FetchError> {
+    let m = &inner.m;
+    let pack_of = |i: u32| m.packs[m.chunks[i as usize].pack as usize].clone();
+    let mut whole: HashMap<u32, Vec<u8>> = HashMap::new();
+    let open_whole = |i: u32, whole: &mut HashMap<u32, Vec<u8>>| -> Result<(), FetchError> {
+        if whole.contains_key(&i) {
+            return Ok(());
+        }
+        let c = &m.chunks[i as usize];
+        let plain = decode_chunk(&inner.keys, &c.id, c.plain_len as usize, &sealed[&i]).map_err(
+            |source| FetchError::Chunk {
+                pack: pack_of(i),
+                source,
+            },
+        )?;
+        whole.insert(i, plain);
+        Ok(())
+    };
+    for &i in run {
+        let c = &m.chunks[i as usize];
+        let plain = match &c.delta {
+            None => {
+                open_whole(i, &mut whole)?;
+                whole[&i].clone()
+            }
+            Some(d) => {
+                let bad = |source| FetchError::Chunk {
+                    pack: pack_of(i),
+                    source,
+                };
+                let pages =
+                    decode_stored(&inner.keys, &c.id, d.stored_len(c.plain_len), &sealed[&i])
+                        .map_err(bad)?;
+                let len = c.plain_len as usize;
+                let mut plain = match &d.on {
+                    DeltaOn::Base { file, index } => {
+                        let mut b = vec![0u8; len];
+                        let off = index * m.chunk_size as u64;
+                        inner.base_files[file]
+                            .read_exact_at(&mut b, off)
+                            .map_err(|_| FetchError::Chunk {
+                                pack: pack_of(i),
+                                source: ChunkError::Malformed {
+                                    id: c.id,
+                                    why: format!(
+                                        "the chunk it applies to (base file {file}, chunk \
+                                         {index}) is shorter than it"
+                                    ),
+                                },
+                            })?;
+                        b
+                    }
+                    DeltaOn::Chunk(r) => {
+                        open_whole(*r, &mut whole)?;
+                        let mut b = whole[r].clone();
+                        b.resize(len, 0);
+                        b
+                    }
+                };
+                let mut at = 0;
+                for r in d.ranges(c.plain_len) {
+                    let n = r.len();
+                    plain[r].copy_from_slice(&pages[at..at + n]);
+                    at += n;
+                }
+                verify(&inner.keys, &c.id, &plain).map_err(bad)?;
+                plain
+            }
+        };
+        install(inner, i, &plain)?;
+        let mut st = inner.lock_state();
+        st.chunks[i as usize] = Chunk::Done;
+        match why {
+            Why::Urgent => st.report.urgent_chunks += 1,
+            Why::Prefetch => st.report.prefetched_chunks += 1,
+            Why::Background => st.report.background_chunks += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Writes the opened chunk `i` wherever it goes and is still missing.
+fn install(inner: &Inner, i: u32, plain: &[u8]) -> Result<(), FetchError> {
+    let cs = inner.m.chunk_size as u64;
+    for &(fi, off) in &inner.targets[i as usize] {
+        let lazy = inner.slot_chunk.contains_key(&fi);
+        if lazy {
+            let mut st = inner.lock_state();
+            if st.failed.is_some() {
+                return Ok(());
+            }
+            let slot =
+                &mut st.slots.get_mut(&fi).expect("a lazy file's slots")[(off / cs) as usize];
+            if *slot != Slot::Missing {
+                continue;
+            }
+            *slot = Slot::Installing;
+        }
+        let written = inner.files[fi].write_all_at(plain, off);
+        if lazy {
+            let mut st = inner.lock_state();
+            let slot =
+                &mut st.slots.get_mut(&fi).expect("a lazy file's slots")[(off / cs) as usize];
+            if written.is_ok() {
+                *slot = Slot::Present;
+                st.missing -= 1;
+            } else {
+                *slot = Slot::Missing;
+            }
+            drop(st);
+            inner.changed.notify_all();
+        }
+        written.map_err(|source| FetchError::Io {
+            op: "writing",
+            path: inner.paths[fi].clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,409 @@
+//! Lazy restores against a local directory and against Garage (real S3): reads and writes
+//! before the chunks have arrived, whole chunks and page deltas, the background filling
+//! every slot, the prefetch list, the first-touch record, a corrupt chunk (refused, never
+//! installed) and a store that goes away (a bounded wait, then an error for every waiter).
+
+mod common;
+
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use space_archive::crypto::LineageKeys;
+use space_archive::lazy::{LazyError, LazyFiles, LazyOptions};
+use space_archive::manifest::DeltaOn;
+use space_archive::upload::{upload, Known, Previous, DEFAULT_CHUNK_SIZE};
+use space_archive::{Archive, Manifest, StoreConfig};
+
+const CHUNK: u64 = DEFAULT_CHUNK_SIZE as u64;
+
+/// Two snapshots of one sandbox in `store`: the second has page deltas (on the base and on
+/// a chunk stored whole) besides whole chunks. Answers the archive, the keys, the second
+/// manifest, its directory and the base's.
+async fn two_snapshots(
+    config: StoreConfig,
+    w: &Path,
+) -> (Archive, Arc<LineageKeys>, Manifest, std::path::PathBuf) {
+    let archive = Archive::open(&config).await.unwrap();
+    let (keyring, _) = keyring(&archive, w);
+    let keys = keyring
+        .lineage_keys("alice", "lin-1", true, false)
+        .await
+        .unwrap();
+    let (base, snap1) = (w.join("base"), w.join("snap1"));
+    make_snapshot(&snap1, &base, 7);
+    let s1 = spec("sbx-1", "s1", "lin-1", &snap1, &base, &archive);
+    let (m1, _) = upload(&archive, keys.clone(), s1, &Known::default())
+        .await
+        .unwrap();
+    // A page in a chunk equal to the base's (a delta on the base), one in a chunk stored
+    // whole (a delta on it), and a whole new chunk of disk.
+    let snap2 = w.join("snap2");
+    std::fs::create_dir_all(&snap2).unwrap();
+    for n in ["mem", "rootfs.ext4", "state"] {
+        std::fs::copy(snap1.join(n), snap2.join(n)).unwrap();
+    }
+    let page = noise(500, 4096);
+    let fresh = noise(501, CHUNK as usize);
+    for (n, off, bytes) in [
+        ("mem", 2 * MIB + 8192, &page[..]),
+        ("mem", 3 * 4096, &page[..]),
+        ("rootfs.ext4", 10 * MIB, &fresh[..]),
+    ] {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(snap2.join(n))
+            .unwrap();
+        f.write_all_at(bytes, off).unwrap();
+    }
+    let mut s2 = spec("sbx-1", "s2", "lin-1", &snap2, &base, &archive);
+    s2.previous = Some(Previous {
+        manifest: Arc::new(m1.clone()),
+        dir: snap1.clone(),
+    });
+    let mut known = Known::default();
+    known.add_manifest(&m1);
+    let (m2, _) = upload(&archive, keys.clone(), s2, &known).await.unwrap();
+    let kinds: Vec<bool> = m2
+        .chunks
+        .iter()
+        .filter_map(|c| c.delta.as_ref())
+        .map(|d| matches!(d.on, DeltaOn::Base { .. }))
+        .collect();
+    assert!(kinds.contains(&true) && kinds.contains(&false), "{kinds:?}");
+    (archive, keys, m2, snap2)
+}
+
+async fn open(
+    archive: &Archive,
+    keys: Arc<LineageKeys>,
+    m: &Manifest,
+    base: &Path,
+    out: &Path,
+    opts: LazyOptions,
+) -> LazyFiles {
+    LazyFiles::open(archive, keys, m, out, Some(base), copy_clone(), opts)
+        .await
+        .unwrap()
+}
+
+fn read_file(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+/// Reads `len` bytes at `off` of lazy file `name` on a blocking thread.
+async fn read_lazy(lazy: &LazyFiles, name: &str, off: u64, len: usize) -> Result<Vec<u8>, String> {
+    let l = lazy.clone();
+    let fi = lazy.lazy_file(name).unwrap();
+    tokio::task::spawn_blocking(move || {
+        let mut buf = vec![0u8; len];
+        l.read_at(fi, off, &mut buf)
+            .map(|_| buf)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap()
+}
+
+/// Only what is touched arrives (no background), every read matches the snapshot, the
+/// first-touch record is in order, and once everything has been touched the files are whole.
+async fn touched_first(config: StoreConfig) {
+    let w = tempfile::tempdir().unwrap();
+    let (archive, keys, m, snap) = two_snapshots(config, w.path()).await;
+    let out = w.path().join("out");
+    let opts = LazyOptions {
+        parallel: 0,
+        ..Default::default()
+    };
+    let lazy = open(&archive, keys, &m, &w.path().join("base"), &out, opts).await;
+    // The device state came whole with `open`.
+    assert_eq!(sha(&out.join("state")), sha(&snap.join("state")));
+    assert!(!lazy.complete());
+    let hydrate = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    let want = read_file(&snap.join("mem"));
+    // A page delta on a whole chunk, a delta on the base, a read across two slots.
+    for (off, len) in [(3 * 4096, 4096), (2 * MIB + 8000, 300), (CHUNK - 100, 200)] {
+        let got = read_lazy(&lazy, "mem", off, len).await.unwrap();
+        assert_eq!(got, want[off as usize..off as usize + len]);
+    }
+    let report = lazy.report();
+    assert!(report.urgent_chunks >= 3, "{report:?}");
+    assert!(report.waits >= 1, "{report:?}");
+    assert_eq!(report.background_chunks, 0, "{report:?}");
+    assert!(!lazy.complete());
+    let touched = lazy.take_touched();
+    assert_eq!(
+        touched.first(),
+        Some(&("mem".to_string(), 0)),
+        "{touched:?}"
+    );
+    assert!(touched.contains(&("mem".to_string(), 1)), "{touched:?}");
+
+    // Everything, by touching it.
+    for name in ["mem", "rootfs.ext4"] {
+        let size = std::fs::metadata(snap.join(name)).unwrap().len();
+        let want = read_file(&snap.join(name));
+        let mut off = 0;
+        while off < size {
+            let n = (size - off).min(MIB) as usize;
+            let got = read_lazy(&lazy, name, off, n).await.unwrap();
+            assert!(
+                got == want[off as usize..off as usize + n],
+                "{name} at {off}"
+            );
+            off += n as u64;
+        }
+    }
+    let report = tokio::time::timeout(Duration::from_secs(30), hydrate)
+        .await
+        .expect("hydrate ends once every slot is present")
+        .unwrap()
+        .unwrap();
+    assert!(lazy.complete());
+    assert_eq!(report.background_chunks, 0, "{report:?}");
+    for n in ["mem", "rootfs.ext4", "state"] {
+        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn touched_first_local_directory() {
+    let d = tempfile::tempdir().unwrap();
+    touched_first(StoreConfig::Local(d.path().join("objects"))).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn touched_first_garage() {
+    let garage = tokio::task::spawn_blocking(Garage::start).await.unwrap();
+    touched_first(garage.config("lazy")).await;
+}
+
+/// A write into a slot that has not arrived waits for it (so the rest of the chunk is the
+/// snapshot's), and the background never writes over it.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_land_on_the_chunk_and_stay() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let out = w.join("out");
+    let lazy = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &out,
+        LazyOptions {
+            parallel: 0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let hydrate = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    let fi = lazy.lazy_file("rootfs.ext4").unwrap();
+    let mine = b"written by the guest".to_vec();
+    let at = 10 * MIB + 1000;
+    {
+        let (l, mine) = (lazy.clone(), mine.clone());
+        tokio::task::spawn_blocking(move || l.write_at(fi, at, &mine))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    // Now the background: everything else arrives, and the write stays.
+    let mut rest = read_file(&snap.join("rootfs.ext4"));
+    rest[at as usize..at as usize + mine.len()].copy_from_slice(&mine);
+    let size = rest.len() as u64;
+    let mut off = 0;
+    while off < size {
+        let n = (size - off).min(4 * MIB) as usize;
+        let got = read_lazy(&lazy, "rootfs.ext4", off, n).await.unwrap();
+        assert!(got == rest[off as usize..off as usize + n], "at {off}");
+        off += n as u64;
+    }
+    let mem_size = std::fs::metadata(snap.join("mem")).unwrap().len();
+    read_lazy(&lazy, "mem", 0, mem_size as usize).await.unwrap();
+    hydrate.await.unwrap().unwrap();
+    assert_eq!(read_file(&out.join("rootfs.ext4")), rest);
+    assert_eq!(sha(&out.join("mem")), sha(&snap.join("mem")));
+}
+
+/// The background alone fills every slot, the prefetch list first; out-of-range reads are
+/// refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn background_and_prefetch_fill_everything() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let out = w.join("out");
+    let prefetch = vec![("rootfs.ext4".to_string(), 40), ("mem".to_string(), 0)];
+    let lazy = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &out,
+        LazyOptions {
+            parallel: 1,
+            prefetch,
+            ..Default::default()
+        },
+    )
+    .await;
+    let fi = lazy.lazy_file("mem").unwrap();
+    let mut buf = [0u8; 16];
+    assert!(matches!(
+        lazy.read_at(fi, lazy.size(fi) - 8, &mut buf),
+        Err(LazyError::OutOfRange { .. })
+    ));
+    let report = lazy.hydrate().await.unwrap();
+    assert!(lazy.complete());
+    assert_eq!(report.prefetched_chunks, 2, "{report:?}");
+    assert!(report.background_chunks > 0, "{report:?}");
+    assert_eq!(report.urgent_chunks, 0, "{report:?}");
+    for n in ["mem", "rootfs.ext4", "state"] {
+        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
+    }
+}
+
+/// A chunk whose sealed bytes were changed in the store is refused: the reader gets an
+/// error naming the pack, the restore fails, and the slot keeps what it had (nothing of the
+/// corrupt chunk is installed).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_corrupt_chunk_is_never_installed() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let objects = w.join("objects");
+    let (archive, keys, m, _snap) = two_snapshots(StoreConfig::Local(objects.clone()), w).await;
+    // The disk's new chunk at 10 MiB: flip a byte of it in its pack.
+    let fi = m
+        .files
+        .iter()
+        .position(|f| f.name == "rootfs.ext4")
+        .unwrap();
+    let slot = (10 * MIB / CHUNK) as usize;
+    let mut index = 0u64;
+    let mut chunk = None;
+    for r in &m.files[fi].runs {
+        match r {
+            space_archive::manifest::Run::Zero(n) | space_archive::manifest::Run::Base(n) => {
+                index += n
+            }
+            space_archive::manifest::Run::Chunks(c) => {
+                for &ci in c {
+                    if index == slot as u64 {
+                        chunk = Some(ci);
+                    }
+                    index += 1;
+                }
+            }
+        }
+    }
+    let loc = &m.chunks[chunk.expect("a stored chunk at 10 MiB") as usize];
+    let pack = files_under(&objects)
+        .into_iter()
+        .find(|p| p.ends_with(&m.packs[loc.pack as usize]))
+        .unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&pack)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, loc.offset + 40).unwrap();
+    f.write_all_at(&[b[0] ^ 0xff], loc.offset + 40).unwrap();
+
+    let out = w.join("out");
+    let lazy = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &out,
+        LazyOptions {
+            parallel: 0,
+            ..Default::default()
+        },
+    )
+    .await;
+    let before = read_file(&out.join("rootfs.ext4"));
+    let hydrate = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    let err = read_lazy(&lazy, "rootfs.ext4", 10 * MIB, 4096)
+        .await
+        .unwrap_err();
+    assert!(err.contains("restore failed"), "{err}");
+    let herr = hydrate.await.unwrap().unwrap_err().to_string();
+    assert!(herr.contains(&m.packs[loc.pack as usize]), "{herr}");
+    assert!(lazy.failed().is_some());
+    assert_eq!(read_file(&out.join("rootfs.ext4")), before);
+    // Every later read fails at once.
+    let err = read_lazy(&lazy, "mem", 0, 10).await.unwrap_err();
+    assert!(err.contains("restore failed"), "{err}");
+}
+
+/// Garage stopped while a restore runs: a waiting reader is released with an error within the bound
+/// the options set, the restore fails, and a new lazy restore after Garage is back works.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_going_away_fails_the_restore_in_bounded_time() {
+    let mut garage = tokio::task::spawn_blocking(Garage::start).await.unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, snap) = two_snapshots(garage.config("gone"), w).await;
+    let opts = LazyOptions {
+        parallel: 0,
+        read_timeout: Duration::from_secs(2),
+        attempts: 2,
+        ..Default::default()
+    };
+    let limit = opts.stall_limit();
+    let lazy = open(
+        &archive,
+        keys.clone(),
+        &m,
+        &w.join("base"),
+        &w.join("out"),
+        opts.clone(),
+    )
+    .await;
+    let hydrate = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    // The store goes before anything was read.
+    tokio::task::block_in_place(|| garage.stop());
+    let t = Instant::now();
+    let Err(err) = read_lazy(&lazy, "rootfs.ext4", 10 * MIB, 4096).await else {
+        panic!("a read succeeded with the store gone");
+    };
+    let waited = t.elapsed();
+    assert!(err.contains("restore failed"), "{err}");
+    assert!(
+        waited <= limit + Duration::from_secs(15),
+        "{waited:?} > {limit:?}"
+    );
+    assert!(hydrate.await.unwrap().is_err());
+
+    tokio::task::block_in_place(|| garage.restart());
+    let again = open(&archive, keys, &m, &w.join("base"), &w.join("out2"), opts).await;
+    let want = read_file(&snap.join("rootfs.ext4"));
+    let hydrate = {
+        let l = again.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    let got = read_lazy(&again, "rootfs.ext4", 10 * MIB, 4096)
+        .await
+        .unwrap();
+    assert_eq!(got, want[10 * MIB as usize..10 * MIB as usize + 4096]);
+    again.fail("done with it");
+    assert!(hydrate.await.unwrap().is_err());
+}
