@@ -31,6 +31,8 @@ pub const MAX_CHUNK: u32 = 16 << 20;
 /// Largest file a manifest may describe (1 TiB).
 pub const MAX_FILE_BYTES: u64 = 1 << 40;
 const MAX_FILES: usize = 64;
+/// Entries of a prefetch list: 256 MiB of 4 KiB chunks, more than any restore touches first.
+pub const MAX_PREFETCH: usize = 1 << 16;
 /// Files in a manifest of a volume's copy (one per regular file of the volume).
 pub const MAX_VOLUME_FILES: usize = 1 << 20;
 const MAX_NAME: usize = 255;
@@ -219,6 +221,10 @@ pub struct Manifest {
     pub packs: Vec<String>,
     /// Every stored chunk the files use, each once.
     pub chunks: Vec<ChunkLoc>,
+    /// What a restore fetches first, in order: (file name, chunk index in the file). The
+    /// chunks the last restore touched before it answered, recorded by the node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch: Vec<(String, u64)>,
 }
 
 /// Chunks of a file of `size` bytes.
@@ -428,6 +434,21 @@ impl Manifest {
                 ));
             }
         }
+        if self.prefetch.len() > MAX_PREFETCH {
+            return Err(format!("{} prefetch entries", self.prefetch.len()));
+        }
+        for (name, index) in &self.prefetch {
+            let Some(f) = self.file(name) else {
+                return Err(format!(
+                    "prefetch names file {name:?}, which it does not have"
+                ));
+            };
+            if *index >= chunk_count(f.size, self.chunk_size) {
+                return Err(format!(
+                    "prefetch names chunk {index} of {name}, past its end"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -476,6 +497,7 @@ mod tests {
             }),
             host: None,
             record: serde_json::json!({"id": "sbx-1"}),
+            prefetch: Vec::new(),
             files: vec![
                 FileMap {
                     name: "mem".into(),

@@ -136,6 +136,8 @@ pub struct UploadSpec {
     /// The lineage's previous snapshot, when this host still has its files: chunks that
     /// changed in a few pages since then are stored as deltas.
     pub previous: Option<Previous>,
+    /// What a restore of it fetches first ([`Manifest::prefetch`]).
+    pub prefetch: Vec<(String, u64)>,
 }
 
 /// An earlier snapshot of the lineage whose files are on this host.
@@ -350,6 +352,7 @@ pub async fn upload(
         files: cut.files,
         packs: cut.packs,
         chunks: cut.chunks,
+        prefetch: spec.prefetch.clone(),
     };
     m.validate()
         .map_err(|e| UploadError::Invalid(format!("made an invalid manifest: {e}")))?;

@@ -251,6 +251,11 @@ pub struct SandboxRecord {
         skip_serializing_if = "crate::template::GuestDefaults::is_empty"
     )]
     pub guest: crate::template::GuestDefaults,
+    /// What the last restore from the store touched first (file, chunk index), in order:
+    /// the next upload lists it for restores to fetch first (`docs/archive.md`, *Lazy
+    /// restore*). Absent from the file while empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch: Vec<(String, u64)>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -287,6 +292,10 @@ pub enum RecoveryAction {
     RolledBackPending,
     /// The VM was gone and could not be brought back: the sandbox is Failed.
     Lost,
+    /// A lazy restore's fetching failed (the store failed or stalled past its bound, or a
+    /// chunk was corrupt): the VM was stopped and the sandbox is Suspended again on the
+    /// snapshot it was restoring.
+    RestoreFailed,
 }
 
 /// One thing recovery did to a sandbox.
@@ -528,6 +537,7 @@ mod tests {
             state_since_unix_ms: 11,
             started_unix_ms: 12,
             last_activity_unix_ms: 13,
+            prefetch: Vec::new(),
             recoveries: Vec::new(),
             tenant: DEFAULT_TENANT.into(),
             lineage: None,

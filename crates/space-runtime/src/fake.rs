@@ -190,6 +190,7 @@ impl FakeRuntime {
             priority: Mutex::new(Priority::Normal),
             faults: self.faults.clone(),
             version: self.version.clone(),
+            backing: Mutex::new(None),
         }
     }
 
@@ -370,6 +371,8 @@ pub struct FakeVm {
     priority: Mutex<Priority>,
     faults: Arc<Faults>,
     version: QemuVersion,
+    /// Where snapshots clone from ([`Vm::set_backing`]).
+    backing: Mutex<Option<crate::Backing>>,
 }
 
 impl FakeVm {
@@ -447,15 +450,21 @@ impl Vm for FakeVm {
         if was_running {
             self.stop().await?;
         }
+        let backing = self
+            .backing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (src_mem, src_disk) = match backing {
+            Some(b) => (b.mem, b.disk),
+            None => (
+                self.dir.join(cmdline::MEM_FILE),
+                self.dir.join(cmdline::DISK_FILE),
+            ),
+        };
         let cloned = (|| {
-            let mem = clone_into(
-                &self.dir.join(cmdline::MEM_FILE),
-                &dest.join(cmdline::MEM_FILE),
-            )?;
-            let disk = clone_into(
-                &self.dir.join(cmdline::DISK_FILE),
-                &dest.join(cmdline::DISK_FILE),
-            )?;
+            let mem = clone_into(&src_mem, &dest.join(cmdline::MEM_FILE))?;
+            let disk = clone_into(&src_disk, &dest.join(cmdline::DISK_FILE))?;
             Ok::<_, Error>((mem, disk))
         })();
         let paused_for = if was_running {
@@ -492,6 +501,10 @@ impl Vm for FakeVm {
             paused_for,
             manifest,
         })
+    }
+
+    fn set_backing(&self, backing: Option<crate::Backing>) {
+        *self.backing.lock().unwrap_or_else(|e| e.into_inner()) = backing;
     }
 
     async fn kill(&self) -> Result<ExitInfo> {
@@ -557,6 +570,9 @@ impl NodeVm for FakeVm {
     }
     fn snapshot<'a>(&'a self, dest: &'a Path) -> BoxFuture<'a, Result<SnapshotInfo>> {
         Box::pin(Vm::snapshot(self, dest))
+    }
+    fn set_backing(&self, backing: Option<crate::Backing>) {
+        Vm::set_backing(self, backing)
     }
     fn kill(&self) -> BoxFuture<'_, Result<ExitInfo>> {
         Box::pin(Vm::kill(self))

@@ -9,8 +9,8 @@
 //!
 //! 1. join the cgroup (write `0` to each `cgroup.procs`), then `unshare` the namespaces and
 //!    fork again, so QEMU is PID 1 of the new PID namespace;
-//! 2. make every mount private; bind the sandbox directory onto itself (a root must be a
-//!    mount point); bind the host paths QEMU needs to run (`/usr`; `/lib` and `/lib64` as
+//! 2. make every mount private; bind the sandbox directory onto itself with the mounts in it
+//!    (a root must be a mount point; a lazy restore's files are mounts over their paths); bind the host paths QEMU needs to run (`/usr`; `/lib` and `/lib64` as
 //!    links or binds, as on the host) read-only, and the kernel onto `vmlinux` when it is
 //!    world-readable; mount a small tmpfs on `dev` with `null`, `urandom` and, under KVM,
 //!    `kvm`;
@@ -324,9 +324,10 @@ impl Prepared {
             );
             check(1, rc.into())?;
             let dir = self.dir.as_ptr();
+            // With what is mounted in it: a lazy restore's files are mounts over their paths.
             check(
                 2,
-                libc::mount(dir, dir, null, libc::MS_BIND, null.cast()).into(),
+                libc::mount(dir, dir, null, libc::MS_BIND | libc::MS_REC, null.cast()).into(),
             )?;
             for (src, dst) in &self.binds {
                 let rc = libc::mount(

@@ -95,6 +95,15 @@ pub struct RestoreSpec {
     pub priority: Priority,
 }
 
+/// The local files behind a VM's RAM file and disk ([`Vm::set_backing`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backing {
+    /// Holds what the VM's RAM file shows, once synced.
+    pub mem: PathBuf,
+    /// Holds what the VM's disk shows, once synced.
+    pub disk: PathBuf,
+}
+
 /// What a snapshot produced.
 #[derive(Debug, Clone)]
 pub struct SnapshotInfo {
@@ -217,6 +226,12 @@ pub trait Vm: Send + Sync {
     /// exist or be empty. A running VM is stopped for the duration and resumed afterwards.
     fn snapshot(&self, dest: &std::path::Path)
         -> impl Future<Output = Result<SnapshotInfo>> + Send;
+
+    /// Where snapshots clone the RAM file and the disk from, when the VM's own files are not
+    /// plain files (a lazy restore serves them through a file system in front of local
+    /// files): a snapshot then syncs the VM's files (their changes reach the backing files)
+    /// and clones these. `None`: the VM's own files.
+    fn set_backing(&self, backing: Option<Backing>);
 
     /// Kills the VM and waits for its process. Files in the sandbox directory stay.
     fn kill(&self) -> impl Future<Output = Result<ExitInfo>> + Send;

@@ -77,6 +77,8 @@ pub trait NodeVm: Send + Sync {
     fn resume(&self) -> BoxFuture<'_, Result<()>>;
     /// Writes a full snapshot into `dest` ([`Vm::snapshot`]).
     fn snapshot<'a>(&'a self, dest: &'a Path) -> BoxFuture<'a, Result<SnapshotInfo>>;
+    /// Where snapshots clone the RAM file and disk from ([`Vm::set_backing`]).
+    fn set_backing(&self, backing: Option<crate::Backing>);
     /// Kills the VM and waits for its process ([`Vm::kill`]).
     fn kill(&self) -> BoxFuture<'_, Result<ExitInfo>>;
     /// Waits until the VM process exits ([`Vm::wait`]).
@@ -156,6 +158,9 @@ impl NodeVm for QemuVm {
     }
     fn snapshot<'a>(&'a self, dest: &'a Path) -> BoxFuture<'a, Result<SnapshotInfo>> {
         Box::pin(Vm::snapshot(self, dest))
+    }
+    fn set_backing(&self, backing: Option<crate::Backing>) {
+        Vm::set_backing(self, backing)
     }
     fn kill(&self) -> BoxFuture<'_, Result<ExitInfo>> {
         Box::pin(Vm::kill(self))

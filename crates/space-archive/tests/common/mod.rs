@@ -152,5 +152,6 @@ pub fn spec(
             })
             .collect(),
         previous: None,
+        prefetch: Vec::new(),
     }
 }

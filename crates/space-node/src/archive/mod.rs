@@ -68,6 +68,10 @@ pub struct ArchiveConfig {
     /// Whether this node collects the store's garbage (hourly). A node of a cluster does
     /// not: the control plane does, once for the whole shared store.
     pub collect_garbage: bool,
+    /// How a restore from the store fetches: lazily with these options (the VM starts
+    /// before its RAM and disk have arrived; `docs/archive.md`, *Lazy restore*), or, `None`,
+    /// everything before the VM starts.
+    pub lazy: Option<space_archive::lazy::LazyOptions>,
 }
 
 impl std::fmt::Debug for ArchiveConfig {
@@ -85,7 +89,7 @@ impl ArchiveConfig {
     /// Defaults over `archive` and `keyring`: 256 KiB chunks, 32 MiB packs, a full snapshot
     /// of each running sandbox uploaded every minute (an idle guest's costs its vCPUs about
     /// 6 ms and the store under 0.1 MiB: `docs/archive.md`), a cache limited by free space
-    /// (2 GiB kept free).
+    /// (2 GiB kept free), lazy restores.
     pub fn new(archive: Archive, keyring: Arc<Keyring>) -> ArchiveConfig {
         ArchiveConfig {
             archive,
@@ -97,6 +101,7 @@ impl ArchiveConfig {
             min_free_bytes: 2 << 30,
             volume_copy_interval: Some(DEFAULT_VOLUME_COPY_INTERVAL),
             collect_garbage: true,
+            lazy: Some(space_archive::lazy::LazyOptions::default()),
         }
     }
 }
@@ -165,14 +170,18 @@ pub(crate) fn check_host(ctx: &Ctx, m: &Manifest) -> Result<()> {
 
 mod adopt;
 mod background;
+mod lazy_mount;
 mod restore;
 mod templates;
 
 pub(crate) use adopt::{adopt_archived, adopt_moved};
 pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
+pub(crate) use lazy_mount::{detach, LazyRestore};
 pub use restore::RestoreReport;
-pub(crate) use restore::{fetch_for_restore, fetch_snapshot, Incoming};
+pub(crate) use restore::{
+    fetch_for_restore, fetch_lazy, fetch_snapshot, Incoming, LazyIncoming, LAZY_DIR,
+};
 pub use space_archive::gc::GC_EVERY;
 pub(crate) use templates::{local_template, published, template_base};
 
@@ -403,6 +412,7 @@ pub(crate) async fn upload_snapshot(
             })
             .collect(),
         previous,
+        prefetch: r.prefetch.clone(),
     };
     let (m, report) = space_archive::upload(a, keys, spec, &known)
         .await

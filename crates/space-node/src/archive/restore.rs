@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use space_archive::FetchReport;
+use space_runtime::cmdline::{DISK_FILE, MEM_FILE};
 
 use super::*;
 
@@ -96,6 +97,11 @@ pub struct RestoreReport {
     pub guest_ready: Duration,
     /// The whole restore, as the caller waited for it.
     pub total: Duration,
+    /// A lazy restore: laying out the files, fetching the device state, mounting (part of
+    /// `fetch`'s place: `fetch` is `None`).
+    pub opened: Duration,
+    /// A lazy restore: what filling the files in did, once they are whole.
+    pub lazy: Option<space_archive::lazy::LazyReport>,
 }
 
 impl Incoming {
@@ -153,4 +159,108 @@ pub(crate) async fn fetch_for_restore(
     }
     tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot fetched from the object store into the sandbox");
     Ok(incoming)
+}
+
+/// Where a lazy restore keeps its local files in the sandbox directory: the RAM file and
+/// the disk fill in here while the VM runs on the mounts over `mem` and `rootfs.ext4`; the
+/// device state and the runtime's manifest come whole.
+pub(crate) const LAZY_DIR: &str = ".lazy";
+
+/// What [`fetch_lazy`] made: the mounted files, and the directory to give the runtime as the
+/// snapshot (the device state and the manifest).
+pub(crate) struct LazyIncoming {
+    /// Taken by whoever starts filling the files in.
+    pub(crate) restore: Option<super::LazyRestore>,
+    pub(crate) dir: PathBuf,
+    /// Keys unwrapped, the manifest fetched, opened and checked, the template found.
+    pub(crate) prepared: Duration,
+    /// Laying the files out, fetching the device state, mounting.
+    pub(crate) opened: Duration,
+}
+
+/// Makes archived full snapshot `snap` of `r` usable for a restore into `sandbox_dir` before
+/// its RAM and disk have arrived: the files laid out in [`LAZY_DIR`] (base template clones,
+/// holes), the device state and manifest fetched whole, and the RAM file and disk mounted
+/// over their paths in the sandbox directory, served from there as their chunks arrive
+/// (`space_archive::lazy`). The caller starts filling them in (`LazyFiles::hydrate`).
+pub(crate) async fn fetch_lazy(
+    ctx: &Ctx,
+    cfg: &ArchiveConfig,
+    opts: space_archive::lazy::LazyOptions,
+    r: &SandboxRecord,
+    snap: &SnapshotId,
+    hash: &str,
+    sandbox_dir: &Path,
+) -> Result<LazyIncoming> {
+    let t0 = std::time::Instant::now();
+    let (keys, m, t) = prepare(ctx, cfg, r, snap, hash).await?;
+    let prepared = t0.elapsed();
+    let dir = sandbox_dir.join(LAZY_DIR);
+    {
+        let d = dir.clone();
+        blocking(move || {
+            remove_dir_if_any(&d)?;
+            std::fs::create_dir_all(&d).map_err(NodeError::io("creating", &d))
+        })
+        .await?;
+    }
+    let mut opts = opts;
+    opts.lazy = vec![MEM_FILE.into(), DISK_FILE.into()];
+    if opts.prefetch.is_empty() {
+        opts.prefetch = m.prefetch.clone();
+    }
+    let made = async {
+        let files = space_archive::lazy::LazyFiles::open(
+            &cfg.archive,
+            keys,
+            &m,
+            &dir,
+            Some(&t.dir),
+            clone_with(ctx),
+            opts,
+        )
+        .await
+        .map_err(|e| {
+            NodeError::Archive(format!(
+                "fetching snapshot {} of {}: {e}",
+                m.snapshot, m.sandbox
+            ))
+        })?;
+        fix_kernel_path(&dir.join("manifest.json"), &t.kernel())?;
+        let rt = tokio::runtime::Handle::current();
+        let mut mounts = Vec::new();
+        for name in [MEM_FILE, DISK_FILE] {
+            let fi = files.lazy_file(name).ok_or_else(|| {
+                NodeError::Archive(format!(
+                    "snapshot {} of {} has no {name}",
+                    m.snapshot, m.sandbox
+                ))
+            })?;
+            let at = sandbox_dir.join(name);
+            let (f, rt) = (files.clone(), rt.clone());
+            mounts.push(
+                blocking(move || super::lazy_mount::LazyMount::mount(&at, &f, fi, rt)).await?,
+            );
+        }
+        Ok::<_, NodeError>(super::LazyRestore { files, mounts })
+    }
+    .await;
+    match made {
+        Ok(restore) => {
+            tracing::info!(id = %r.id, snapshot = %snap, took = ?t0.elapsed(), "snapshot mounted from the object store into the sandbox, filling in");
+            Ok(LazyIncoming {
+                restore: Some(restore),
+                dir,
+                prepared,
+                opened: t0.elapsed() - prepared,
+            })
+        }
+        Err(e) => {
+            for name in [MEM_FILE, DISK_FILE] {
+                let _ = super::detach(&sandbox_dir.join(name));
+            }
+            let _ = remove_dir_if_any(&dir);
+            Err(e)
+        }
+    }
 }

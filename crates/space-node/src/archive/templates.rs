@@ -99,6 +99,7 @@ pub(crate) async fn template_base(ctx: &Ctx, cfg: &ArchiveConfig, t: &Template) 
                     })
                     .collect(),
                 previous: None,
+                prefetch: Vec::new(),
             };
             let (_, report) = space_archive::upload(a, keys, spec, &Known::default())
                 .await

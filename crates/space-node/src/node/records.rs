@@ -64,6 +64,7 @@ pub(crate) fn new_record(
         shredded_unix_ms: None,
         epoch: 0,
         guest: Default::default(),
+        prefetch: Vec::new(),
     }
 }
 

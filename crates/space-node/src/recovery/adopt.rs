@@ -22,6 +22,35 @@ pub(super) async fn adopt(
     trust_vm: bool,
     report: &mut RecoveryReport,
 ) -> Result<Next> {
+    if dir.join(crate::archive::LAZY_DIR).exists() {
+        // Its RAM file and disk were served by the node process that stopped (a restore
+        // from the object store): what it left running cannot go on without them. The
+        // snapshot it was restored from is in the store: Suspended on it again.
+        kill_vmm_in(ctx, dir, report).await;
+        crate::sandbox::clear_vm_files(dir)?;
+        let why = "its memory and disk were served by the node process that stopped (a \
+                   restore from the object store)";
+        let point = match &r.origin {
+            crate::record::Origin::Snapshot { snapshot, .. } => r
+                .snapshot(snapshot)
+                .filter(|s| s.remote.is_some())
+                .map(|s| s.id.clone()),
+            _ => None,
+        };
+        let Some(point) = point else {
+            return Ok(Next::Relaunch(r, why.into()));
+        };
+        r.restore_point = Some(point.clone());
+        r.pending = None;
+        set_state(&mut r, State::Suspended);
+        r.push_recovery(event(
+            RecoveryAction::RestoreFailed,
+            Some(point),
+            why.into(),
+        ));
+        ctx.records.write(&r)?;
+        return Ok(Next::Spawn(r, None));
+    }
     let vm = match ctx.runtime.adopt(dir).await {
         Ok(vm) => vm,
         Err(e) => {

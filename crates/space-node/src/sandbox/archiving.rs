@@ -4,11 +4,22 @@
 //! when there is no local copy, with the local copy fetched again afterwards).
 
 use crate::archive::{
-    evict, fetch_for_restore, fetch_snapshot, full_snapshot_present, key_error, Incoming, UploadJob,
+    evict, fetch_for_restore, fetch_lazy, fetch_snapshot, full_snapshot_present, key_error,
+    Incoming, LazyIncoming, UploadJob,
 };
 use crate::record::RemoteCopy;
 
 use super::*;
+
+/// Where a restore's files came from ([`Sandbox::restore_source`]).
+pub(super) enum Fetched {
+    /// The snapshot's local copy.
+    Local,
+    /// The store, whole, into the sandbox directory.
+    Whole(Incoming),
+    /// The store, lazily: mounted in the sandbox directory, filled in while the VM runs.
+    Lazy(LazyIncoming),
+}
 
 impl Sandbox {
     /// The next snapshot this sandbox should have in the store, if any: a suspended
@@ -109,12 +120,10 @@ impl Sandbox {
     }
 
     /// Where a restore of full snapshot `snap` starts from: its local copy, or when there is
-    /// none, its RAM file and disk fetched from the object store into the sandbox directory
-    /// (with the cache copy to put in place once the VM runs).
-    pub(super) async fn restore_source(
-        &mut self,
-        snap: &SnapshotId,
-    ) -> Result<(Launch, Option<Incoming>)> {
+    /// none, the object store: lazily (its RAM file and disk mounted in the sandbox
+    /// directory, filled in while the VM runs), or fetched whole into the sandbox directory
+    /// first; either way with the cache copy to put in place once the VM runs.
+    pub(super) async fn restore_source(&mut self, snap: &SnapshotId) -> Result<(Launch, Fetched)> {
         let dir = self
             .ctx
             .layout
@@ -123,6 +132,22 @@ impl Sandbox {
         match (self.ctx.archive.get(), remote) {
             (Some(cfg), Some(remote)) if !full_snapshot_present(&dir) => {
                 let cfg = cfg.clone();
+                if let Some(opts) = cfg.lazy.clone() {
+                    let lazy = fetch_lazy(
+                        &self.ctx,
+                        &cfg,
+                        opts,
+                        &self.record,
+                        snap,
+                        &remote.manifest_hash,
+                        &self.dir,
+                    )
+                    .await?;
+                    let how = Launch::RestoreInPlace {
+                        snapshot: lazy.dir.clone(),
+                    };
+                    return Ok((how, Fetched::Lazy(lazy)));
+                }
                 let incoming = fetch_for_restore(
                     &self.ctx,
                     &cfg,
@@ -135,11 +160,11 @@ impl Sandbox {
                 let how = Launch::RestoreInPlace {
                     snapshot: incoming.dir().to_owned(),
                 };
-                Ok((how, Some(incoming)))
+                Ok((how, Fetched::Whole(incoming)))
             }
             _ => {
                 let snapshot = self.ensure_local(snap).await?;
-                Ok((Launch::Restore { snapshot }, None))
+                Ok((Launch::Restore { snapshot }, Fetched::Local))
             }
         }
     }
@@ -152,6 +177,10 @@ impl Sandbox {
             self.caching.clear();
             return;
         };
+        if self.lazy.as_ref().is_some_and(|f| f.pending().is_some()) {
+            // Not while a lazy restore fills its files in from the same packs.
+            return;
+        }
         let mut pending = std::mem::take(&mut self.caching);
         let mut changed = false;
         pending.retain_mut(|(snap, started)| {

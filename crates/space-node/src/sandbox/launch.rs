@@ -10,7 +10,8 @@ pub(crate) enum Launch {
     /// demand; whoever hands it out raises it with [`Vm::set_priority`]).
     RestoreInBackground { snapshot: PathBuf },
     /// Restore a full snapshot whose RAM file and disk are already in the sandbox directory
-    /// (`snapshot` holds its device state and manifest).
+    /// (`snapshot` holds its device state and manifest): fetched there, or mounted there by a
+    /// lazy restore.
     RestoreInPlace { snapshot: PathBuf },
     /// Cold boot on a clone of `rootfs`.
     Boot {
@@ -55,6 +56,17 @@ pub(crate) fn identity(ctx: &Ctx, record: &SandboxRecord) -> Identity {
 const VM_FILES: &[&str] = &["mem", "rootfs.ext4", "qmp.sock", "ctl.sock", "egress.sock"];
 
 pub(crate) fn clear_vm_files(dir: &Path) -> Result<()> {
+    // A lazy restore's files are mounts over the RAM file and disk, and its local files are
+    // in their own directory: both go (a mount point that is none answers EINVAL).
+    for name in ["mem", "rootfs.ext4"] {
+        let _ = crate::archive::detach(&dir.join(name));
+    }
+    let lazy = dir.join(crate::archive::LAZY_DIR);
+    match std::fs::remove_dir_all(&lazy) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(NodeError::io("removing", lazy)(e)),
+    }
     for name in VM_FILES {
         let p = dir.join(name);
         match std::fs::remove_file(&p) {

@@ -72,6 +72,7 @@ use crate::template::{self, blocking, panic_message};
 
 mod archiving;
 mod launch;
+mod lazy;
 mod panics;
 mod request;
 mod rolling;
@@ -300,6 +301,8 @@ pub(crate) struct Sandbox {
     panics: Vec<Instant>,
     /// Set once the driver stopped trying to recover the sandbox: why.
     faulted: Option<String>,
+    /// The VM runs on a lazy restore's files, still being (or filled) in (`lazy.rs`).
+    lazy: Option<lazy::Filling>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
@@ -351,6 +354,7 @@ impl Sandbox {
             caching: Vec::new(),
             panics: Vec::new(),
             faulted: None,
+            lazy: None,
         };
         let driver = tokio::spawn(actor.run(rx));
         // The driver catches its own panics; this is for one that escapes (a panic while it
@@ -418,9 +422,22 @@ impl Sandbox {
                     None => std::future::pending().await,
                 }
             };
+            let mut filling = self.lazy.as_ref().and_then(|f| f.pending());
+            let filled = async {
+                match filling.as_mut() {
+                    Some(f) => {
+                        let _ = f.wait_for(|o| o.is_some()).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 req = rx.recv() => Ok(req),
                 exit = exited => Err(exit),
+                () = filled => {
+                    self.filling_changed().await;
+                    return false;
+                }
             }
         };
         match next {
@@ -576,6 +593,13 @@ impl Sandbox {
                 let _ = r.send(Ok(done));
             }
             Request::Shutdown(detach, r) => {
+                if detach && self.lazy.is_some() && matches!(self.record.state, Running | Paused) {
+                    // Its files are served by this process: it cannot outlive it. Suspended
+                    // on a local snapshot instead, nothing is lost.
+                    if let Err(e) = self.suspend(false).await {
+                        tracing::error!(id = %self.record.id, error = %e, "suspending a lazily restored sandbox at shutdown");
+                    }
+                }
                 if let Some(vm) = self.vm.take() {
                     if detach {
                         vm.detach();
@@ -650,10 +674,19 @@ impl Sandbox {
     }
 
     fn set_started(&mut self) {
-        self.disk_mark = DiskMark::of(&self.dir.join(DISK_FILE));
+        self.disk_mark = DiskMark::of(&self.disk_file());
         let now = now_ms();
         self.record.started_unix_ms = now;
         self.status.started_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// The file holding what the VM's disk holds: its disk, or the local file behind a lazy
+    /// restore's mount over it.
+    fn disk_file(&self) -> PathBuf {
+        match &self.lazy {
+            Some(_) => self.dir.join(crate::archive::LAZY_DIR).join(DISK_FILE),
+            None => self.dir.join(DISK_FILE),
+        }
     }
 
     /// The VM of a Running or Paused sandbox (one without is an internal fault).

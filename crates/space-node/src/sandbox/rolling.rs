@@ -97,8 +97,7 @@ impl Sandbox {
         let started = self.record.started_unix_ms;
         let last_full = Some(newest(SnapshotKind::Full).map_or(started, |t| t.max(started)));
         let last_disk = newest(SnapshotKind::Disk);
-        let disk = self.dir.join(DISK_FILE);
-        let now_mark = DiskMark::of(&disk);
+        let now_mark = DiskMark::of(&self.disk_file());
         let disk_changed = now_mark.is_none() || now_mark != self.disk_mark;
         let step = schedule.step(&ScheduleInput {
             now_unix_ms: now_ms(),

@@ -2,6 +2,7 @@
 //! restore, rollback, kill, discard, timeouts and the VM's own exit, each written to the
 //! record as an intent first and as its outcome last.
 
+use super::archiving::Fetched;
 use super::*;
 use crate::archive::RestoreReport;
 
@@ -72,6 +73,9 @@ impl Sandbox {
         let dir = self.ctx.layout.snapshot_dir(sandbox, id.as_str())?;
         std::fs::create_dir_all(&parent).map_err(NodeError::io("creating", &parent))?;
         let storage = self.ctx.storage.clone();
+        // A lazy restore's files must be whole first (the snapshot clones what is behind
+        // them).
+        self.wait_filled().await?;
         {
             let (s, d) = (storage.clone(), dir.clone());
             blocking(move || Ok(s.create_volume(&d)?)).await?;
@@ -204,10 +208,17 @@ impl Sandbox {
         }
         let (s, src, dst) = (
             self.ctx.storage.clone(),
-            self.dir.join("rootfs.ext4"),
+            self.disk_file(),
             dest.join("rootfs.ext4"),
         );
+        let own = self.dir.join("rootfs.ext4");
         let cloned = blocking(move || {
+            if own != src {
+                // A lazy restore's disk: what the VM wrote reaches the local file behind it.
+                std::fs::File::open(&own)
+                    .and_then(|f| f.sync_all())
+                    .map_err(NodeError::io("syncing", &own))?;
+            }
             let mark = DiskMark::of(&src);
             s.clone_file(&src, &dst)?;
             Ok(mark)
@@ -298,6 +309,7 @@ impl Sandbox {
         if let Some(vm) = self.vm.take() {
             let _ = vm.kill().await;
         }
+        self.end_filling();
         if let Err(e) = clear_vm_files(&self.dir) {
             tracing::error!(id = %self.record.id, error = %e, "freeing a stopped VM's files");
         }
@@ -314,25 +326,50 @@ impl Sandbox {
             self.abandon();
             return Err(e);
         }
-        let (how, incoming) = match self.restore_source(&point).await {
+        let (how, fetched) = match self.restore_source(&point).await {
             Ok(x) => x,
             Err(e) => {
                 self.abandon();
                 return Err(e);
             }
         };
+        // A lazy restore's files fill in from now on: the VM reads them as it starts.
+        let (fetched, filling) = match fetched {
+            Fetched::Lazy(mut l) => {
+                let f = l.restore.take().map(super::lazy::Filling::start);
+                (Fetched::Lazy(l), f)
+            }
+            other => (other, None),
+        };
         let t_launch = Instant::now();
         let launched = launch(&self.ctx, &self.dir, how, &self.record).await;
         let mut report = RestoreReport::default();
-        if let Some(incoming) = incoming {
-            report.from_store = true;
-            report.prepared = incoming.prepared;
-            report.fetch = Some(incoming.fetch.clone());
-            incoming.remove();
-            self.caching.push((point.clone(), None));
+        match fetched {
+            Fetched::Local => {}
+            Fetched::Whole(incoming) => {
+                report.from_store = true;
+                report.prepared = incoming.prepared;
+                report.fetch = Some(incoming.fetch.clone());
+                incoming.remove();
+                self.caching.push((point.clone(), None));
+            }
+            Fetched::Lazy(l) => {
+                report.from_store = true;
+                report.prepared = l.prepared;
+                report.opened = l.opened;
+                self.caching.push((point.clone(), None));
+            }
         }
         match launched {
             Ok(live) => {
+                if let Some(filling) = filling {
+                    let behind = self.dir.join(crate::archive::LAZY_DIR);
+                    live.vm.set_backing(Some(space_runtime::Backing {
+                        mem: behind.join("mem"),
+                        disk: behind.join("rootfs.ext4"),
+                    }));
+                    self.lazy = Some(filling);
+                }
                 report.vm_started = live.started;
                 report.guest_ready = t_launch.elapsed().saturating_sub(live.started);
                 report.total = t0.elapsed();
@@ -353,6 +390,8 @@ impl Sandbox {
                 self.finish(Running)
             }
             Err(e) => {
+                // The VM is gone (and its files with the launch's cleanup); so is the filling.
+                drop(filling);
                 self.abandon();
                 Err(e)
             }
@@ -558,6 +597,7 @@ impl Sandbox {
         tracing::error!(id = %self.record.id, %exit, "sandbox VM exited on its own\n{console}");
         drop(self.client.take());
         drop(self.vm.take());
+        self.end_filling();
         let discarding = self
             .ctx
             .discarding

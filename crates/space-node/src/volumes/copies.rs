@@ -276,6 +276,7 @@ pub(crate) async fn copy(ctx: &Arc<Ctx>, cfg: &ArchiveConfig, id: &str) -> Resul
             record: serde_json::to_value(&record).expect("a record serializes"),
             files: sources,
             previous: None,
+            prefetch: Vec::new(),
         };
         let (m, report) = space_archive::upload(a, keys.clone(), spec, &known)
             .await

@@ -27,6 +27,8 @@ pub struct QemuVm {
     /// migrate out of `postmigrate` again ("paused due to previous migration"); as nothing ran
     /// in between, the same bytes are the state of the next snapshot.
     pub(super) last_state: Mutex<Option<Arc<Vec<u8>>>>,
+    /// Where snapshots clone the RAM file and disk from ([`Vm::set_backing`]).
+    pub(super) backing: Mutex<Option<crate::Backing>>,
 }
 
 impl Drop for QemuVm {
@@ -86,6 +88,7 @@ impl QemuVm {
             ops: tokio::sync::Mutex::new(()),
             housekeeping: tokio::spawn(housekeeping(dir.to_owned())),
             last_state: Mutex::new(None),
+            backing: Mutex::new(None),
         }
     }
 
@@ -428,14 +431,38 @@ impl QemuVm {
             *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = cached;
         }
 
-        let (src_mem, dst_mem) = (
+        let (own_mem, dst_mem) = (
             self.dir.join(cmdline::MEM_FILE),
             dest.join(cmdline::MEM_FILE),
         );
-        let (src_disk, dst_disk) = (
+        let (own_disk, dst_disk) = (
             self.dir.join(cmdline::DISK_FILE),
             dest.join(cmdline::DISK_FILE),
         );
+        let backing = self
+            .backing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let (src_mem, src_disk) = match backing {
+            Some(b) => {
+                // What the VM changed reaches the backing files when its own are synced.
+                for p in [own_mem, own_disk] {
+                    blocking(move || {
+                        std::fs::File::open(&p)
+                            .and_then(|f| f.sync_all())
+                            .map_err(|source| Error::Io {
+                                op: "syncing",
+                                path: p.clone(),
+                                source,
+                            })
+                    })
+                    .await?;
+                }
+                (b.mem, b.disk)
+            }
+            None => (own_mem, own_disk),
+        };
         let (mem, disk) = tokio::join!(
             blocking(move || cow::clone_file(&src_mem, &dst_mem)),
             blocking(move || cow::clone_file(&src_disk, &dst_disk)),
@@ -512,6 +539,10 @@ impl Vm for QemuVm {
             }
         }
         result
+    }
+
+    fn set_backing(&self, backing: Option<crate::Backing>) {
+        *self.backing.lock().unwrap_or_else(|e| e.into_inner()) = backing;
     }
 
     async fn kill(&self) -> Result<ExitInfo> {
