@@ -59,6 +59,9 @@ pub struct LazyOptions {
     pub attempts: u32,
     /// Slots to fetch first, in order: (file name, chunk index in the file).
     pub prefetch: Vec<(String, u64)>,
+    /// Whether a restore with no `prefetch` of its own uses the manifest's
+    /// ([`Manifest::prefetch`]); off to measure what the list saves.
+    pub use_manifest_prefetch: bool,
 }
 
 impl Default for LazyOptions {
@@ -69,6 +72,7 @@ impl Default for LazyOptions {
             read_timeout: Duration::from_secs(10),
             attempts: 3,
             prefetch: Vec::new(),
+            use_manifest_prefetch: true,
         }
     }
 }

@@ -8,9 +8,12 @@
 //! each kind of data a sandbox that writes `--fresh-pct` of its RAM size as a file on its disk
 //! (random bytes, which no compression shrinks, or hex text, which zstd halves), so the data
 //! is in its RAM (the page cache) and on its disk. It is suspended once (the upload is shown,
-//! not compared). Then, each run: a restore from the local copy to the first exec; a suspend
-//! (nothing changed) and the eviction of its local copy; a restore from the store to the first
-//! exec; the node's cache copy fetched again before the next run.
+//! not compared). Then, each run, on the same snapshot state: a restore from the local copy;
+//! from the store fetching everything first (eager, as before lazy restores); from the store
+//! lazily without a prefetch list (which records what the VM waited for); lazily with that
+//! list (uploaded with the suspend in between); each to the first exec answered, with the
+//! local copy evicted before each restore from the store and the files whole and the cache
+//! copy fetched again after each, before the next.
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -18,7 +21,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_node::{
-    CreateRequest, Node, RestoreReport, SandboxId, SnapshotId, TemplateRef, TemplateSpec,
+    CreateRequest, Node, RestoreMode, RestoreReport, SandboxId, TemplateRef, TemplateSpec,
     VersionReq,
 };
 use space_proto::ExecSpec;
@@ -152,6 +155,19 @@ struct Case {
     uploaded_mib: f64,
     local: Samples,
     store: Samples,
+    lazy: Samples,
+    lazy_pf: Samples,
+    lazy_opened: Samples,
+    lazy_vm_started: Samples,
+    lazy_guest_ready: Samples,
+    lazy_first_exec: Samples,
+    lazy_waited: Samples,
+    lazy_urgent: Samples,
+    lazy_filled: Samples,
+    pf_waited: Samples,
+    pf_urgent: Samples,
+    pf_prefetched: Samples,
+    pf_filled: Samples,
     prepared: Samples,
     fetch: Samples,
     getting: Samples,
@@ -259,18 +275,44 @@ impl Setup {
         Ok((t.elapsed(), s))
     }
 
-    /// Waits until the node has fetched its cache copy of `snap` again.
-    async fn settle(&self, id: &SandboxId, snap: &SnapshotId) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(600);
+    /// Suspends `id` (running), drops its local copy, and restores it from the store to the
+    /// first exec.
+    async fn store_restore(&self, id: &SandboxId) -> Result<(Duration, RestoreReport)> {
+        let (_, snap) = self.suspend(id).await?;
+        if !self.node.evict_local(id, &snap.id).await? {
+            bail!("the local copy of {} was not evicted", snap.id);
+        }
+        let (took, r) = self.restore_to_exec(id).await?;
+        if !r.from_store {
+            bail!("the restore did not come from the store");
+        }
+        Ok((took, r))
+    }
+
+    /// Waits until the last restore's files are whole (a lazy one) and the node has its cache
+    /// copy of the snapshot again, so the next measurement does not share the host with
+    /// either; answers the restore's report, complete.
+    async fn settle(&self, id: &SandboxId) -> Result<RestoreReport> {
+        let deadline = Instant::now() + Duration::from_secs(900);
         while Instant::now() < deadline {
             self.node.reconcile_archive().await;
             let info = self.node.info(id).await?;
-            if info.snapshot(snap).is_some_and(|s| s.local) {
-                return Ok(());
+            let report = self.node.last_restore(id);
+            let filled = report
+                .as_ref()
+                .is_some_and(|r| r.fetch.is_some() || r.lazy.is_some());
+            let cached = match &info.origin {
+                space_node::Origin::Snapshot { snapshot, .. } => {
+                    info.snapshot(snapshot).is_some_and(|s| s.local)
+                }
+                _ => true,
+            };
+            if filled && cached {
+                return report.ok_or_else(|| anyhow!("no restore report"));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        bail!("the cache copy of snapshot {snap} of {id} did not appear")
+        bail!("the restore of {id} did not settle (files whole, cache copy fetched)")
     }
 
     async fn close(mut self) -> Result<()> {
@@ -377,16 +419,12 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         .unwrap_or(0.0);
     for run in 0..plan.runs {
         progress(&format!("{}: run {}/{}", c.label(), run + 1, plan.runs));
+        // From local disk.
         let (local, _) = s.restore_to_exec(&id).await?;
         c.local.push(ms(local));
-        let (_, snap) = s.suspend(&id).await?;
-        if !s.node.evict_local(&id, &snap.id).await? {
-            bail!("the local copy of {} was not evicted", snap.id);
-        }
-        let (store, r) = s.restore_to_exec(&id).await?;
-        if !r.from_store {
-            bail!("the restore did not come from the store");
-        }
+        // From the store, everything fetched first (as before lazy restores).
+        s.node.set_restore_mode(RestoreMode::Eager);
+        let (store, r) = s.store_restore(&id).await?;
         c.store.push(ms(store));
         c.prepared.push(ms(r.prepared));
         if let Some(f) = &r.fetch {
@@ -400,9 +438,38 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         c.guest_ready.push(ms(r.guest_ready));
         c.first_exec.push(ms(store.saturating_sub(r.total)));
         if run == 0 && s.exec(&id, "sha256sum /root/fresh").await? != sum {
-            bail!("the data read back after the restore from the store differs");
+            bail!("the data read back after an eager restore from the store differs");
         }
-        s.settle(&id, &snap.id).await?;
+        s.settle(&id).await?;
+        // Lazily, without a prefetch list: what it waits for is recorded.
+        s.node.set_restore_mode(RestoreMode::LazyUnordered);
+        let (lazy, _) = s.store_restore(&id).await?;
+        c.lazy.push(ms(lazy));
+        if run == 0 && s.exec(&id, "sha256sum /root/fresh").await? != sum {
+            bail!("the data read back while a lazy restore fills in differs");
+        }
+        let r = s.settle(&id).await?;
+        c.lazy_opened.push(ms(r.opened));
+        c.lazy_vm_started.push(ms(r.vm_started));
+        c.lazy_guest_ready.push(ms(r.guest_ready));
+        c.lazy_first_exec.push(ms(lazy.saturating_sub(r.total)));
+        if let Some(l) = &r.lazy {
+            c.lazy_waited.push(ms(l.waited));
+            c.lazy_urgent.push(l.urgent_chunks as f64);
+            c.lazy_filled.push(ms(l.hydrated_in));
+        }
+        // Lazily, with the list the last one recorded (uploaded with this suspend).
+        s.node.set_restore_mode(RestoreMode::Lazy);
+        let (lazy_pf, _) = s.store_restore(&id).await?;
+        c.lazy_pf.push(ms(lazy_pf));
+        let r = s.settle(&id).await?;
+        if let Some(l) = &r.lazy {
+            c.pf_waited.push(ms(l.waited));
+            c.pf_urgent.push(l.urgent_chunks as f64);
+            c.pf_prefetched.push(l.prefetched_chunks as f64);
+            c.pf_filled.push(ms(l.hydrated_in));
+        }
+        s.node.set_restore_mode(RestoreMode::AsConfigured);
         s.suspend(&id).await?;
     }
     s.node.kill(&id).await?;
@@ -413,8 +480,8 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
     let mut setup = Table::new("Each guest once: writing its data and the first suspend");
     let mut time = Table::new("Restore to the first exec (ms)");
     let mut parts = Table::new(
-        "Where a restore from the store goes (ms; the sums of reads, opening and writing \
-         add up their threads' times, which overlap)",
+        "Where a restore from the store goes (ms; sums add up the times of threads that \
+         overlap)",
     );
     for c in cases {
         let l = c.label();
@@ -434,17 +501,50 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
             Samples::from_values([c.uploaded_mib]),
         );
         time.add(format!("{l}: from local disk"), "ms", c.local.clone());
-        time.add(format!("{l}: from the store"), "ms", c.store.clone());
+        time.add(format!("{l}: from the store, eager"), "ms", c.store.clone());
+        time.add(format!("{l}: from the store, lazy"), "ms", c.lazy.clone());
+        time.add(
+            format!("{l}: from the store, lazy + prefetch"),
+            "ms",
+            c.lazy_pf.clone(),
+        );
         for (what, unit, v) in [
-            ("keys, manifest, template", "ms", &c.prepared),
-            ("fetch (wall)", "ms", &c.fetch),
-            ("  ranged reads, summed", "ms", &c.getting),
-            ("  opening chunks, summed", "ms", &c.opening),
-            ("  writing chunks, summed", "ms", &c.writing),
-            ("  fetched", "MiB", &c.fetched_mib),
-            ("VM started, state loaded", "ms", &c.vm_started),
-            ("guest ready (identity)", "ms", &c.guest_ready),
-            ("first exec", "ms", &c.first_exec),
+            ("eager: keys, manifest, template", "ms", &c.prepared),
+            ("eager: fetch (wall)", "ms", &c.fetch),
+            ("eager:   ranged reads, summed", "ms", &c.getting),
+            ("eager:   opening chunks, summed", "ms", &c.opening),
+            ("eager:   writing chunks, summed", "ms", &c.writing),
+            ("eager:   fetched", "MiB", &c.fetched_mib),
+            ("eager: VM started, state loaded", "ms", &c.vm_started),
+            ("eager: guest ready (identity)", "ms", &c.guest_ready),
+            ("eager: first exec", "ms", &c.first_exec),
+            (
+                "lazy: files laid out, state fetched, mounted",
+                "ms",
+                &c.lazy_opened,
+            ),
+            ("lazy: VM started, state loaded", "ms", &c.lazy_vm_started),
+            ("lazy: guest ready (identity)", "ms", &c.lazy_guest_ready),
+            ("lazy: first exec", "ms", &c.lazy_first_exec),
+            (
+                "lazy: the VM waiting for chunks, summed",
+                "ms",
+                &c.lazy_waited,
+            ),
+            ("lazy: chunks it waited for", "n", &c.lazy_urgent),
+            ("lazy: until the files were whole", "ms", &c.lazy_filled),
+            (
+                "lazy + prefetch: the VM waiting, summed",
+                "ms",
+                &c.pf_waited,
+            ),
+            ("lazy + prefetch: chunks it waited for", "n", &c.pf_urgent),
+            ("lazy + prefetch: chunks prefetched", "n", &c.pf_prefetched),
+            (
+                "lazy + prefetch: until the files were whole",
+                "ms",
+                &c.pf_filled,
+            ),
         ] {
             parts.add(format!("{l}: {what}"), unit, v.clone());
         }
@@ -457,14 +557,38 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
     for c in cases {
         let l = c.label();
         summary.add(
-            format!("{l}: from the store / from local disk"),
+            format!("{l}: eager from the store / local"),
             &c.store,
+            &c.local,
+            "today's restore, same run",
+        );
+        summary.add(
+            format!("{l}: lazy / local"),
+            &c.lazy,
             &c.local,
             "same snapshot, same run",
         );
-        targets.ratio(
-            format!("{l}: store / local"),
+        summary.add(
+            format!("{l}: lazy + prefetch / local"),
+            &c.lazy_pf,
+            &c.local,
+            "same snapshot, same run",
+        );
+        summary.add(
+            format!("{l}: lazy + prefetch / lazy"),
+            &c.lazy_pf,
+            &c.lazy,
+            "what the prefetch list saves",
+        );
+        summary.add(
+            format!("{l}: lazy + prefetch / eager"),
+            &c.lazy_pf,
             &c.store,
+            "against today's",
+        );
+        targets.ratio(
+            format!("{l}: store (lazy + prefetch) / local"),
+            &c.lazy_pf,
             &c.local,
             STORE_OVER_LOCAL,
         );
@@ -482,15 +606,27 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
             };
             if let (Some(a), Some(b)) = (find(small), find(large)) {
                 summary.add(
-                    format!("{}: {large} MiB / {small} MiB from the store", kind.name()),
+                    format!("{}: eager, {large} MiB / {small} MiB", kind.name()),
                     &b.store,
                     &a.store,
+                    "today's",
+                );
+                summary.add(
+                    format!(
+                        "{}: lazy + prefetch, {large} MiB / {small} MiB",
+                        kind.name()
+                    ),
+                    &b.lazy_pf,
+                    &a.lazy_pf,
                     "flat in size: 1x",
                 );
                 targets.ratio(
-                    format!("{}: store, {large} MiB / {small} MiB", kind.name()),
-                    &b.store,
-                    &a.store,
+                    format!(
+                        "{}: store (lazy + prefetch), {large} / {small} MiB",
+                        kind.name()
+                    ),
+                    &b.lazy_pf,
+                    &a.lazy_pf,
                     LARGEST_OVER_SMALLEST,
                 );
             }

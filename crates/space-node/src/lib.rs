@@ -43,7 +43,9 @@ pub(crate) mod volumes;
 
 pub use admission::AdmissionConfig;
 pub use api::{Fault, FaultCode, LocalNode, NodeApi, NodeResult};
-pub use archive::{ArchiveConfig, ArchiveReport, RestoreReport, DEFAULT_VOLUME_COPY_INTERVAL};
+pub use archive::{
+    ArchiveConfig, ArchiveReport, RestoreMode, RestoreReport, DEFAULT_VOLUME_COPY_INTERVAL,
+};
 pub use build::{BuildInput, BuildLog, Credentials, LogChunk, TemplateSource};
 pub use error::{NodeError, Result};
 pub use ids::{SandboxId, SnapshotId, TemplateName, TemplateRef, TemplateVersion, VersionReq};

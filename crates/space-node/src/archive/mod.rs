@@ -106,6 +106,52 @@ impl ArchiveConfig {
     }
 }
 
+/// How restores from the store fetch, when a measurement compares them
+/// ([`crate::Node::set_restore_mode`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RestoreMode {
+    /// As [`ArchiveConfig::lazy`] says.
+    AsConfigured = 0,
+    /// Everything before the VM starts.
+    Eager = 1,
+    /// Lazily (with [`ArchiveConfig::lazy`]'s options or the defaults), without the
+    /// snapshot's prefetch list.
+    LazyUnordered = 2,
+    /// Lazily, with the snapshot's prefetch list.
+    Lazy = 3,
+}
+
+impl RestoreMode {
+    pub(crate) fn from_u8(n: u8) -> RestoreMode {
+        match n {
+            1 => RestoreMode::Eager,
+            2 => RestoreMode::LazyUnordered,
+            3 => RestoreMode::Lazy,
+            _ => RestoreMode::AsConfigured,
+        }
+    }
+
+    /// The lazy options a restore uses under this mode (`None`: eager).
+    pub(crate) fn lazy_options(
+        self,
+        configured: Option<&space_archive::lazy::LazyOptions>,
+    ) -> Option<space_archive::lazy::LazyOptions> {
+        let or_default = || configured.cloned().unwrap_or_default();
+        match self {
+            RestoreMode::AsConfigured => configured.cloned(),
+            RestoreMode::Eager => None,
+            RestoreMode::Lazy => Some(or_default()),
+            RestoreMode::LazyUnordered => {
+                let mut o = or_default();
+                o.prefetch = Vec::new();
+                o.use_manifest_prefetch = false;
+                Some(o)
+            }
+        }
+    }
+}
+
 /// The node's storage driver's clone, as fetches use it.
 pub(crate) fn clone_with(ctx: &Ctx) -> space_archive::CloneFile {
     let storage = ctx.storage.clone();
@@ -179,6 +225,7 @@ pub use background::ArchiveReport;
 pub(crate) use background::{pass, shred_expired, UploadJob, ARCHIVE_TICK};
 pub(crate) use lazy_mount::{detach, LazyRestore};
 pub use restore::RestoreReport;
+
 pub(crate) use restore::{
     fetch_for_restore, fetch_lazy, fetch_snapshot, Incoming, LazyIncoming, LAZY_DIR,
 };

@@ -206,7 +206,7 @@ pub(crate) async fn fetch_lazy(
     }
     let mut opts = opts;
     opts.lazy = vec![MEM_FILE.into(), DISK_FILE.into()];
-    if opts.prefetch.is_empty() {
+    if opts.prefetch.is_empty() && opts.use_manifest_prefetch {
         opts.prefetch = m.prefetch.clone();
     }
     let made = async {

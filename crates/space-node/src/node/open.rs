@@ -41,6 +41,7 @@ impl Node {
             gateway,
             archive: std::sync::OnceLock::new(),
             archive_lock: tokio::sync::Mutex::new(()),
+            restore_mode: 0.into(),
             fenced: false.into(),
             discarding: Default::default(),
             disk_reserve_mib: config.admission.disk_reserve_mib,

@@ -254,6 +254,14 @@ impl Node {
         self.call(id, |r| Request::Evict(snap, r)).await
     }
 
+    /// Changes how this node's restores from the store fetch (measurements compare them).
+    pub fn set_restore_mode(&self, mode: crate::archive::RestoreMode) {
+        self.inner
+            .ctx
+            .restore_mode
+            .store(mode as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Where the time of the last restore of sandbox `id` on this node went, if it was
     /// restored here.
     pub fn last_restore(&self, id: &SandboxId) -> Option<crate::archive::RestoreReport> {

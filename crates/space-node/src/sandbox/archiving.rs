@@ -132,7 +132,12 @@ impl Sandbox {
         match (self.ctx.archive.get(), remote) {
             (Some(cfg), Some(remote)) if !full_snapshot_present(&dir) => {
                 let cfg = cfg.clone();
-                if let Some(opts) = cfg.lazy.clone() {
+                let mode = crate::archive::RestoreMode::from_u8(
+                    self.ctx
+                        .restore_mode
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                );
+                if let Some(opts) = mode.lazy_options(cfg.lazy.as_ref()) {
                     let lazy = fetch_lazy(
                         &self.ctx,
                         &cfg,

@@ -49,6 +49,11 @@ impl Filling {
         }
     }
 
+    /// Why the filling failed, if it did.
+    pub(super) fn failed(&self) -> Option<String> {
+        self.restore.as_ref().and_then(|r| r.files.failed())
+    }
+
     /// What to wait on for the outcome, while it has not been acted on.
     pub(super) fn pending(&self) -> Option<watch::Receiver<Outcome>> {
         (!self.seen).then(|| self.done.clone())

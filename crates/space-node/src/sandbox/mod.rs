@@ -103,6 +103,8 @@ pub(crate) struct Ctx {
     pub archive: std::sync::OnceLock<crate::archive::ArchiveConfig>,
     /// Serializes template uploads and fetches (one per template build, not per sandbox).
     pub archive_lock: tokio::sync::Mutex<()>,
+    /// How restores from the store fetch ([`crate::archive::RestoreMode`], as a number).
+    pub restore_mode: std::sync::atomic::AtomicU8,
     /// Set while the node is fenced (a member that could not renew its lease): no commit to
     /// the object store is made.
     pub fenced: std::sync::atomic::AtomicBool,

@@ -390,10 +390,17 @@ impl Sandbox {
                 self.finish(Running)
             }
             Err(e) => {
-                // The VM is gone (and its files with the launch's cleanup); so is the filling.
+                // The VM is gone (and its files with the launch's cleanup); so is the filling,
+                // whose failure, if it failed, is why.
+                let why = filling.as_ref().and_then(|f| f.failed());
                 drop(filling);
                 self.abandon();
-                Err(e)
+                match why {
+                    Some(why) => Err(NodeError::Archive(format!(
+                        "the restore from the object store failed: {why}"
+                    ))),
+                    None => Err(e),
+                }
             }
         }
     }
