@@ -61,7 +61,7 @@ test: check artifacts tools
 
 # Long runs kept out of `make test`, which runs a short version of each.
 soak: artifacts tools
-	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage"
+	@echo "[soak] 50 suspend/restore cycles through a directory store and through Garage (lazy restores)"
 	@source $(ENV) && source $(TOOLS) && SPACE_ARCHIVE_CYCLES=50 $(CARGO) test -p space-node --test archive -- through_
 	@echo "[soak] 1,000 mixed lifecycle operations on 10 sandboxes with a file ledger"
 	@source $(ENV) && source $(TOOLS) && SPACE_SOAK_OPS=1000 $(CARGO) test -p space-node --test soak -- --nocapture

@@ -76,6 +76,9 @@ impl Sandbox {
         let Some(f) = self.lazy.as_mut() else {
             return;
         };
+        if f.seen {
+            return;
+        }
         let outcome = f.done.borrow().clone();
         let Some(outcome) = outcome else {
             return;
@@ -154,7 +157,11 @@ impl Sandbox {
             .map(|o| o.clone())
             .map_err(|_| NodeError::internal("the lazy restore's task went away"))?;
         match outcome {
-            Some(Ok(_)) => Ok(()),
+            Some(Ok(_)) => {
+                // Recorded now, not at the driver's next step: whoever waited sees it.
+                self.filling_changed().await;
+                Ok(())
+            }
             Some(Err(why)) => Err(NodeError::Archive(format!(
                 "the restore from the object store failed: {why}"
             ))),

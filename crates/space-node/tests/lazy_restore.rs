@@ -1,0 +1,256 @@
+//! Lazy restores from the object store on real guests and a real S3 server (Garage): the VM
+//! runs before its RAM and disk have arrived (`docs/archive.md`, *Lazy restore*).
+//!
+//! - A 2 GiB guest holding 1 GiB of random data and a running process, restored on a node
+//!   with an empty data directory (nothing of it, or of its template, local): its data is
+//!   checked by SHA-256 while the rest still streams in, the process runs on, and a snapshot
+//!   taken during the stream restores again with the same data.
+//! - Garage stopped while a restore still needs chunks: the guest waits a bounded time, then
+//!   the VM is stopped, the sandbox is Suspended again with the reason recorded, nothing of
+//!   the restore is left, and once Garage is back it restores whole.
+//!
+//! `SPACE_TEST_LAZY_RAM_MIB` and `SPACE_TEST_LAZY_DATA_MIB` change the first guest's size
+//! (2048 and 1024 by default).
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use space_archive::lazy::LazyOptions;
+use space_archive::testing::Garage;
+use space_archive::StoreConfig;
+use space_node::{
+    ArchiveConfig, CreateRequest, Node, RecoveryAction, RestoreMode, SandboxId, SandboxOptions,
+    SnapshotKind, State, TemplateRef, TemplateSpec,
+};
+use space_proto::{ExecSpec, GuestClient};
+
+/// Builds `minimal` with `memory_mib` of RAM as version `version`.
+async fn build_sized(node: &Node, version: &str, memory_mib: u64) -> TemplateRef {
+    let template = TemplateRef::new("minimal", version).unwrap();
+    node.build_template(TemplateSpec {
+        template: template.clone(),
+        kernel: env_path("SPACE_KERNEL"),
+        rootfs: env_path("SPACE_ROOTFS_MINIMAL"),
+        vcpus: 1,
+        memory_mib,
+        kernel_cmdline: None,
+        ready_timeout: Duration::from_secs(300),
+        guest: Default::default(),
+        start: None,
+        source: String::new(),
+    })
+    .await
+    .expect("building the template");
+    template
+}
+
+async fn create_sized(node: &Node, t: &TemplateRef, disk_mib: u64) -> SandboxId {
+    let mut req = CreateRequest::new(t.name.clone());
+    req.version = space_node::VersionReq::Exact(t.version.clone());
+    req.options = SandboxOptions {
+        disk_mib: Some(disk_mib),
+        ..Default::default()
+    };
+    node.create(req).await.expect("create").id
+}
+
+/// Runs `line` with a long deadline (a big guest under emulation is slow); its stdout.
+async fn sh_long(g: &GuestClient, line: &str) -> String {
+    let mut spec = ExecSpec::shell(line);
+    spec.timeout_ms = Some(900_000);
+    let out = g.run(spec).await.unwrap();
+    assert!(
+        out.status.success(),
+        "`{line}` failed: {:?} {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.to_vec()).unwrap()
+}
+
+/// `sha256sum` of a guest file, computed in the guest.
+async fn sum_in_guest(g: &GuestClient, path: &str) -> String {
+    sh_long(g, &format!("sha256sum {path}"))
+        .await
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn config(store: &StoreConfig, key: &Path, lazy: Option<LazyOptions>) -> ArchiveConfig {
+    let mut cfg = archive_over(store, key);
+    cfg.cache_max_bytes = Some(0);
+    cfg.lazy = lazy;
+    cfg
+}
+
+#[test]
+fn a_big_guest_restores_from_the_store_while_it_streams_in() {
+    let ram = env_number("SPACE_TEST_LAZY_RAM_MIB", 2048);
+    let data = env_number("SPACE_TEST_LAZY_DATA_MIB", 1024);
+    let garage = Garage::start();
+    let store = garage.config("lazy-big");
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("master.key");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let cfg = config(&store, &key, Some(LazyOptions::default()));
+    with_node(
+        Disk::Btrfs,
+        |c| {
+            c.archive = Some(cfg);
+            c.ready_timeout = Duration::from_secs(300);
+        },
+        |node| async move {
+            let t = build_sized(&node, "big", ram).await;
+            let id = create_sized(&node, &t, data + 1024).await;
+            let g = node.guest(&id).await.unwrap();
+            sh_long(
+                &g,
+                &format!("dd if=/dev/urandom of=/root/data bs=1M count={data} 2>/dev/null && sync"),
+            )
+            .await;
+            let sum = sum_in_guest(&g, "/root/data").await;
+            let pid = start_sleeper(&g).await;
+            drop(g);
+            let s = node.suspend(&id).await.unwrap();
+            assert!(s.remote.is_some());
+            tx.send((id, sum, pid)).unwrap();
+        },
+    );
+    let (id, sum, pid) = rx.recv().unwrap();
+
+    // Another node: an empty data directory, the same store and key.
+    let cfg = config(&store, &key, Some(LazyOptions::default()));
+    with_node(
+        Disk::Btrfs,
+        |c| {
+            c.archive = Some(cfg);
+            c.ready_timeout = Duration::from_secs(300);
+        },
+        |node| async move {
+            assert!(node.templates().unwrap().is_empty(), "nothing local yet");
+            assert_eq!(node.take_adopted().len(), 1);
+            let t0 = Instant::now();
+            node.restore(&id).await.unwrap();
+            let restored_in = t0.elapsed();
+            let r = node.last_restore(&id).unwrap();
+            assert!(r.from_store && r.fetch.is_none(), "{r:?}");
+            assert!(
+                r.lazy.is_none(),
+                "the files were whole when the restore returned ({restored_in:?})"
+            );
+            let g = node.guest(&id).await.unwrap();
+            assert!(alive(&g, pid).await, "the process runs on");
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+
+            // A snapshot taken while the rest streams in: it waits until the files are
+            // whole, and is the guest's state.
+            let snap = node.snapshot(&id, SnapshotKind::Full).await.unwrap();
+            let r = node.last_restore(&id).unwrap();
+            let lazy = r
+                .lazy
+                .clone()
+                .expect("the files are whole once a snapshot is taken");
+            assert!(lazy.urgent_chunks > 0, "{lazy:?}");
+            eprintln!("restore to ready {restored_in:?}; {r:?}");
+            sh(&g, "echo after > /root/marker && sync").await;
+            drop(g);
+            node.rollback(&id, &snap.id).await.unwrap();
+            let g = node.guest(&id).await.unwrap();
+            assert!(!exists(&g, "/root/marker").await, "rolled back");
+            assert!(alive(&g, pid).await);
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+            drop(g);
+
+            // The record keeps what the restore waited for; the next upload lists it.
+            let info = node.info(&id).await.unwrap();
+            assert!(!info.prefetch.is_empty());
+        },
+    );
+}
+
+#[test]
+fn the_store_going_away_mid_restore_leaves_the_sandbox_suspended_and_restorable() {
+    let garage = Garage::start();
+    let store = garage.config("lazy-gone");
+    let garage = Arc::new(std::sync::Mutex::new(garage));
+    let keys = tempfile::tempdir().unwrap();
+    // No background fetching: what the guest has not touched stays in the store, so the
+    // store can go away while the restore still needs it.
+    let opts = LazyOptions {
+        parallel: 0,
+        read_timeout: Duration::from_secs(3),
+        attempts: 2,
+        ..Default::default()
+    };
+    let limit = opts.stall_limit();
+    let cfg = config(&store, &keys.path().join("master.key"), Some(opts));
+    let g2 = garage.clone();
+    with_node(
+        Disk::Btrfs,
+        |c| c.archive = Some(cfg),
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let id = create(&node, SandboxOptions::default()).await;
+            let g = node.guest(&id).await.unwrap();
+            sh(
+                &g,
+                "dd if=/dev/urandom of=/root/data bs=1M count=32 2>/dev/null && sync",
+            )
+            .await;
+            let sum = sum_in_guest(&g, "/root/data").await;
+            // Out of the page cache: reading it again goes to the disk.
+            sh(&g, "echo 3 > /proc/sys/vm/drop_caches").await;
+            let pid = start_sleeper(&g).await;
+            drop(g);
+            node.suspend(&id).await.unwrap();
+            node.restore(&id).await.unwrap();
+            assert!(node.last_restore(&id).unwrap().lazy.is_none());
+
+            g2.lock().unwrap().stop();
+            let g = node.guest(&id).await.unwrap();
+            let t = Instant::now();
+            let read = g
+                .run(ExecSpec::shell("sha256sum /root/data"))
+                .await
+                .map(|o| o.status.success());
+            assert_ne!(
+                read.ok(),
+                Some(true),
+                "the data was read with the store gone"
+            );
+            drop(g);
+            let deadline = Instant::now() + limit + Duration::from_secs(60);
+            let info = loop {
+                let info = node.info(&id).await.unwrap();
+                if info.state == State::Suspended {
+                    break info;
+                }
+                assert!(Instant::now() < deadline, "still {:?}", info.state);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            };
+            eprintln!("failed {:?} after the read", t.elapsed());
+            let ev = info.recoveries.last().unwrap();
+            assert_eq!(ev.action, RecoveryAction::RestoreFailed);
+            assert!(ev.detail.contains("object store"), "{}", ev.detail);
+            let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
+            for leftover in ["mem", "rootfs.ext4", ".lazy"] {
+                assert!(!dir.join(leftover).exists(), "{leftover} is left");
+            }
+
+            // Back: the same snapshot restores whole.
+            g2.lock().unwrap().restart();
+            node.set_restore_mode(RestoreMode::Eager);
+            node.restore(&id).await.unwrap();
+            let g = node.guest(&id).await.unwrap();
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+            assert!(alive(&g, pid).await);
+        },
+    );
+    drop(garage);
+}
