@@ -282,11 +282,23 @@ impl Setup {
         if !self.node.evict_local(id, &snap.id).await? {
             bail!("the local copy of {} was not evicted", snap.id);
         }
+        self.evict_all(id).await?;
         let (took, r) = self.restore_to_exec(id).await?;
         if !r.from_store {
             bail!("the restore did not come from the store");
         }
         Ok((took, r))
+    }
+
+    /// Drops the local copies of every archived snapshot of suspended sandbox `id` (the
+    /// runs would fill the disk with them otherwise).
+    async fn evict_all(&self, id: &SandboxId) -> Result<()> {
+        for s in self.node.snapshots(id).await? {
+            if s.local && s.remote.is_some() {
+                self.node.evict_local(id, &s.id).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Waits until the last restore's files are whole (a lazy one) and the node has its cache
@@ -376,6 +388,7 @@ async fn measure(plan: &RestorePlan, store: &str) -> Result<()> {
             warm.version = VersionReq::Exact(t.version.clone());
             let warm = s.node.create(warm).await.context("create")?.id;
             s.suspend(&warm).await?;
+            s.evict_all(&warm).await?;
             s.node.kill(&warm).await?;
             for &kind in &plan.kinds {
                 let mut c = Case {
@@ -391,8 +404,9 @@ async fn measure(plan: &RestorePlan, store: &str) -> Result<()> {
     }
     .await;
     s.close().await?;
-    result?;
+    // What was measured is shown even when a later case failed.
     report(plan, &cases);
+    result?;
     println!("load average at the end: {}", host::load_average());
     Ok(())
 }
@@ -472,6 +486,7 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         s.node.set_restore_mode(RestoreMode::AsConfigured);
         s.suspend(&id).await?;
     }
+    s.evict_all(&id).await?;
     s.node.kill(&id).await?;
     Ok(())
 }
