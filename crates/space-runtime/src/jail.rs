@@ -10,8 +10,9 @@
 //! 1. join the cgroup (write `0` to each `cgroup.procs`), then `unshare` the namespaces and
 //!    fork again, so QEMU is PID 1 of the new PID namespace;
 //! 2. make every mount private; bind the sandbox directory onto itself with the mounts in it
-//!    (a root must be a mount point; a lazy restore's files are mounts over their paths); bind the host paths QEMU needs to run (`/usr`; `/lib` and `/lib64` as
-//!    links or binds, as on the host) read-only, and the kernel onto `vmlinux` when it is
+//!    (a root must be a mount point; a lazy restore's files are mounts over their paths);
+//!    bind the host paths QEMU needs to run (`/usr`; `/lib` and `/lib64` as links or binds,
+//!    as on the host) read-only, and the kernel onto `vmlinux` when it is
 //!    world-readable; mount a small tmpfs on `dev` with `null`, `urandom` and, under KVM,
 //!    `kvm`;
 //! 3. `pivot_root` into the sandbox directory and detach the old root, so no host path other
