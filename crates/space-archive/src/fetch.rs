@@ -22,15 +22,15 @@ use tokio::task::JoinSet;
 
 use crate::crypto::LineageKeys;
 use crate::manifest::{ChunkLoc, DeltaOn, Manifest, Run};
-use crate::pack::{decode_chunk, decode_stored, verify, ChunkError};
+use crate::pack::{decode_chunk, decode_stored, put_pages, verify, ChunkError};
 use crate::store::{Archive, StoreError};
 
 /// Ranged reads in flight at once.
 pub const DEFAULT_PARALLEL_READS: usize = 8;
 /// A ranged read covers at most this much of a pack.
-const MAX_READ: u64 = 8 << 20;
+pub(crate) const MAX_READ: u64 = 8 << 20;
 /// Gap between chunks of one pack that a read bridges rather than splitting.
-const MAX_GAP: u64 = 256 << 10;
+pub(crate) const MAX_GAP: u64 = 256 << 10;
 
 /// Errors of a fetch.
 #[derive(Debug, thiserror::Error)]
@@ -394,15 +394,46 @@ impl Work {
                     })?;
             }
         }
-        let mut at = 0;
-        for r in d.ranges(c.plain_len) {
-            let n = r.len();
-            plain[r].copy_from_slice(&pages[at..at + n]);
-            at += n;
-        }
+        put_pages(d, c.plain_len, &pages, &mut plain);
         verify(&self.keys, &c.id, &plain).map_err(bad)?;
         Ok(plain)
     }
+}
+
+/// Splits `wanted` into reads: per pack, by offset, each covering at most `max` bytes with
+/// gaps of at most [`MAX_GAP`].
+pub(crate) fn plan_reads(m: &Manifest, wanted: Vec<u32>, max: u64) -> Vec<Vec<u32>> {
+    let mut by_pack: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for i in wanted {
+        by_pack
+            .entry(m.chunks[i as usize].pack)
+            .or_default()
+            .push(i);
+    }
+    let mut reads = Vec::new();
+    for (_, mut list) in by_pack {
+        list.sort_by_key(|&i| m.chunks[i as usize].offset);
+        list.dedup();
+        let mut cur: Vec<u32> = Vec::new();
+        let (mut start, mut end) = (0u64, 0u64);
+        for i in list {
+            let c = &m.chunks[i as usize];
+            let c_end = c.offset + c.len as u64;
+            if !cur.is_empty() && (c.offset > end + MAX_GAP || c_end - start > max) {
+                reads.push(std::mem::take(&mut cur));
+            }
+            if cur.is_empty() {
+                start = c.offset;
+                end = c_end;
+            }
+            end = end.max(c_end);
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            reads.push(cur);
+        }
+    }
+    reads
 }
 
 /// Fetches chunks `wanted` of `m` with ranged reads (per pack, by offset, merged into ranges
@@ -415,35 +446,10 @@ async fn fetch_all(
     parallel: usize,
     report: &mut FetchReport,
 ) -> Result<(), FetchError> {
-    let mut by_pack: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-    for i in wanted {
-        by_pack
-            .entry(m.chunks[i as usize].pack)
-            .or_default()
-            .push(i);
-    }
-    let mut reads: Vec<(u32, Vec<u32>)> = Vec::new();
-    for (pack, mut list) in by_pack {
-        list.sort_by_key(|&i| m.chunks[i as usize].offset);
-        let mut cur: Vec<u32> = Vec::new();
-        let (mut start, mut end) = (0u64, 0u64);
-        for i in list {
-            let c = &m.chunks[i as usize];
-            let c_end = c.offset + c.len as u64;
-            if !cur.is_empty() && (c.offset > end + MAX_GAP || c_end - start > MAX_READ) {
-                reads.push((pack, std::mem::take(&mut cur)));
-            }
-            if cur.is_empty() {
-                start = c.offset;
-                end = c_end;
-            }
-            end = end.max(c_end);
-            cur.push(i);
-        }
-        if !cur.is_empty() {
-            reads.push((pack, cur));
-        }
-    }
+    let reads: Vec<(u32, Vec<u32>)> = plan_reads(m, wanted, MAX_READ)
+        .into_iter()
+        .map(|r| (m.chunks[r[0] as usize].pack, r))
+        .collect();
     let mut set: JoinSet<Result<(u64, u64, Duration), FetchError>> = JoinSet::new();
     let mut queue = reads.into_iter();
     let parallel = parallel.max(1);

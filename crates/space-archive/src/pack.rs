@@ -101,6 +101,17 @@ pub fn decode_stored(
 }
 
 /// Checks that `plain` is chunk `id`.
+/// Puts a delta's stored `pages` (back to back, in page order) into `plain`, the chunk of
+/// `plain_len` bytes it applies to.
+pub fn put_pages(d: &crate::manifest::Delta, plain_len: u32, pages: &[u8], plain: &mut [u8]) {
+    let mut at = 0;
+    for r in d.ranges(plain_len) {
+        let n = r.len();
+        plain[r].copy_from_slice(&pages[at..at + n]);
+        at += n;
+    }
+}
+
 pub fn verify(keys: &LineageKeys, id: &ChunkId, plain: &[u8]) -> Result<(), ChunkError> {
     if keys.chunk_id(plain) != *id {
         return Err(ChunkError::Mismatch { id: *id });

@@ -1,0 +1,444 @@
+//! Filling a lazy restore's files in: the loop that decides what to read next (what waiters
+//! asked for, then the prefetch list, then the rest), the reads of the store with their
+//! retries, and the installation of each opened and checked chunk into the slots still
+//! missing.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, MutexGuard};
+
+use bytes::Bytes;
+use tokio::task::JoinSet;
+
+use super::{
+    pause_after, Chunk, Inner, Slot, State, Why, MAX_GAP, MAX_READ, MAX_URGENT, MAX_URGENT_READ,
+};
+use crate::fetch::{plan_reads, FetchError};
+use crate::manifest::DeltaOn;
+use crate::pack::{decode_chunk, decode_stored, put_pages, verify, ChunkError};
+use crate::store::StoreError;
+
+/// The background order: the prefetch list's chunks first, then the others by pack and
+/// offset (the order uploads wrote them, roughly the files' order).
+fn background_order(inner: &Inner) -> (VecDeque<u32>, HashSet<u32>) {
+    let mut seen = HashSet::new();
+    let mut prefetch = VecDeque::new();
+    for (name, slot) in &inner.opts.prefetch {
+        let Some(fi) = inner.m.files.iter().position(|f| &f.name == name) else {
+            continue;
+        };
+        let Some(c) = inner
+            .slot_chunk
+            .get(&fi)
+            .and_then(|per| per.get(*slot as usize))
+            .copied()
+            .flatten()
+        else {
+            continue;
+        };
+        if seen.insert(c) {
+            prefetch.push_back(c);
+        }
+    }
+    let prefetched: HashSet<u32> = prefetch.iter().copied().collect();
+    let mut rest: Vec<u32> = (0..inner.m.chunks.len() as u32)
+        .filter(|c| !seen.contains(c))
+        .filter(|&c| {
+            inner.targets[c as usize]
+                .iter()
+                .any(|(fi, _)| inner.slot_chunk.contains_key(fi))
+        })
+        .collect();
+    rest.sort_by_key(|&c| {
+        let l = &inner.m.chunks[c as usize];
+        (l.pack, l.offset)
+    });
+    prefetch.extend(rest);
+    (prefetch, prefetched)
+}
+
+pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
+    let (mut queue, prefetched) = background_order(inner);
+    let mut set: JoinSet<Result<(), FetchError>> = JoinSet::new();
+    let mut background = 0usize;
+    let mut urgent = 0usize;
+    let mut kinds: HashMap<tokio::task::Id, bool> = HashMap::new();
+    loop {
+        // What waiters asked for first.
+        let wanted: Vec<u32> = {
+            let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(why) = &st.failed {
+                return Err(FetchError::Io {
+                    op: "restoring",
+                    path: PathBuf::new(),
+                    source: std::io::Error::other(why.clone()),
+                });
+            }
+            if urgent >= MAX_URGENT {
+                Vec::new()
+            } else {
+                let mut out = Vec::new();
+                while let Some(c) = st.wanted.pop_front() {
+                    if st.chunks[c as usize] == Chunk::Wanted {
+                        st.chunks[c as usize] = Chunk::Fetching;
+                        out.push(c);
+                    }
+                }
+                // Their neighbours in the pack that nobody fetches yet come along.
+                let extra: Vec<u32> = neighbours(inner, &out, &st.chunks);
+                for &c in &extra {
+                    st.chunks[c as usize] = Chunk::Fetching;
+                }
+                out.extend(extra);
+                out
+            }
+        };
+        if !wanted.is_empty() {
+            for run in plan_reads(&inner.m, wanted, MAX_URGENT_READ) {
+                let i2 = inner.clone();
+                let h = set.spawn(async move { fetch_run(&i2, run, Why::Urgent).await });
+                kinds.insert(h.id(), true);
+                urgent += 1;
+            }
+        }
+        // Then the background, while there is room.
+        while background < inner.opts.parallel {
+            let run = {
+                let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut run: Vec<u32> = Vec::new();
+                let (mut pack, mut start, mut end) = (u32::MAX, 0u64, 0u64);
+                while let Some(&c) = queue.front() {
+                    if st.chunks[c as usize] != Chunk::Idle {
+                        queue.pop_front();
+                        continue;
+                    }
+                    let l = &inner.m.chunks[c as usize];
+                    let l_end = l.offset + l.len as u64;
+                    if !run.is_empty()
+                        && (l.pack != pack
+                            || l.offset < end
+                            || l.offset > end + MAX_GAP
+                            || l_end - start > MAX_READ)
+                    {
+                        break;
+                    }
+                    if run.is_empty() {
+                        (pack, start) = (l.pack, l.offset);
+                    }
+                    end = l_end;
+                    st.chunks[c as usize] = Chunk::Fetching;
+                    run.push(c);
+                    queue.pop_front();
+                }
+                run
+            };
+            if run.is_empty() {
+                break;
+            }
+            let why = if prefetched.contains(&run[0]) {
+                Why::Prefetch
+            } else {
+                Why::Background
+            };
+            let i2 = inner.clone();
+            let h = set.spawn(async move { fetch_run(&i2, run, why).await });
+            kinds.insert(h.id(), false);
+            background += 1;
+        }
+        if set.is_empty() {
+            {
+                let st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                if st.missing == 0 {
+                    return Ok(());
+                }
+                if inner.opts.parallel > 0 && st.wanted.is_empty() && queue.is_empty() {
+                    // Every chunk was fetched; a slot still missing would be a chunk
+                    // without a place, which the manifest's validation rules out.
+                    return Err(FetchError::Io {
+                        op: "restoring",
+                        path: PathBuf::new(),
+                        source: std::io::Error::other(format!(
+                            "{} slots are still missing after every chunk was fetched",
+                            st.missing
+                        )),
+                    });
+                }
+            }
+            // Nothing in flight: wait for a waiter to ask (no background reads).
+            inner.asked.notified().await;
+            continue;
+        }
+        tokio::select! {
+            _ = inner.asked.notified() => {}
+            done = set.join_next_with_id() => {
+                let Some(done) = done else { continue };
+                let (id, r) = match done {
+                    Ok((id, r)) => (id, r),
+                    Err(e) => {
+                        return Err(FetchError::Io {
+                            op: "fetching",
+                            path: PathBuf::new(),
+                            source: std::io::Error::other(e.to_string()),
+                        })
+                    }
+                };
+                if kinds.remove(&id) == Some(true) {
+                    urgent -= 1;
+                } else {
+                    background -= 1;
+                }
+                r?;
+            }
+        }
+    }
+}
+
+/// Missing chunks next to `these` in their packs that nobody is fetching, so that one read
+/// brings a little more than it must (what is near in a pack is near in the file).
+fn neighbours(inner: &Inner, these: &[u32], chunks: &[Chunk]) -> Vec<u32> {
+    let mut out = Vec::new();
+    let taken: HashSet<u32> = these.iter().copied().collect();
+    for &c in these {
+        let l = &inner.m.chunks[c as usize];
+        let mut size = l.len as u64;
+        for (&(pack, _), &n) in inner.by_pack.range((l.pack, l.offset + 1)..) {
+            if pack != l.pack || size >= MAX_URGENT_READ {
+                break;
+            }
+            if chunks[n as usize] != Chunk::Idle || taken.contains(&n) || out.contains(&n) {
+                break;
+            }
+            size += inner.m.chunks[n as usize].len as u64;
+            out.push(n);
+        }
+    }
+    out
+}
+
+/// One ranged read of a pack, tried again after a failure or a stall.
+async fn read_range(
+    inner: &Inner,
+    pack: u32,
+    range: std::ops::Range<u64>,
+) -> Result<Bytes, FetchError> {
+    let name = inner.m.packs[pack as usize].clone();
+    let path = inner.archive.pack_path(&inner.m.lineage, &name)?;
+    let tries = inner.opts.attempts.max(1);
+    let mut last: Option<FetchError> = None;
+    for n in 0..tries {
+        if n > 0 {
+            tokio::time::sleep(pause_after(n)).await;
+            inner.lock_state().report.retries += 1;
+        }
+        if inner.lock_state().failed.is_some() {
+            break;
+        }
+        inner.lock_state().report.reads += 1;
+        let got = tokio::time::timeout(
+            inner.opts.read_timeout,
+            inner.archive.get_range(&path, range.clone()),
+        )
+        .await;
+        match got {
+            Ok(Ok(bytes)) if (bytes.len() as u64) < range.end - range.start => {
+                // A short pack does not grow back: no retry.
+                return Err(FetchError::Short { pack: name });
+            }
+            Ok(Ok(bytes)) => {
+                inner.lock_state().report.fetched_bytes += bytes.len() as u64;
+                return Ok(bytes);
+            }
+            Ok(Err(e @ StoreError::Missing { .. })) => return Err(e.into()),
+            Ok(Err(e)) => last = Some(e.into()),
+            Err(_) => {
+                last = Some(FetchError::Io {
+                    op: "reading",
+                    path: PathBuf::from(path.to_string()),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the object store did not answer within {:?}",
+                            inner.opts.read_timeout
+                        ),
+                    ),
+                })
+            }
+        }
+    }
+    Err(last.unwrap_or_else(|| FetchError::Io {
+        op: "reading",
+        path: PathBuf::from(path.to_string()),
+        source: std::io::Error::other("the restore failed meanwhile"),
+    }))
+}
+
+impl Inner {
+    pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Fetches chunks `run` (one pack, close together), and the chunks their deltas apply to,
+/// opens and checks them, and installs them.
+pub(super) async fn fetch_run(
+    inner: &Arc<Inner>,
+    run: Vec<u32>,
+    why: Why,
+) -> Result<(), FetchError> {
+    let m = &inner.m;
+    // The chunks deltas of the run apply to come along (from wherever they are).
+    let mut need: Vec<u32> = run.clone();
+    for &c in &run {
+        if let Some(DeltaOn::Chunk(r)) = m.chunks[c as usize].delta.as_ref().map(|d| &d.on) {
+            if !need.contains(r) {
+                need.push(*r);
+            }
+        }
+    }
+    let mut sealed: HashMap<u32, Bytes> = HashMap::new();
+    for read in plan_reads(m, need, u64::MAX) {
+        let pack = m.chunks[read[0] as usize].pack;
+        let start = m.chunks[read[0] as usize].offset;
+        let end = read
+            .iter()
+            .map(|&i| m.chunks[i as usize].offset + m.chunks[i as usize].len as u64)
+            .max()
+            .unwrap_or(start);
+        let bytes = read_range(inner, pack, start..end).await?;
+        for &i in &read {
+            let c = &m.chunks[i as usize];
+            let lo = (c.offset - start) as usize;
+            sealed.insert(i, bytes.slice(lo..lo + c.len as usize));
+        }
+    }
+    let i2 = inner.clone();
+    tokio::task::spawn_blocking(move || install_all(&i2, &run, &sealed, why))
+        .await
+        .map_err(|e| FetchError::Io {
+            op: "installing chunks",
+            path: PathBuf::new(),
+            source: std::io::Error::other(e.to_string()),
+        })?
+}
+
+fn install_all(
+    inner: &Inner,
+    run: &[u32],
+    sealed: &HashMap<u32, Bytes>,
+    why: Why,
+) -> Result<(), FetchError> {
+    let m = &inner.m;
+    let pack_of = |i: u32| m.packs[m.chunks[i as usize].pack as usize].clone();
+    let mut whole: HashMap<u32, Vec<u8>> = HashMap::new();
+    let open_whole = |i: u32, whole: &mut HashMap<u32, Vec<u8>>| -> Result<(), FetchError> {
+        if whole.contains_key(&i) {
+            return Ok(());
+        }
+        let c = &m.chunks[i as usize];
+        let plain = decode_chunk(&inner.keys, &c.id, c.plain_len as usize, &sealed[&i]).map_err(
+            |source| FetchError::Chunk {
+                pack: pack_of(i),
+                source,
+            },
+        )?;
+        whole.insert(i, plain);
+        Ok(())
+    };
+    for &i in run {
+        let c = &m.chunks[i as usize];
+        let plain = match &c.delta {
+            None => {
+                open_whole(i, &mut whole)?;
+                whole[&i].clone()
+            }
+            Some(d) => {
+                let bad = |source| FetchError::Chunk {
+                    pack: pack_of(i),
+                    source,
+                };
+                let pages =
+                    decode_stored(&inner.keys, &c.id, d.stored_len(c.plain_len), &sealed[&i])
+                        .map_err(bad)?;
+                let len = c.plain_len as usize;
+                let mut plain = match &d.on {
+                    DeltaOn::Base { file, index } => {
+                        let mut b = vec![0u8; len];
+                        let off = index * m.chunk_size as u64;
+                        inner.base_files[file]
+                            .read_exact_at(&mut b, off)
+                            .map_err(|_| FetchError::Chunk {
+                                pack: pack_of(i),
+                                source: ChunkError::Malformed {
+                                    id: c.id,
+                                    why: format!(
+                                        "the chunk it applies to (base file {file}, chunk \
+                                         {index}) is shorter than it"
+                                    ),
+                                },
+                            })?;
+                        b
+                    }
+                    DeltaOn::Chunk(r) => {
+                        open_whole(*r, &mut whole)?;
+                        let mut b = whole[r].clone();
+                        b.resize(len, 0);
+                        b
+                    }
+                };
+                put_pages(d, c.plain_len, &pages, &mut plain);
+                verify(&inner.keys, &c.id, &plain).map_err(bad)?;
+                plain
+            }
+        };
+        install(inner, i, &plain)?;
+        let mut st = inner.lock_state();
+        st.chunks[i as usize] = Chunk::Done;
+        match why {
+            Why::Urgent => st.report.urgent_chunks += 1,
+            Why::Prefetch => st.report.prefetched_chunks += 1,
+            Why::Background => st.report.background_chunks += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Writes the opened chunk `i` wherever it goes and is still missing.
+fn install(inner: &Inner, i: u32, plain: &[u8]) -> Result<(), FetchError> {
+    let cs = inner.m.chunk_size as u64;
+    for &(fi, off) in &inner.targets[i as usize] {
+        let lazy = inner.slot_chunk.contains_key(&fi);
+        if lazy {
+            let mut st = inner.lock_state();
+            if st.failed.is_some() {
+                return Ok(());
+            }
+            let slot =
+                &mut st.slots.get_mut(&fi).expect("a lazy file's slots")[(off / cs) as usize];
+            if *slot != Slot::Missing {
+                continue;
+            }
+            *slot = Slot::Installing;
+        }
+        let written = inner.files[fi].write_all_at(plain, off);
+        if lazy {
+            let mut st = inner.lock_state();
+            let slot =
+                &mut st.slots.get_mut(&fi).expect("a lazy file's slots")[(off / cs) as usize];
+            if written.is_ok() {
+                *slot = Slot::Present;
+                st.missing -= 1;
+            } else {
+                *slot = Slot::Missing;
+            }
+            drop(st);
+            inner.changed.notify_all();
+        }
+        written.map_err(|source| FetchError::Io {
+            op: "writing",
+            path: inner.paths[fi].clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
