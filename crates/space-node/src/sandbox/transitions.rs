@@ -393,7 +393,14 @@ impl Sandbox {
                 // The VM is gone (and its files with the launch's cleanup); so is the filling,
                 // whose failure, if it failed, is why.
                 let why = filling.as_ref().and_then(|f| f.failed());
-                drop(filling);
+                if filling.is_some() {
+                    drop(filling);
+                    // A VM that failed as it loaded leaves the mount points and the local
+                    // files behind them.
+                    if let Err(e) = clear_vm_files(&self.dir) {
+                        tracing::error!(id = %self.record.id, error = %e, "freeing a failed restore's files");
+                    }
+                }
                 self.abandon();
                 match why {
                     Some(why) => Err(NodeError::Archive(format!(
