@@ -117,20 +117,18 @@ def test_a_person_drives_a_sandbox_from_the_console(console):
     cli(TENANT, "exec", sid, "--", "sh", "-c", "echo before > /home/user/state.txt")
     page.click("[data-test=tab-snapshots]")
     page.wait_for_selector("[data-test=snapshot-take]")
-    before = set(
-        page.eval_on_selector_all(
-            "[data-test=snapshot-row]", "rows => rows.map(r => r.getAttribute('data-id'))"
-        )
+    # The timeline has loaded once before it is read; rolling snapshots may
+    # join it at any time, so the one taken here is the new one taken on request.
+    page.wait_for_selector("[data-test=snapshot-list][data-loaded]", state="attached")
+    requested = (
+        "rows => rows.filter(r => r.getAttribute('data-reason') === 'request')"
+        ".map(r => r.getAttribute('data-id'))"
     )
+    before = set(page.eval_on_selector_all("[data-test=snapshot-row]", requested))
     page.click("[data-test=snapshot-take]")
     deadline = time.time() + 300
     while True:
-        now = set(
-            page.eval_on_selector_all(
-                "[data-test=snapshot-row]",
-                "rows => rows.map(r => r.getAttribute('data-id'))",
-            )
-        )
+        now = set(page.eval_on_selector_all("[data-test=snapshot-row]", requested))
         if now - before:
             break
         assert time.time() < deadline, "the snapshot never showed on the timeline"

@@ -23,7 +23,7 @@ export function mount(el, ctx) {
       await load();
     }) }, 'Take snapshot');
   const error = errorLine('snapshots-error');
-  const list = h('ol', { class: 'timeline' });
+  const list = h('ol', { class: 'timeline', test: 'snapshot-list' });
 
   el.append(
     h('div', { class: 'toolbar' }, kind, take, h('span', { class: 'grow' }),
@@ -45,7 +45,7 @@ export function mount(el, ctx) {
       onclick: () => rollbackTo(snap, rollback) }, 'Roll back');
     const fork = h('button', { type: 'button', class: 'small', test: 'snapshot-fork',
       title: 'Fork the sandbox as it is now', onclick: () => forkNow(fork) }, 'Fork');
-    return h('li', { test: 'snapshot-row', 'data-id': snap.id },
+    return h('li', { test: 'snapshot-row', 'data-id': snap.id, 'data-reason': snap.reason },
       h('div', { class: 'when' }, time(snap.created_unix_ms),
         h('span', { class: 'muted' }, ` (${ago(snap.created_unix_ms)})`)),
       h('div', { class: 'mono' }, snap.id),
@@ -61,6 +61,7 @@ export function mount(el, ctx) {
       showError(error, null);
       const newest = (snapshots || []).slice().reverse(); // the API lists oldest first
       fill(list, newest.length ? newest.map(entry) : emptyNote('No snapshots yet.'));
+      list.setAttribute('data-loaded', String(mine));
     } catch (err) {
       if (mine === seq) showError(error, err);
     }
