@@ -30,6 +30,21 @@ async fn checks(api: &Api, admin: &str) {
     let a = api.create_described(admin).await;
     let sbp = format!("/v1/sandboxes/{a}");
 
+    // ---- a browser where there is none -----------------------------------------------------------
+    // `minimal` has neither Chromium nor the account it runs as: the sandbox is the wrong
+    // kind (409), not missing (404).
+    let refused = api
+        .err(
+            "POST",
+            &format!("{sbp}/browser"),
+            Some(admin),
+            None,
+            409,
+            "illegal_state",
+        )
+        .await;
+    assert!(refused.contains("no browser"), "{refused}");
+
     // ---- exec (NDJSON) ---------------------------------------------------------------------------
     let (out, err, exit) = api
         .exec(

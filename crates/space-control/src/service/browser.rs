@@ -138,7 +138,22 @@ async fn run_start(st: &Shared, who: &Principal, id: &SandboxId) -> ApiResult<St
     let mut spec = space_proto::ExecSpec::shell(START);
     spec.username = Some("user".into());
     spec.timeout_ms = Some(START_TIMEOUT_MS);
-    let handle = st.guest_call(id, guest.exec(spec)).await?;
+    let handle = match st.guest_call(id, guest.exec(spec)).await {
+        Ok(h) => h,
+        // A template without the account the browser runs as (`minimal`) has no browser
+        // either: the sandbox is there, it is the wrong kind.
+        Err(e) if e.guest == Some(space_proto::ErrorKind::NotFound) => {
+            return Err(ApiError::new(
+                axum::http::StatusCode::CONFLICT,
+                "illegal_state",
+                format!(
+                    "this sandbox's template has no browser (use template desktop): {}",
+                    e.message
+                ),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
     let (tx, mut rx) = tokio::sync::mpsc::channel(32);
     tokio::spawn(super::exec::pump_exec(
         handle,
