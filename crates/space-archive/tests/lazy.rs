@@ -273,6 +273,67 @@ async fn background_and_prefetch_fill_everything() {
     }
 }
 
+/// A held background reads the prefetch list and what readers ask for, nothing else, until
+/// it is released; then everything arrives. The reads served are counted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_background_waits_for_its_release() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let out = w.join("out");
+    let prefetch = vec![("rootfs.ext4".to_string(), 40)];
+    let lazy = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &out,
+        LazyOptions {
+            prefetch,
+            hold_background: Some(Duration::from_secs(600)),
+            ..Default::default()
+        },
+    )
+    .await;
+    let filling = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    // A read of a chunk stored whole (the delta's own chunk is at 2 MiB of mem).
+    let got = read_lazy(&lazy, "mem", 2 * MIB, 4096).await.unwrap();
+    assert_eq!(
+        got,
+        read_file(&snap.join("mem"))[2 * MIB as usize..][..4096]
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = lazy.report();
+    assert_eq!(r.prefetched_chunks, 1, "{r:?}");
+    assert!(r.urgent_chunks >= 1, "{r:?}");
+    assert_eq!(
+        r.background_chunks, 0,
+        "held, yet read in the background: {r:?}"
+    );
+    assert!(!lazy.complete());
+    assert_eq!((r.served_reads, r.served_read_bytes), (1, 4096), "{r:?}");
+    lazy.release_background();
+    let report = tokio::time::timeout(Duration::from_secs(60), filling)
+        .await
+        .expect("the background never ran after its release")
+        .unwrap()
+        .unwrap();
+    assert!(report.background_chunks > 0, "{report:?}");
+    assert!(lazy.complete());
+    for n in ["mem", "rootfs.ext4", "state"] {
+        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
+    }
+    // What is here is served without waiting, and counted.
+    let fi = lazy.lazy_file("mem").unwrap();
+    let mut buf = vec![0u8; 8192];
+    lazy.try_read_at(fi, 0, &mut buf).unwrap().unwrap();
+    assert_eq!(buf, read_file(&snap.join("mem"))[..8192]);
+    assert_eq!(lazy.report().served_reads, 2);
+}
+
 /// A chunk whose sealed bytes were changed in the store is refused: the reader gets an
 /// error naming the pack, the restore fails, and the slot keeps what it had (nothing of the
 /// corrupt chunk is installed).

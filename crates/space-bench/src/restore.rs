@@ -164,6 +164,9 @@ struct Case {
     lazy_waited: Samples,
     lazy_urgent: Samples,
     lazy_filled: Samples,
+    lazy_reads: Samples,
+    lazy_read_mib: Samples,
+    lazy_writes: Samples,
     pf_waited: Samples,
     pf_urgent: Samples,
     pf_prefetched: Samples,
@@ -471,6 +474,9 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
             c.lazy_waited.push(ms(l.waited));
             c.lazy_urgent.push(l.urgent_chunks as f64);
             c.lazy_filled.push(ms(l.hydrated_in));
+            c.lazy_reads.push(l.served_reads as f64);
+            c.lazy_read_mib.push(l.served_read_bytes as f64 / MIB);
+            c.lazy_writes.push(l.served_writes as f64);
         }
         // Lazily, with the list the last one recorded (uploaded with this suspend).
         s.node.set_restore_mode(RestoreMode::Lazy);
@@ -548,6 +554,9 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
             ),
             ("lazy: chunks it waited for", "n", &c.lazy_urgent),
             ("lazy: until the files were whole", "ms", &c.lazy_filled),
+            ("lazy: reads served until then", "n", &c.lazy_reads),
+            ("lazy:   their bytes", "MiB", &c.lazy_read_mib),
+            ("lazy: writes served until then", "n", &c.lazy_writes),
             (
                 "lazy + prefetch: the VM waiting, summed",
                 "ms",

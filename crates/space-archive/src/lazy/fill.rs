@@ -6,6 +6,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
 use bytes::Bytes;
@@ -60,6 +61,16 @@ fn background_order(inner: &Inner) -> (VecDeque<u32>, HashSet<u32>) {
 
 pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
     let (mut queue, prefetched) = background_order(inner);
+    // Until this instant (if held), only waiters' chunks and the prefetch list are read.
+    let held_until = inner
+        .opts
+        .hold_background
+        .map(|d| tokio::time::Instant::now() + d);
+    let holding = || {
+        held_until.is_some_and(|t| tokio::time::Instant::now() < t)
+            && !inner.released.load(Ordering::Acquire)
+    };
+    let held = |next: Option<&u32>| holding() && next.is_some_and(|c| !prefetched.contains(c));
     let mut set: JoinSet<Result<(), FetchError>> = JoinSet::new();
     let mut background = 0usize;
     let mut urgent = 0usize;
@@ -102,8 +113,20 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                 urgent += 1;
             }
         }
-        // Then the background, while there is room.
-        while background < inner.opts.parallel {
+        // Then the prefetch list and the background, while there is room: the prefetch
+        // list's chunks are few, scattered and wanted soon, so more of them are read at once.
+        loop {
+            skip_taken(inner, &mut queue);
+            let room = match queue.front() {
+                Some(c) if inner.opts.parallel > 0 && prefetched.contains(c) => {
+                    inner.opts.parallel.max(PREFETCH_PARALLEL)
+                }
+                _ => inner.opts.parallel,
+            };
+            if background >= room || held(queue.front()) {
+                break;
+            }
+            let hold = holding();
             let run = {
                 let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
                 let mut run: Vec<u32> = Vec::new();
@@ -116,7 +139,8 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                     let l = &inner.m.chunks[c as usize];
                     let l_end = l.offset + l.len as u64;
                     if !run.is_empty()
-                        && (l.pack != pack
+                        && ((hold && !prefetched.contains(&c))
+                            || l.pack != pack
                             || l.offset < end
                             || l.offset > end + MAX_GAP
                             || l_end - start > MAX_READ)
@@ -165,12 +189,17 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                     });
                 }
             }
-            // Nothing in flight: wait for a waiter to ask (no background reads).
-            inner.asked.notified().await;
+            // Nothing in flight: wait for a waiter to ask (no background reads), or for
+            // the background to be let go.
+            tokio::select! {
+                _ = inner.asked.notified() => {}
+                _ = hold_ends(held_until), if held(queue.front()) => {}
+            }
             continue;
         }
         tokio::select! {
             _ = inner.asked.notified() => {}
+            _ = hold_ends(held_until), if held(queue.front()) => {}
             done = set.join_next_with_id() => {
                 let Some(done) = done else { continue };
                 let (id, r) = match done {
@@ -191,6 +220,28 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                 r?;
             }
         }
+    }
+}
+
+/// Reads of the prefetch list in flight at once.
+const PREFETCH_PARALLEL: usize = 32;
+
+/// Drops the chunks at the front of `queue` that are fetched or being fetched already.
+fn skip_taken(inner: &Inner, queue: &mut VecDeque<u32>) {
+    let st = inner.lock_state();
+    while queue
+        .front()
+        .is_some_and(|&c| st.chunks[c as usize] != Chunk::Idle)
+    {
+        queue.pop_front();
+    }
+}
+
+/// Resolves when the background's hold runs out (never if there is none).
+async fn hold_ends(until: Option<tokio::time::Instant>) {
+    match until {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -313,13 +364,45 @@ pub(super) async fn fetch_run(
         }
     }
     let i2 = inner.clone();
-    tokio::task::spawn_blocking(move || install_all(&i2, &run, &sealed, why))
-        .await
-        .map_err(|e| FetchError::Io {
-            op: "installing chunks",
-            path: PathBuf::new(),
-            source: std::io::Error::other(e.to_string()),
-        })?
+    let gone = |e: String| FetchError::Io {
+        op: "installing chunks",
+        path: PathBuf::new(),
+        source: std::io::Error::other(e),
+    };
+    if why != Why::Background {
+        return tokio::task::spawn_blocking(move || install_all(&i2, &run, &sealed, why))
+            .await
+            .map_err(|e| gone(e.to_string()))?;
+    }
+    // Nobody waits for these: opening and checking them (most of a restore's CPU) yields
+    // to the VM, which runs on the same cores.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("lazy-fill".into())
+        .spawn(move || {
+            lower_priority();
+            let _ = tx.send(install_all(&i2, &run, &sealed, why));
+        })
+        .map_err(|e| gone(e.to_string()))?;
+    rx.await
+        .map_err(|_| gone("the installing thread ended early".into()))?
+}
+
+/// How much lower than the node the threads that install background chunks run (a nice
+/// value: at 10 a thread gets about a tenth of a core another wants).
+const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority (Linux keeps a nice value per thread).
+fn lower_priority() {
+    // SAFETY: gettid has no preconditions; setpriority reads only its integer arguments,
+    // and on Linux PRIO_PROCESS with a thread id changes that one thread.
+    let r = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, BACKGROUND_NICE)
+    };
+    if r != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "lowering a filling thread's priority");
+    }
 }
 
 fn install_all(

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -57,6 +58,11 @@ pub struct LazyOptions {
     /// Whether a restore with no `prefetch` of its own uses the manifest's
     /// ([`Manifest::prefetch`]); off to measure what the list saves.
     pub use_manifest_prefetch: bool,
+    /// If set, the background (everything nobody asked for and the prefetch list does not
+    /// name) waits until [`LazyFiles::release_background`] or this long after
+    /// [`LazyFiles::hydrate`] starts, whichever comes first: while a VM starts, its own
+    /// reads and the prefetch list have the machine to themselves.
+    pub hold_background: Option<Duration>,
 }
 
 impl Default for LazyOptions {
@@ -68,6 +74,7 @@ impl Default for LazyOptions {
             attempts: 3,
             prefetch: Vec::new(),
             use_manifest_prefetch: true,
+            hold_background: None,
         }
     }
 }
@@ -111,6 +118,14 @@ pub struct LazyReport {
     pub waited: Duration,
     /// From the start of [`LazyFiles::hydrate`] until every slot was present.
     pub hydrated_in: Duration,
+    /// Reads served ([`LazyFiles::read_at`] and [`LazyFiles::try_read_at`]), and their bytes.
+    pub served_reads: u64,
+    /// Bytes of the reads served.
+    pub served_read_bytes: u64,
+    /// Writes served, and their bytes.
+    pub served_writes: u64,
+    /// Bytes of the writes served.
+    pub served_write_bytes: u64,
 }
 
 /// A slot of a lazy file.
@@ -175,8 +190,11 @@ struct Inner {
     by_pack: BTreeMap<(u32, u64), u32>,
     state: Mutex<State>,
     changed: Condvar,
-    /// Wakes [`LazyFiles::hydrate`] when a waiter asks for a chunk.
+    /// Wakes [`LazyFiles::hydrate`] when a waiter asks for a chunk (or the background is
+    /// released).
     asked: Notify,
+    /// Set by [`LazyFiles::release_background`].
+    released: AtomicBool,
 }
 
 /// The files of one lazy restore; cheap to clone (one shared state).
@@ -322,6 +340,7 @@ impl LazyFiles {
             }),
             changed: Condvar::new(),
             asked: Notify::new(),
+            released: AtomicBool::new(false),
         });
         // The files that are not lazy, whole, now.
         let eager: Vec<u32> = (0..m.chunks.len() as u32)
@@ -384,6 +403,13 @@ impl LazyFiles {
             .collect()
     }
 
+    /// Lets the background start now if [`LazyOptions::hold_background`] holds it (the VM
+    /// has started and answered); nothing otherwise.
+    pub fn release_background(&self) {
+        self.inner.released.store(true, Ordering::Release);
+        self.inner.asked.notify_one();
+    }
+
     /// What the restore has done so far.
     pub fn report(&self) -> LazyReport {
         self.lock().report.clone()
@@ -396,33 +422,116 @@ impl LazyFiles {
     /// Reads `buf.len()` bytes of lazy file `fi` at `offset`, waiting for what has not
     /// arrived (asking for it first). Blocks: call it from a thread that may.
     pub fn read_at(&self, fi: usize, offset: u64, buf: &mut [u8]) -> Result<(), LazyError> {
-        self.wait_for(fi, offset, buf.len() as u64)?;
+        self.wait_for(fi, offset, buf.len() as u64, Served::Read)?;
         self.inner.files[fi].read_exact_at(buf, offset)?;
         Ok(())
+    }
+
+    /// Reads like [`LazyFiles::read_at`] when every slot it covers is present, without
+    /// waiting; answers `None` (and asks for nothing) when one is not. For the file system's
+    /// own thread, which must not wait for the store.
+    pub fn try_read_at(
+        &self,
+        fi: usize,
+        offset: u64,
+        buf: &mut [u8],
+    ) -> Option<Result<(), LazyError>> {
+        match self.present(fi, offset, buf.len() as u64) {
+            Ok(false) => None,
+            Ok(true) => Some(
+                self.inner.files[fi]
+                    .read_exact_at(buf, offset)
+                    .map_err(LazyError::from),
+            ),
+            Err(e) => Some(Err(e)),
+        }
     }
 
     /// Writes `data` into lazy file `fi` at `offset`, once the slots it covers are here (a
     /// write never races an install). Blocks: call it from a thread that may.
     pub fn write_at(&self, fi: usize, offset: u64, data: &[u8]) -> Result<(), LazyError> {
-        self.wait_for(fi, offset, data.len() as u64)?;
+        self.wait_for(fi, offset, data.len() as u64, Served::Write)?;
         self.inner.files[fi].write_all_at(data, offset)?;
         Ok(())
     }
 
-    /// Waits until every slot of `[offset, offset + len)` of file `fi` is present.
-    fn wait_for(&self, fi: usize, offset: u64, len: u64) -> Result<(), LazyError> {
+    /// Writes like [`LazyFiles::write_at`] when every slot it covers is present, without
+    /// waiting; answers `None` (and asks for nothing) when one is not.
+    pub fn try_write_at(
+        &self,
+        fi: usize,
+        offset: u64,
+        data: &[u8],
+    ) -> Option<Result<(), LazyError>> {
+        // A slot once present stays present, and installs write only missing slots: the
+        // write below cannot race one.
+        match self.present_for(fi, offset, data.len() as u64, Served::Write) {
+            Ok(false) => None,
+            Ok(true) => Some(
+                self.inner.files[fi]
+                    .write_all_at(data, offset)
+                    .map_err(LazyError::from),
+            ),
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    /// Whether every slot of the range is present (counted as a read served when it is).
+    fn present(&self, fi: usize, offset: u64, len: u64) -> Result<bool, LazyError> {
+        self.present_for(fi, offset, len, Served::Read)
+    }
+
+    fn present_for(
+        &self,
+        fi: usize,
+        offset: u64,
+        len: u64,
+        what: Served,
+    ) -> Result<bool, LazyError> {
+        let (first, last) = self.slot_range(fi, offset, len)?;
+        let mut st = self.lock();
+        if let Some(why) = &st.failed {
+            return Err(LazyError::Failed(why.clone()));
+        }
+        if len == 0 {
+            return Ok(true);
+        }
+        let here = match st.slots.get(&fi) {
+            Some(v) => v[first as usize..=last as usize]
+                .iter()
+                .all(|s| *s == Slot::Present),
+            None => true,
+        };
+        if here {
+            what.count(&mut st.report, len);
+        }
+        Ok(here)
+    }
+
+    /// The slots `[offset, offset + len)` of lazy file `fi` covers, first and last (`(1, 0)`
+    /// for an empty range), or why the range is refused.
+    fn slot_range(&self, fi: usize, offset: u64, len: u64) -> Result<(u64, u64), LazyError> {
         let size = self.size(fi);
         if offset.checked_add(len).is_none_or(|end| end > size) {
             return Err(LazyError::OutOfRange { offset, len, size });
         }
+        if !self.inner.slot_chunk.contains_key(&fi) {
+            return Err(LazyError::NotLazy(fi));
+        }
+        if len == 0 {
+            return Ok((1, 0));
+        }
+        let cs = self.inner.m.chunk_size as u64;
+        Ok((offset / cs, (offset + len - 1) / cs))
+    }
+
+    /// Waits until every slot of `[offset, offset + len)` of file `fi` is present.
+    fn wait_for(&self, fi: usize, offset: u64, len: u64, what: Served) -> Result<(), LazyError> {
+        let (first, last) = self.slot_range(fi, offset, len)?;
         if len == 0 {
             return Ok(());
         }
-        let Some(per) = self.inner.slot_chunk.get(&fi) else {
-            return Err(LazyError::NotLazy(fi));
-        };
-        let cs = self.inner.m.chunk_size as u64;
-        let (first, last) = (offset / cs, (offset + len - 1) / cs);
+        let per = &self.inner.slot_chunk[&fi];
         let t0 = Instant::now();
         let limit = self.inner.opts.stall_limit();
         let mut st = self.lock();
@@ -481,6 +590,7 @@ impl LazyFiles {
             st.report.waits += 1;
             st.report.waited += t0.elapsed();
         }
+        what.count(&mut st.report, len);
         Ok(())
     }
 
@@ -497,6 +607,28 @@ impl LazyFiles {
         let mut st = self.lock();
         st.report.hydrated_in = t0.elapsed();
         Ok(st.report.clone())
+    }
+}
+
+/// What a served range was, for the report.
+#[derive(Debug, Clone, Copy)]
+enum Served {
+    Read,
+    Write,
+}
+
+impl Served {
+    fn count(self, r: &mut LazyReport, len: u64) {
+        match self {
+            Served::Read => {
+                r.served_reads += 1;
+                r.served_read_bytes += len;
+            }
+            Served::Write => {
+                r.served_writes += 1;
+                r.served_write_bytes += len;
+            }
+        }
     }
 }
 

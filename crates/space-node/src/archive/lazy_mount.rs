@@ -1,8 +1,8 @@
 //! A file of a lazy restore ([`space_archive::lazy`]) put where the VM opens it: a FUSE file
 //! system whose root is that one file, mounted over its path in the sandbox directory. QEMU
-//! maps the RAM file shared and reads and writes the disk through it as through any file; a
-//! read or write of what has not arrived waits for it (on a blocking thread, never the
-//! session's). The jail binds the sandbox directory with its mounts, so the VM sees the
+//! maps the RAM file shared and reads and writes the disk through it as through any file.
+//! What has arrived is served on the session's threads; a read or write of what has not
+//! waits for it on a blocking thread, never the session's. The jail binds the sandbox directory with its mounts, so the VM sees the
 //! mount at the same path.
 //!
 //! Everything arriving here comes from the VMM, which the guest may have taken over: sizes
@@ -25,6 +25,9 @@ use crate::error::{NodeError, Result};
 /// How long the kernel may keep the file's attributes (they change only by `setattr`, which
 /// the kernel sees).
 const ATTR_TTL: Duration = Duration::from_secs(3600);
+
+/// Threads reading the kernel's requests of one mounted file.
+const SESSION_THREADS: usize = 2;
 
 struct Owner {
     uid: u32,
@@ -138,14 +141,20 @@ impl Filesystem for LazyFs {
         reply: ReplyData,
     ) {
         let len = (size as u64).min(self.size.saturating_sub(offset)) as usize;
+        let mut buf = vec![0u8; len];
+        // What is here is served on this thread; only a wait for the store moves to a
+        // blocking thread, so the session keeps serving meanwhile.
+        match self.files.try_read_at(self.fi, offset, &mut buf) {
+            Some(Ok(())) => return reply.data(&buf),
+            Some(Err(e)) => return reply.error(errno(&e)),
+            None => {}
+        }
         let (files, fi) = (self.files.clone(), self.fi);
-        self.rt.spawn_blocking(move || {
-            let mut buf = vec![0u8; len];
-            match files.read_at(fi, offset, &mut buf) {
+        self.rt
+            .spawn_blocking(move || match files.read_at(fi, offset, &mut buf) {
                 Ok(()) => reply.data(&buf),
                 Err(e) => reply.error(errno(&e)),
-            }
-        });
+            });
     }
 
     fn write(
@@ -160,6 +169,11 @@ impl Filesystem for LazyFs {
         _lock: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        match self.files.try_write_at(self.fi, offset, data) {
+            Some(Ok(())) => return reply.written(data.len() as u32),
+            Some(Err(e)) => return reply.error(errno(&e)),
+            None => {}
+        }
         let (files, fi, data) = (self.files.clone(), self.fi, data.to_vec());
         self.rt
             .spawn_blocking(move || match files.write_at(fi, offset, &data) {
@@ -234,6 +248,10 @@ impl LazyMount {
         ];
         // The VM runs as another user: the kernel checks the owner and mode served above.
         cfg.acl = SessionACL::All;
+        // The RAM file's faults and the disk's requests come from several vCPU and I/O
+        // threads at once.
+        cfg.n_threads = Some(SESSION_THREADS);
+        cfg.clone_fd = true;
         let session = fuser::Session::new(fs, path, &cfg)
             .map_err(NodeError::io("mounting a lazy file on", path))?;
         let session = session

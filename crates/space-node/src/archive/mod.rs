@@ -101,10 +101,22 @@ impl ArchiveConfig {
             min_free_bytes: 2 << 30,
             volume_copy_interval: Some(DEFAULT_VOLUME_COPY_INTERVAL),
             collect_garbage: true,
-            lazy: Some(space_archive::lazy::LazyOptions::default()),
+            lazy: Some(space_archive::lazy::LazyOptions {
+                hold_background: Some(BACKGROUND_HOLD),
+                ..Default::default()
+            }),
         }
     }
 }
+
+/// The longest a lazy restore holds its background reads back while its VM starts; they
+/// begin [`BACKGROUND_GRACE`] after the guest answers, or after this, whichever is first.
+pub(crate) const BACKGROUND_HOLD: Duration = Duration::from_secs(10);
+
+/// How long after a lazily restored guest answers its background reads begin: its first
+/// requests have the cores to themselves (on a small node the filling's reads, opening and
+/// checking compete with the VM for them).
+pub(crate) const BACKGROUND_GRACE: Duration = Duration::from_secs(1);
 
 /// How restores from the store fetch, when a measurement compares them
 /// ([`crate::Node::set_restore_mode`]).

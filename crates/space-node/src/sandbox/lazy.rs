@@ -49,6 +49,17 @@ impl Filling {
         }
     }
 
+    /// Lets the background reads begin after `grace` (the VM has started and answered).
+    pub(super) fn release_background_after(&self, grace: Duration) {
+        if let Some(r) = &self.restore {
+            let files = r.files.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                files.release_background();
+            });
+        }
+    }
+
     /// Why the filling failed, if it did.
     pub(super) fn failed(&self) -> Option<String> {
         self.restore.as_ref().and_then(|r| r.files.failed())

@@ -368,6 +368,7 @@ impl Sandbox {
                         mem: behind.join("mem"),
                         disk: behind.join("rootfs.ext4"),
                     }));
+                    filling.release_background_after(crate::archive::BACKGROUND_GRACE);
                     self.lazy = Some(filling);
                 }
                 report.vm_started = live.started;
