@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import subprocess
 import threading
 import time
 import urllib.error
@@ -129,6 +130,43 @@ def browser(sid: str, key: str = KEY) -> tuple[int, Any]:
     return api("POST", f"/v1/sandboxes/{sid}/browser", key=key)
 
 
+#: Puppeteer's helper (compat/browser/js, installed by scripts/browser-env.sh).
+PUPPETEER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js", "title.mjs")
+
+
+def title_with_puppeteer(cdp_url: str, url: str) -> str:
+    """The title of `url` opened by Puppeteer, `puppeteer.connect` to `cdp_url` as is."""
+    done = subprocess.run(
+        ["node", PUPPETEER, cdp_url, url],
+        capture_output=True,
+        text=True,
+        timeout=SLOW,
+    )
+    assert done.returncode == 0, f"puppeteer: {done.returncode}: {done.stderr}"
+    return done.stdout.strip().splitlines()[-1]
+
+
+def exec_sh(sid: str, script: str) -> int:
+    """Runs `script` with /bin/sh in the sandbox; answers its exit code."""
+    req = urllib.request.Request(
+        f"{URL}/v1/sandboxes/{sid}/exec",
+        data=json.dumps({"shell": script, "timeout_ms": SLOW * 1000}).encode(),
+        method="POST",
+    )
+    req.add_header("Authorization", f"Bearer {KEY}")
+    req.add_header("Content-Type", "application/json")
+    code = None
+    with urllib.request.urlopen(req, timeout=SLOW) as r:
+        for raw in r:
+            if raw.strip():
+                ev = json.loads(raw)
+                assert ev["type"] != "error", ev
+                if ev["type"] == "exit":
+                    code = ev["exit_code"]
+    assert code is not None, "no exit event"
+    return code
+
+
 def title_at(cdp_url: str, url: str) -> str:
     with sync_playwright() as p:
         b = p.chromium.connect_over_cdp(cdp_url, timeout=SLOW * 1000)
@@ -189,6 +227,8 @@ def test_cdp_login_survives_suspend_and_fork(site: str) -> None:
     assert title_at(s["cdp_url"], site + "/whoami") == "nobody"
     assert title_at(s["cdp_url"], site + "/login") == "in"
     assert title_at(s["cdp_url"], site + "/whoami") == "s3cr3t-session"
+    # Puppeteer takes the same URL as is, and sees the same browser.
+    assert title_with_puppeteer(s["cdp_url"], site + "/whoami") == "s3cr3t-session"
 
     # Another tenant: not its sandbox, with the key or with a forged token.
     status, v = browser(sid, key=OTHER)
@@ -197,12 +237,21 @@ def test_cdp_login_survives_suspend_and_fork(site: str) -> None:
     with pytest.raises(Exception):
         title_at(forged, site + "/whoami")
 
-    # Suspended, then woken by the next browser start: still logged in.
+    # Suspended, then woken by the DevTools URL itself (the one from before): still
+    # logged in.
     status, v = api("POST", f"/v1/sandboxes/{sid}/suspend", body={})
     assert status == 200 and v["state"] == "suspended", v
+    assert title_at(s["cdp_url"], site + "/whoami") == "s3cr3t-session"
+    status, v = api("GET", f"/v1/sandboxes/{sid}")
+    assert status == 200 and v["state"] == "running", v
+
+    # Chromium ends and is started again: the URL from before reaches the new one.
+    gone = "pkill -x chromium; for i in $(seq 150); do pgrep -x chromium >/dev/null || exit 0; sleep 0.2; done; exit 1"
+    assert exec_sh(sid, gone) == 0, "chromium did not end"
     status, s2 = browser(sid)
     assert status == 200, s2
-    assert title_at(s2["cdp_url"], site + "/whoami") == "s3cr3t-session"
+    assert title_at(s["cdp_url"], site + "/login") == "in"
+    assert title_with_puppeteer(s["cdp_url"], site + "/login") == "in"
 
     # A fork of the logged-in sandbox is logged in.
     status, child = api("POST", f"/v1/sandboxes/{sid}/fork", body={})

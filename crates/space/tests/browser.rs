@@ -1,11 +1,13 @@
-//! A sandbox's browser through its DevTools URL, driven by Playwright (unmodified, pinned in
-//! `compat/browser`) against a real `space up` with the `desktop` template (real Chromium in
-//! a real guest under TCG, headful on the desktop's display): the live view opens in the
-//! host's Chromium and shows the screen, a login's cookie survives a suspend and a fork,
+//! A sandbox's browser through its DevTools URL, driven by Playwright and Puppeteer
+//! (unmodified, pinned in `compat/browser`) against a real `space up` with the `desktop`
+//! template (real Chromium in a real guest under TCG, headful on the desktop's display): the
+//! live view opens in the host's Chromium and shows the screen, a login's cookie survives a
+//! suspend (woken through the DevTools URL) and a fork, the URL outlives a Chromium restart,
 //! another tenant opens nothing, a template without Chromium is refused.
-//! `scripts/browser-env.sh` (run by `make test`) installs Playwright, `scripts/deps.sh` the
-//! host's Chromium; the desktop image comes from `scripts/artifacts.sh desktop`
-//! (`SPACE_ROOTFS_DESKTOP`). A missing one fails this test, never skips it.
+//! `scripts/browser-env.sh` (run by `make test`) installs Playwright and Puppeteer,
+//! `scripts/deps.sh` the host's Chromium; the desktop image comes from
+//! `scripts/artifacts.sh desktop` (`SPACE_ROOTFS_DESKTOP`). A missing one fails this test,
+//! never skips it.
 
 mod common;
 
@@ -28,6 +30,11 @@ fn playwright_drives_the_sandbox_browser_over_cdp() {
         python.exists(),
         "{} does not exist: run scripts/browser-env.sh (make test does)",
         python.display()
+    );
+    assert!(
+        root.join("compat/browser/js/node_modules/puppeteer-core/package.json")
+            .exists(),
+        "compat/browser/js has no puppeteer-core: run scripts/browser-env.sh (make test does)"
     );
     assert!(
         std::path::Path::new(CHROMIUM).exists(),
