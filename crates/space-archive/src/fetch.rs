@@ -154,32 +154,15 @@ async fn materialize_inner(
 
     // 3. Chunks stored whole, then the deltas that apply to them.
     let mut under: Vec<Vec<(usize, u64)>> = vec![Vec::new(); m.chunks.len()];
-    let mut base_files: HashMap<String, Option<File>> = HashMap::new();
     for (i, c) in m.chunks.iter().enumerate() {
-        if let (Some(d), false) = (&c.delta, targets[i].is_empty()) {
-            match &d.on {
-                DeltaOn::Chunk(r) => {
-                    let at = targets[i].clone();
-                    under[*r as usize].extend(at);
-                }
-                DeltaOn::Base { file, .. } => {
-                    base_files.insert(file.clone(), None);
-                }
-            }
+        if let (Some(DeltaOn::Chunk(r)), false) =
+            (c.delta.as_ref().map(|d| &d.on), targets[i].is_empty())
+        {
+            let at = targets[i].clone();
+            under[*r as usize].extend(at);
         }
     }
-    for (name, slot) in base_files.iter_mut() {
-        let path = base_dir.map(|d| d.join(name));
-        match path.as_deref().map(File::open) {
-            Some(Ok(f)) => *slot = Some(f),
-            _ => {
-                return Err(FetchError::NoBase {
-                    file: "a page delta".into(),
-                    base: name.clone(),
-                })
-            }
-        }
-    }
+    let base_files = open_bases(m, base_dir, |i| !targets[i].is_empty())?;
     let ctx = Arc::new(Work {
         keys,
         chunks: m.chunks.clone(),
@@ -188,10 +171,7 @@ async fn materialize_inner(
         under,
         handles,
         names: m.files.iter().map(|f| dest.join(&f.name)).collect(),
-        base_files: base_files
-            .into_iter()
-            .filter_map(|(k, v)| v.map(|f| (k, f)))
-            .collect(),
+        base_files,
         opening_ns: AtomicU64::new(0),
         writing_ns: AtomicU64::new(0),
     });
@@ -285,6 +265,36 @@ pub(crate) fn lay_out(
         handles.push(Arc::new(file));
     }
     Ok(handles)
+}
+
+/// Opens the base files that page deltas of `m` apply to (of the chunks `wanted` keeps),
+/// each once, from `base_dir`; a missing one is an error naming it.
+pub(crate) fn open_bases(
+    m: &Manifest,
+    base_dir: Option<&Path>,
+    wanted: impl Fn(usize) -> bool,
+) -> Result<HashMap<String, File>, FetchError> {
+    let mut out = HashMap::new();
+    for (i, c) in m.chunks.iter().enumerate() {
+        let Some(DeltaOn::Base { file, .. }) = c.delta.as_ref().map(|d| &d.on) else {
+            continue;
+        };
+        if !wanted(i) || out.contains_key(file) {
+            continue;
+        }
+        match base_dir.map(|d| File::open(d.join(file))) {
+            Some(Ok(f)) => {
+                out.insert(file.clone(), f);
+            }
+            _ => {
+                return Err(FetchError::NoBase {
+                    file: "a page delta".into(),
+                    base: file.clone(),
+                })
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Where every stored chunk of `m` goes: chunk index -> (file index, byte offset) list.

@@ -29,8 +29,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use crate::crypto::LineageKeys;
-use crate::fetch::{chunk_targets, lay_out, plan_reads, CloneFile, FetchError, MAX_GAP, MAX_READ};
-use crate::manifest::{DeltaOn, Manifest, Run};
+use crate::fetch::{
+    chunk_targets, lay_out, open_bases, plan_reads, CloneFile, FetchError, MAX_GAP, MAX_READ,
+};
+use crate::manifest::{Manifest, Run};
 use crate::store::Archive;
 
 mod fill;
@@ -291,26 +293,7 @@ impl LazyFiles {
             slots.insert(fi, s);
             slot_chunk.insert(fi, per);
         }
-        let mut base_files = HashMap::new();
-        for c in &m.chunks {
-            if let Some(DeltaOn::Base { file, .. }) = c.delta.as_ref().map(|d| &d.on) {
-                if base_files.contains_key(file) {
-                    continue;
-                }
-                let opened = base_dir.map(|d| d.join(file)).map(File::open);
-                match opened {
-                    Some(Ok(f)) => {
-                        base_files.insert(file.clone(), f);
-                    }
-                    _ => {
-                        return Err(FetchError::NoBase {
-                            file: "a page delta".into(),
-                            base: file.clone(),
-                        })
-                    }
-                }
-            }
-        }
+        let base_files = open_bases(m, base_dir, |_| true)?;
         let inner = Arc::new(Inner {
             archive: archive.clone(),
             keys,
