@@ -500,8 +500,23 @@ async fn store_gone_mid_upload_loses_nothing() {
     s.pack_target = 2 << 20;
     let a2 = archive.clone();
     let k2 = keys.clone();
+    let packs = archive.packs_prefix("lin-1").unwrap();
+    let before = archive.list(&packs).await.unwrap().len();
     let task = tokio::spawn(async move { upload(&a2, k2, s, &known).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Killed as the first of the second snapshot's packs lands (of about 28): a fixed sleep
+    // lost the race once uploads got fast enough to finish within it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while archive.list(&packs).await.unwrap().len() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no pack of the second snapshot was written"
+        );
+        assert!(
+            !task.is_finished(),
+            "the upload ended before any pack landed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
     garage.stop();
     let err = task.await.unwrap().unwrap_err();
     assert!(err.to_string().contains("object store"), "{err}");
