@@ -7,14 +7,12 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use super::{
-    pause_after, Chunk, Inner, Slot, State, Why, MAX_GAP, MAX_READ, MAX_URGENT, MAX_URGENT_READ,
-};
+use super::{pause_after, Chunk, Inner, Slot, Why, MAX_GAP, MAX_READ, MAX_URGENT, MAX_URGENT_READ};
 use crate::fetch::{plan_reads, FetchError};
 use crate::manifest::DeltaOn;
 use crate::pack::{decode_chunk, decode_stored, put_pages, verify, ChunkError};
@@ -78,7 +76,7 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
     loop {
         // What waiters asked for first.
         let wanted: Vec<u32> = {
-            let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = inner.lock_state();
             if let Some(why) = &st.failed {
                 return Err(FetchError::Io {
                     op: "restoring",
@@ -128,7 +126,7 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
             }
             let hold = holding();
             let run = {
-                let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                let mut st = inner.lock_state();
                 let mut run: Vec<u32> = Vec::new();
                 let (mut pack, mut start, mut end) = (u32::MAX, 0u64, 0u64);
                 while let Some(&c) = queue.front() {
@@ -172,7 +170,7 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
         }
         if set.is_empty() {
             {
-                let st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                let st = inner.lock_state();
                 if st.missing == 0 {
                     return Ok(());
                 }
@@ -322,12 +320,6 @@ async fn read_range(
         path: PathBuf::from(path.to_string()),
         source: std::io::Error::other("the restore failed meanwhile"),
     }))
-}
-
-impl Inner {
-    pub(super) fn lock_state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// Fetches chunks `run` (one pack, close together), and the chunks their deltas apply to,

@@ -199,6 +199,13 @@ struct Inner {
     released: AtomicBool,
 }
 
+impl Inner {
+    /// The shared state, also after a thread panicked while it held it.
+    fn lock_state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The files of one lazy restore; cheap to clone (one shared state).
 #[derive(Clone)]
 pub struct LazyFiles {
@@ -399,7 +406,7 @@ impl LazyFiles {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock_state()
     }
 
     /// Reads `buf.len()` bytes of lazy file `fi` at `offset`, waiting for what has not
@@ -419,7 +426,7 @@ impl LazyFiles {
         offset: u64,
         buf: &mut [u8],
     ) -> Option<Result<(), LazyError>> {
-        match self.present(fi, offset, buf.len() as u64) {
+        match self.present_for(fi, offset, buf.len() as u64, Served::Read) {
             Ok(false) => None,
             Ok(true) => Some(
                 self.inner.files[fi]
@@ -459,11 +466,7 @@ impl LazyFiles {
         }
     }
 
-    /// Whether every slot of the range is present (counted as a read served when it is).
-    fn present(&self, fi: usize, offset: u64, len: u64) -> Result<bool, LazyError> {
-        self.present_for(fi, offset, len, Served::Read)
-    }
-
+    /// Whether every slot of the range is present (counted as served, as `what`, when it is).
     fn present_for(
         &self,
         fi: usize,
@@ -616,7 +619,7 @@ impl Served {
 }
 
 fn fail(inner: &Inner, why: String) {
-    let mut st = inner.state.lock().unwrap_or_else(|e| e.into_inner());
+    let mut st = inner.lock_state();
     if st.failed.is_none() {
         st.failed = Some(why);
     }
