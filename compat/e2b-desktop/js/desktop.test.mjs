@@ -57,6 +57,14 @@ async function eventLog(name, at = 100) {
     const r = await desktop.commands.run(`xdotool search --onlyvisible --name '^${title}$' || true`)
     return r.stdout.split(/\s+/).filter(Boolean)[0]
   })
+  // The SDK's create returns once Xfce's processes run; the window manager takes charge of
+  // windows some seconds later and frames the ones already open, and a click sent then can be
+  // lost: wait until it has made this window the active one, and measure it then.
+  await until('the window manager takes the xev window', async () => {
+    const r = await desktop.commands.run(
+      `timeout 10 xdotool windowactivate --sync ${window} >/dev/null 2>&1; xdotool getactivewindow 2>/dev/null || true`)
+    return r.stdout.trim() === window
+  }, 180000, 1000)
   const geo = (await desktop.commands.run(`xdotool getwindowgeometry ${window}`)).stdout
   const [, px, py] = geo.match(/Position: (\d+),(\d+)/)
   const [, w, hh] = geo.match(/Geometry: (\d+)x(\d+)/)

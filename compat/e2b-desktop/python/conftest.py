@@ -66,11 +66,33 @@ def until(what, check, timeout=60.0, interval=0.5):
     raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
 
 
+def until_equal(what, get, want, timeout=60.0, interval=0.5):
+    """Calls `get` until it returns `want`; fails after `timeout` seconds, naming `what` and
+    showing what `get` last returned."""
+    seen = [None]
+
+    def check():
+        seen[0] = get()
+        return seen[0] == want
+
+    try:
+        until(what, check, timeout, interval)
+    except AssertionError:
+        raise AssertionError(
+            f"{what}: not within {timeout} s (wanted {want!r}, last {seen[0]!r})"
+        ) from None
+
+
 class EventLog:
     """An `xev` window on the desktop: what the X server delivered to it, parsed.
 
     The window is put at a known place; clicks and keys aimed at it show up in its log as
     the events X delivered, so a test checks what the SDK's call did, not that it returned.
+
+    The SDK's create returns once Xfce's processes run; under TCG the window manager takes
+    charge of windows some seconds later (tens under load), and when it does it frames the
+    windows already open, and a click sent in that moment can be lost. So the log waits
+    until the window manager has made its window the active one, and measures it then.
     """
 
     def __init__(self, sbx, name, x=100, y=100, width=400, height=300):
@@ -88,6 +110,7 @@ class EventLog:
             lambda: self._find(),
             timeout=60,
         )
+        until("the window manager takes the xev window", self._active, timeout=180, interval=1)
         geo = sbx.commands.run(f"xdotool getwindowgeometry {self.window}").stdout
         px, py = re.search(r"Position: (\d+),(\d+)", geo).groups()
         w, h = re.search(r"Geometry: (\d+)x(\d+)", geo).groups()
@@ -100,6 +123,13 @@ class EventLog:
         )
         ids = r.stdout.split()
         return ids[0] if ids else None
+
+    def _active(self):
+        r = self.sbx.commands.run(
+            f"timeout 10 xdotool windowactivate --sync {self.window} >/dev/null 2>&1; "
+            "xdotool getactivewindow 2>/dev/null || true"
+        )
+        return r.stdout.strip() == self.window
 
     def text(self):
         return self.sbx.files.read(self.path)

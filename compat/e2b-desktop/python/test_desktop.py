@@ -9,7 +9,7 @@ from e2b import CommandExitException, SandboxException
 from e2b_desktop import Sandbox
 from PIL import Image, ImageStat
 
-from conftest import MARK, EventLog, until
+from conftest import MARK, EventLog, until, until_equal
 
 
 def png(data):
@@ -100,7 +100,7 @@ def test_every_button_reaches_the_window_under_the_cursor(desktop):
         desktop.mouse_press("right")
         desktop.mouse_release("right")
         want = [1, 3, 2, 1, 1, 4, 4, 5, 5, 5, 5, 3]
-        until("every press logged", lambda: log.buttons() == want or None, timeout=30)
+        until_equal("every press logged", log.buttons, want, timeout=30)
         assert log.buttons("ButtonRelease") == want
     finally:
         log.close()
@@ -114,7 +114,7 @@ def test_drag_presses_moves_and_releases(desktop):
     try:
         desktop.drag(start, end)
         assert desktop.get_cursor_position() == end
-        until("the drag logged", lambda: log.buttons("ButtonRelease") == [1] or None, 30)
+        until_equal("the drag logged", lambda: log.buttons("ButtonRelease"), [1], 30)
         text = log.text()
         press = text.index("ButtonPress event")
         release = text.index("ButtonRelease event")
@@ -145,9 +145,10 @@ def test_write_and_press_type_into_the_focused_window(desktop):
         }
         typed = [want.get(c, c) for c in text]
         expect = typed + ["Return", "Control_L", "a"]
-        until(
+        until_equal(
             "every key logged",
-            lambda: [k for k in log.keys() if k != "Shift_L"] == expect or None,
+            lambda: [k for k in log.keys() if k != "Shift_L"],
+            expect,
             timeout=30,
         )
     finally:

@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from PIL import Image
 
-from conftest import EventLog, until
+from conftest import EventLog, until, until_equal
 
 URL = os.environ["E2B_API_URL"].rstrip("/")
 KEY = os.environ["E2B_API_KEY"]
@@ -67,14 +67,11 @@ def test_click_type_key_and_scroll_reach_the_window(desktop):
 
     try:
         tools(act)
-        until(
-            "every press logged",
-            lambda: log.buttons() == [1, 3, 1, 1, 5, 5, 4, 4, 4] or None,
-            timeout=30,
-        )
-        until(
+        until_equal("every press logged", log.buttons, [1, 3, 1, 1, 5, 5, 4, 4, 4], timeout=30)
+        until_equal(
             "every key logged",
-            lambda: log.keys() == ["m", "c", "p", "space", "7", "Control_L", "a"] or None,
+            log.keys,
+            ["m", "c", "p", "space", "7", "Control_L", "a"],
             timeout=30,
         )
     finally:
