@@ -480,3 +480,116 @@ async fn the_store_going_away_fails_the_restore_in_bounded_time() {
     again.fail("done with it");
     assert!(hydrate.await.unwrap().is_err());
 }
+
+/// `prefetched` resolves once the prefetch list's chunks are here, with the background held
+/// and nobody reading: the files are not whole, only the list arrived. The record of what was
+/// touched names slots that had arrived when read too, and ends with the background's release.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_prefetch_list_arrives_before_anyone_reads_it() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let out = w.join("out");
+    let prefetch = vec![("rootfs.ext4".to_string(), 40), ("mem".to_string(), 8)];
+    let lazy = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &out,
+        LazyOptions {
+            prefetch,
+            hold_background: Some(Duration::from_secs(600)),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(lazy.prefetch_len(), 2);
+    let filling = {
+        let l = lazy.clone();
+        tokio::spawn(async move { l.hydrate().await })
+    };
+    tokio::time::timeout(Duration::from_secs(60), lazy.prefetched())
+        .await
+        .expect("the prefetch list never arrived");
+    let r = lazy.report();
+    assert_eq!(r.prefetched_chunks, 2, "{r:?}");
+    assert_eq!((r.urgent_chunks, r.background_chunks), (0, 0), "{r:?}");
+    assert!(!lazy.complete());
+    // Both slots are served without waiting, and they are the snapshot's.
+    for (name, slot) in [("rootfs.ext4", 40u64), ("mem", 8)] {
+        let fi = lazy.lazy_file(name).unwrap();
+        let mut b = vec![0u8; 4096];
+        assert!(
+            matches!(lazy.try_read_at(fi, slot * CHUNK, &mut b), Some(Ok(()))),
+            "{name} slot {slot} is not here after the prefetch list arrived"
+        );
+        assert_eq!(
+            b,
+            read_file(&snap.join(name))[(slot * CHUNK) as usize..][..4096]
+        );
+    }
+    // Once released, nothing more is recorded.
+    lazy.release_background();
+    read_lazy(&lazy, "mem", 3 * 4096, 4096).await.unwrap();
+    let touched = lazy.take_touched();
+    assert_eq!(
+        touched,
+        vec![("rootfs.ext4".to_string(), 40), ("mem".to_string(), 8)],
+        "the record names what was read, arrived or not, until the release"
+    );
+    tokio::time::timeout(Duration::from_secs(60), filling)
+        .await
+        .expect("the background never ran after its release")
+        .unwrap()
+        .unwrap();
+    assert!(lazy.complete());
+    for n in ["mem", "rootfs.ext4", "state"] {
+        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
+    }
+}
+
+/// Without a prefetch list `prefetched` resolves at once; after a failure it resolves too.
+#[tokio::test(flavor = "multi_thread")]
+async fn prefetched_never_hangs() {
+    let d = tempfile::tempdir().unwrap();
+    let w = d.path();
+    let (archive, keys, m, _snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let none = open(
+        &archive,
+        keys.clone(),
+        &m,
+        &w.join("base"),
+        &w.join("out-none"),
+        LazyOptions::default(),
+    )
+    .await;
+    assert_eq!(none.prefetch_len(), 0);
+    tokio::time::timeout(Duration::from_secs(5), none.prefetched())
+        .await
+        .expect("no list, yet prefetched waited");
+    // A list, and no hydrate to fetch it: only the failure lets it go.
+    let listed = open(
+        &archive,
+        keys,
+        &m,
+        &w.join("base"),
+        &w.join("out-listed"),
+        LazyOptions {
+            prefetch: vec![("mem".to_string(), 8)],
+            ..Default::default()
+        },
+    )
+    .await;
+    let waiting = {
+        let l = listed.clone();
+        tokio::spawn(async move { l.prefetched().await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "resolved before the list arrived");
+    listed.fail("the VM is gone");
+    tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("a failed restore left prefetched waiting")
+        .unwrap();
+}

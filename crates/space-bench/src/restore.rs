@@ -168,6 +168,10 @@ struct Case {
     lazy_read_mib: Samples,
     lazy_writes: Samples,
     pf_waited: Samples,
+    pf_vm_started: Samples,
+    pf_gate: Samples,
+    pf_list: Samples,
+    pf_guest_ready: Samples,
     pf_urgent: Samples,
     pf_prefetched: Samples,
     pf_filled: Samples,
@@ -483,6 +487,12 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         let (lazy_pf, _) = s.store_restore(&id).await?;
         c.lazy_pf.push(ms(lazy_pf));
         let r = s.settle(&id).await?;
+        c.pf_vm_started.push(ms(r.vm_started));
+        c.pf_guest_ready.push(ms(r.guest_ready));
+        if let Some((chunks, waited)) = r.prefetch {
+            c.pf_list.push(chunks as f64);
+            c.pf_gate.push(ms(waited));
+        }
         if let Some(l) = &r.lazy {
             c.pf_waited.push(ms(l.waited));
             c.pf_urgent.push(l.urgent_chunks as f64);
@@ -557,6 +567,22 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
             ("lazy: reads served until then", "n", &c.lazy_reads),
             ("lazy:   their bytes", "MiB", &c.lazy_read_mib),
             ("lazy: writes served until then", "n", &c.lazy_writes),
+            ("lazy + prefetch: chunks in the list", "n", &c.pf_list),
+            (
+                "lazy + prefetch: VM started, state loaded",
+                "ms",
+                &c.pf_vm_started,
+            ),
+            (
+                "lazy + prefetch:   of which paused for the list",
+                "ms",
+                &c.pf_gate,
+            ),
+            (
+                "lazy + prefetch: guest ready (identity)",
+                "ms",
+                &c.pf_guest_ready,
+            ),
             (
                 "lazy + prefetch: the VM waiting, summed",
                 "ms",

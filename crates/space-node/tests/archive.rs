@@ -144,6 +144,16 @@ fn trip(store: StoreConfig, cycles: usize) {
             node.suspend(&id).await.unwrap();
             for i in 0..cycles {
                 node.restore(&id).await.unwrap();
+                // Lazily, from the store, with the list the restore before recorded: the VM
+                // ran once the list had arrived.
+                let r = node.last_restore(&id).unwrap();
+                assert!(r.from_store, "cycle {i}: {r:?}");
+                if i > 0 {
+                    assert!(
+                        r.prefetch.is_some_and(|(chunks, _)| chunks > 0),
+                        "cycle {i}: no prefetch list: {r:?}"
+                    );
+                }
                 let g = node.guest(&id).await.unwrap();
                 assert_eq!(guest_sha(&g, "/root/data.bin").await, data, "cycle {i}");
                 assert!(alive(&g, pid).await, "cycle {i}");

@@ -18,41 +18,27 @@ use crate::manifest::DeltaOn;
 use crate::pack::{decode_chunk, decode_stored, put_pages, verify, ChunkError};
 use crate::store::StoreError;
 
-/// The background order: the prefetch list's chunks first, then the others by pack and
-/// offset (the order uploads wrote them, roughly the files' order).
+/// The background order: the prefetch list's chunks first, by pack and offset (so that
+/// neighbours share a read: the whole list is wanted before the VM runs, in any order), then
+/// the others the same way (the order uploads wrote them, roughly the files' order).
 fn background_order(inner: &Inner) -> (VecDeque<u32>, HashSet<u32>) {
-    let mut seen = HashSet::new();
-    let mut prefetch = VecDeque::new();
-    for (name, slot) in &inner.opts.prefetch {
-        let Some(fi) = inner.m.files.iter().position(|f| &f.name == name) else {
-            continue;
-        };
-        let Some(c) = inner
-            .slot_chunk
-            .get(&fi)
-            .and_then(|per| per.get(*slot as usize))
-            .copied()
-            .flatten()
-        else {
-            continue;
-        };
-        if seen.insert(c) {
-            prefetch.push_back(c);
-        }
-    }
-    let prefetched: HashSet<u32> = prefetch.iter().copied().collect();
+    let by_place = |&c: &u32| {
+        let l = &inner.m.chunks[c as usize];
+        (l.pack, l.offset)
+    };
+    let mut prefetch = inner.prefetch.clone();
+    prefetch.sort_by_key(by_place);
+    let mut prefetch = VecDeque::from(prefetch);
+    let prefetched = inner.prefetch_set.clone();
     let mut rest: Vec<u32> = (0..inner.m.chunks.len() as u32)
-        .filter(|c| !seen.contains(c))
+        .filter(|c| !prefetched.contains(c))
         .filter(|&c| {
             inner.targets[c as usize]
                 .iter()
                 .any(|(fi, _)| inner.slot_chunk.contains_key(fi))
         })
         .collect();
-    rest.sort_by_key(|&c| {
-        let l = &inner.m.chunks[c as usize];
-        (l.pack, l.offset)
-    });
+    rest.sort_by_key(by_place);
     prefetch.extend(rest);
     (prefetch, prefetched)
 }
@@ -129,6 +115,7 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                 let mut st = inner.lock_state();
                 let mut run: Vec<u32> = Vec::new();
                 let (mut pack, mut start, mut end) = (u32::MAX, 0u64, 0u64);
+                let mut max = MAX_READ;
                 while let Some(&c) = queue.front() {
                     if st.chunks[c as usize] != Chunk::Idle {
                         queue.pop_front();
@@ -141,12 +128,15 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
                             || l.pack != pack
                             || l.offset < end
                             || l.offset > end + MAX_GAP
-                            || l_end - start > MAX_READ)
+                            || l_end - start > max)
                     {
                         break;
                     }
                     if run.is_empty() {
                         (pack, start) = (l.pack, l.offset);
+                        if prefetched.contains(&c) {
+                            max = PREFETCH_READ;
+                        }
                     }
                     end = l_end;
                     st.chunks[c as usize] = Chunk::Fetching;
@@ -223,6 +213,9 @@ pub(super) async fn drive(inner: &Arc<Inner>) -> Result<(), FetchError> {
 
 /// Reads of the prefetch list in flight at once.
 const PREFETCH_PARALLEL: usize = 32;
+/// The most one read of the prefetch list covers: the list is wanted all at once, so more
+/// reads in parallel beat fewer larger ones.
+const PREFETCH_READ: u64 = 2 << 20;
 
 /// Drops the chunks at the front of `queue` that are fetched or being fetched already.
 fn skip_taken(inner: &Inner, queue: &mut VecDeque<u32>) {
@@ -468,7 +461,13 @@ fn install_all(
         };
         install(inner, i, &plain)?;
         let mut st = inner.lock_state();
-        st.chunks[i as usize] = Chunk::Done;
+        let before = std::mem::replace(&mut st.chunks[i as usize], Chunk::Done);
+        if before != Chunk::Done && inner.prefetch_set.contains(&i) {
+            st.prefetch_left -= 1;
+            if st.prefetch_left == 0 {
+                inner.prefetch_done.notify_waiters();
+            }
+        }
         match why {
             Why::Urgent => st.report.urgent_chunks += 1,
             Why::Prefetch => st.report.prefetched_chunks += 1,

@@ -169,7 +169,10 @@ struct State {
     /// Slots still missing, over all lazy files.
     missing: u64,
     failed: Option<String>,
-    /// While set, the first-touch order of missing slots is kept in `touched`.
+    /// Chunks of the prefetch list not yet installed.
+    prefetch_left: usize,
+    /// While set, the first-touch order of the slots that come from the store is kept in
+    /// `touched`.
     recording: bool,
     touched: Vec<(usize, u64)>,
     touched_set: HashSet<(usize, u64)>,
@@ -190,6 +193,9 @@ struct Inner {
     base_files: HashMap<String, File>,
     /// (pack, offset) -> chunk index, for the neighbours of a chunk in its pack.
     by_pack: BTreeMap<(u32, u64), u32>,
+    /// The prefetch list's chunks, in the list's order, each once.
+    prefetch: Vec<u32>,
+    prefetch_set: HashSet<u32>,
     state: Mutex<State>,
     changed: Condvar,
     /// Wakes [`LazyFiles::hydrate`] when a waiter asks for a chunk (or the background is
@@ -197,6 +203,8 @@ struct Inner {
     asked: Notify,
     /// Set by [`LazyFiles::release_background`].
     released: AtomicBool,
+    /// Woken when the last chunk of the prefetch list is installed, or the restore fails.
+    prefetch_done: Notify,
 }
 
 impl Inner {
@@ -301,6 +309,7 @@ impl LazyFiles {
             slot_chunk.insert(fi, per);
         }
         let base_files = open_bases(m, base_dir, |_| true)?;
+        let prefetch = prefetch_chunks(m, &opts.prefetch, &slot_chunk);
         let inner = Arc::new(Inner {
             archive: archive.clone(),
             keys,
@@ -317,12 +326,14 @@ impl LazyFiles {
                 .enumerate()
                 .map(|(i, l)| ((l.pack, l.offset), i as u32))
                 .collect(),
+            prefetch_set: prefetch.iter().copied().collect(),
             state: Mutex::new(State {
                 slots,
                 chunks: vec![Chunk::Idle; m.chunks.len()],
                 wanted: VecDeque::new(),
                 missing,
                 failed: None,
+                prefetch_left: prefetch.len(),
                 recording: true,
                 touched: Vec::new(),
                 touched_set: HashSet::new(),
@@ -331,6 +342,8 @@ impl LazyFiles {
             changed: Condvar::new(),
             asked: Notify::new(),
             released: AtomicBool::new(false),
+            prefetch_done: Notify::new(),
+            prefetch,
         });
         // The files that are not lazy, whole, now.
         let eager: Vec<u32> = (0..m.chunks.len() as u32)
@@ -380,8 +393,10 @@ impl LazyFiles {
         fail(&self.inner, why.to_owned());
     }
 
-    /// Ends recording and answers the slots that were missing when first touched, in the
-    /// order they were: (file name, chunk index in the file).
+    /// Ends recording and answers the slots read or written until then that come from the
+    /// store (not zero, not the base template's), in the order they were first touched:
+    /// (file name, chunk index in the file). Whether a slot had arrived when touched does
+    /// not matter: the list is what the next restore of this state fetches first.
     pub fn take_touched(&self) -> Vec<(String, u64)> {
         let mut st = self.lock();
         st.recording = false;
@@ -394,10 +409,33 @@ impl LazyFiles {
     }
 
     /// Lets the background start now if [`LazyOptions::hold_background`] holds it (the VM
-    /// has started and answered); nothing otherwise.
+    /// has started and answered); nothing otherwise. Recording of what is touched ends here
+    /// too: the list is what the VM needed to start and answer.
     pub fn release_background(&self) {
+        self.lock().recording = false;
         self.inner.released.store(true, Ordering::Release);
         self.inner.asked.notify_one();
+    }
+
+    /// Resolves once every chunk of the prefetch list is here (at once without a list), or
+    /// the restore failed. A VM held back until then does not wait for those chunks one at
+    /// a time.
+    pub async fn prefetched(&self) {
+        loop {
+            let woken = self.inner.prefetch_done.notified();
+            {
+                let st = self.lock();
+                if st.prefetch_left == 0 || st.failed.is_some() {
+                    return;
+                }
+            }
+            woken.await;
+        }
+    }
+
+    /// The chunks in the prefetch list.
+    pub fn prefetch_len(&self) -> usize {
+        self.inner.prefetch.len()
     }
 
     /// What the restore has done so far.
@@ -489,9 +527,23 @@ impl LazyFiles {
             None => true,
         };
         if here {
+            if st.recording {
+                self.record_touch(&mut st, fi, first, last);
+            }
             what.count(&mut st.report, len);
         }
         Ok(here)
+    }
+
+    /// Notes slots `first..=last` of file `fi` that come from the store as touched (the
+    /// first time only).
+    fn record_touch(&self, st: &mut State, fi: usize, first: u64, last: u64) {
+        let per = &self.inner.slot_chunk[&fi];
+        for slot in first..=last {
+            if per[slot as usize].is_some() && st.touched_set.insert((fi, slot)) {
+                st.touched.push((fi, slot));
+            }
+        }
     }
 
     /// The slots `[offset, offset + len)` of lazy file `fi` covers, first and last (`(1, 0)`
@@ -521,6 +573,9 @@ impl LazyFiles {
         let t0 = Instant::now();
         let limit = self.inner.opts.stall_limit();
         let mut st = self.lock();
+        if st.recording {
+            self.record_touch(&mut st, fi, first, last);
+        }
         let mut waited = false;
         loop {
             if let Some(why) = &st.failed {
@@ -535,9 +590,6 @@ impl LazyFiles {
                     Some(Slot::Installing) => here = false,
                     Some(Slot::Missing) => {
                         here = false;
-                        if st.recording && st.touched_set.insert((fi, slot)) {
-                            st.touched.push((fi, slot));
-                        }
                         if let Some(c) = per[slot as usize] {
                             if st.chunks[c as usize] == Chunk::Idle {
                                 st.chunks[c as usize] = Chunk::Wanted;
@@ -626,4 +678,33 @@ fn fail(inner: &Inner, why: String) {
     drop(st);
     inner.changed.notify_all();
     inner.asked.notify_one();
+    inner.prefetch_done.notify_waiters();
+}
+
+/// The chunks of prefetch list `list` ((file name, slot) pairs), in its order, each once;
+/// slots that are not lazy or hold no stored chunk are left out.
+fn prefetch_chunks(
+    m: &Manifest,
+    list: &[(String, u64)],
+    slot_chunk: &HashMap<usize, Vec<Option<u32>>>,
+) -> Vec<u32> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for (name, slot) in list {
+        let Some(fi) = m.files.iter().position(|f| &f.name == name) else {
+            continue;
+        };
+        let Some(c) = slot_chunk
+            .get(&fi)
+            .and_then(|per| per.get(*slot as usize))
+            .copied()
+            .flatten()
+        else {
+            continue;
+        };
+        if seen.insert(c) {
+            out.push(c);
+        }
+    }
+    out
 }

@@ -102,6 +102,9 @@ pub struct RestoreReport {
     pub opened: Duration,
     /// A lazy restore: what filling the files in did, once they are whole.
     pub lazy: Option<space_archive::lazy::LazyReport>,
+    /// A lazy restore with a prefetch list: the list's chunks, and how long the VM, its
+    /// device state loaded, waited for them paused (part of `vm_started`).
+    pub prefetch: Option<(usize, Duration)>,
 }
 
 impl Incoming {

@@ -120,5 +120,6 @@ async fn take_over(
         vm,
         client,
         started: std::time::Duration::ZERO,
+        prefetch: None,
     })
 }

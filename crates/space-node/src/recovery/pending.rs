@@ -216,6 +216,7 @@ async fn finish_restore(
                     vm,
                     client: Some(client),
                     started: std::time::Duration::ZERO,
+                    prefetch: None,
                 }),
             ));
         }

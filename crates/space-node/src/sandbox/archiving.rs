@@ -150,6 +150,7 @@ impl Sandbox {
                     .await?;
                     let how = Launch::RestoreInPlace {
                         snapshot: lazy.dir.clone(),
+                        prefetch: lazy.restore.as_ref().map(|r| r.files.clone()),
                     };
                     return Ok((how, Fetched::Lazy(lazy)));
                 }
@@ -164,6 +165,7 @@ impl Sandbox {
                 .await?;
                 let how = Launch::RestoreInPlace {
                     snapshot: incoming.dir().to_owned(),
+                    prefetch: None,
                 };
                 Ok((how, Fetched::Whole(incoming)))
             }

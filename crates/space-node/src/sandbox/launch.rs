@@ -11,8 +11,12 @@ pub(crate) enum Launch {
     RestoreInBackground { snapshot: PathBuf },
     /// Restore a full snapshot whose RAM file and disk are already in the sandbox directory
     /// (`snapshot` holds its device state and manifest): fetched there, or mounted there by a
-    /// lazy restore.
-    RestoreInPlace { snapshot: PathBuf },
+    /// lazy restore. With `prefetch`, the VM loads its device state and then waits, paused,
+    /// until that lazy restore's prefetch list is here (at most [`PREFETCH_GATE`]).
+    RestoreInPlace {
+        snapshot: PathBuf,
+        prefetch: Option<space_archive::lazy::LazyFiles>,
+    },
     /// Cold boot on a clone of `rootfs`.
     Boot {
         kernel: PathBuf,
@@ -78,6 +82,10 @@ pub(crate) fn clear_vm_files(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The longest a lazily restored VM waits, loaded and paused, for its prefetch list before it
+/// runs anyway (what is still missing then is fetched as it touches it).
+pub(crate) const PREFETCH_GATE: Duration = Duration::from_secs(3);
+
 /// How often the identity step is tried on a fresh connection when the connection drops.
 const IDENTITY_ATTEMPTS: u32 = 4;
 
@@ -95,15 +103,25 @@ pub(crate) async fn launch(
         Launch::RestoreInBackground { .. } => Priority::Background,
         _ => Priority::Normal,
     };
+    let (how, prefetch) = match how {
+        Launch::RestoreInPlace { snapshot, prefetch } => (
+            Launch::RestoreInPlace {
+                snapshot,
+                prefetch: None,
+            },
+            prefetch.filter(|f| f.prefetch_len() > 0),
+        ),
+        other => (other, None),
+    };
     let vm = match how {
         Launch::Restore { snapshot }
-        | Launch::RestoreInPlace { snapshot }
+        | Launch::RestoreInPlace { snapshot, .. }
         | Launch::RestoreInBackground { snapshot } => {
             ctx.runtime
                 .restore(RestoreSpec {
                     snapshot,
                     dir: dir.to_owned(),
-                    paused: false,
+                    paused: prefetch.is_some(),
                     kernel: None,
                     files_in_place: in_place,
                     priority,
@@ -130,6 +148,20 @@ pub(crate) async fn launch(
         }
     }
     .map_err(|e| template::stale_or(&record.template, e))?;
+    let mut gated = None;
+    if let Some(files) = prefetch {
+        let t_gate = Instant::now();
+        let complete = tokio::time::timeout(PREFETCH_GATE, files.prefetched())
+            .await
+            .is_ok();
+        let waited = t_gate.elapsed();
+        tracing::debug!(id = %record.id, chunks = files.prefetch_len(), complete, ?waited, "prefetch list before the VM runs");
+        gated = Some((files.prefetch_len(), waited));
+        if let Err(e) = vm.resume().await {
+            abandon(vm, dir).await;
+            return Err(e.into());
+        }
+    }
     let started = t0.elapsed();
     let ready = async {
         // The daemon may drop a connection that answered (a stale connection's close from an
@@ -166,16 +198,22 @@ pub(crate) async fn launch(
                 vm,
                 client: Some(client),
                 started,
+                prefetch: gated,
             })
         }
         Err(e) => {
-            let _ = vm.kill().await;
-            drop(vm);
-            if let Err(cleanup) = clear_vm_files(dir) {
-                tracing::error!(error = %cleanup, "cleaning up after a failed start");
-            }
+            abandon(vm, dir).await;
             Err(e)
         }
+    }
+}
+
+/// Kills a VM that failed to start and removes its files from `dir`.
+async fn abandon(vm: Box<dyn NodeVm>, dir: &Path) {
+    let _ = vm.kill().await;
+    drop(vm);
+    if let Err(cleanup) = clear_vm_files(dir) {
+        tracing::error!(error = %cleanup, "cleaning up after a failed start");
     }
 }
 

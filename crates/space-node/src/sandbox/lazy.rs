@@ -8,9 +8,9 @@
 //! - If the filling fails (the store failed or stalled past its bound, or a chunk was
 //!   corrupt), the VM is killed and its files removed, and the sandbox is Suspended again on
 //!   the snapshot it was restoring, which is still in the store.
-//! - Once the files are whole, the slots the VM waited for are kept in the record, in the
-//!   order it first touched them: the next upload lists them for the next restore to fetch
-//!   first.
+//! - Once the files are whole, the slots from the store the VM touched while it started (until
+//!   the background's release), in the order it first touched them, are kept in the record:
+//!   the next upload lists them for the next restore to fetch before its VM runs.
 
 use space_archive::lazy::LazyReport;
 use tokio::sync::watch;
@@ -81,8 +81,8 @@ impl Drop for Filling {
 }
 
 impl Sandbox {
-    /// Acts on the outcome of the filling, once it is known: records what the VM waited for,
-    /// or, if it failed, stops the VM and suspends the sandbox again.
+    /// Acts on the outcome of the filling, once it is known: records what the VM touched as
+    /// it started, or, if it failed, stops the VM and suspends the sandbox again.
     pub(super) async fn filling_changed(&mut self) {
         let Some(f) = self.lazy.as_mut() else {
             return;

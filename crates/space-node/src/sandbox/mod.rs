@@ -279,6 +279,9 @@ pub(crate) struct Live {
     pub client: Option<GuestClient>,
     /// How long the runtime took to start the VM (zero for an adopted one).
     pub started: Duration,
+    /// A lazy restore with a prefetch list: the list's chunks, and how long the loaded VM
+    /// waited for them, paused (part of `started`).
+    pub prefetch: Option<(usize, Duration)>,
 }
 
 /// The actor.

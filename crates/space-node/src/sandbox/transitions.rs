@@ -372,6 +372,7 @@ impl Sandbox {
                     self.lazy = Some(filling);
                 }
                 report.vm_started = live.started;
+                report.prefetch = live.prefetch;
                 report.guest_ready = t_launch.elapsed().saturating_sub(live.started);
                 report.total = t0.elapsed();
                 tracing::debug!(id = %self.record.id, ?report, "restored");
