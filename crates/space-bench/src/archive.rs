@@ -13,7 +13,7 @@ use std::future::Future;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_archive::keys::NoAudit;
@@ -174,18 +174,7 @@ impl Setup {
 
     /// Runs a shell line (waking the sandbox if it sleeps).
     async fn exec(&self, id: &SandboxId, line: &str) -> Result<()> {
-        let (client, _) = self.node.guest_waking(id).await.context("guest")?;
-        let out = tokio::time::timeout(EXEC_TIMEOUT, client.run(ExecSpec::shell(line)))
-            .await
-            .with_context(|| format!("no answer to `{line}` within {EXEC_TIMEOUT:?}"))?
-            .context("exec")?;
-        if !out.status.success() {
-            bail!(
-                "`{line}` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(())
+        shell(&self.node, id, line, EXEC_TIMEOUT).await.map(drop)
     }
 
     async fn dirty(&self, id: &SandboxId, mib: u64, name: &str) -> Result<()> {
@@ -300,21 +289,34 @@ struct PerDirty {
     fork_uploaded: Samples,
 }
 
+/// Runs shell line `line` in sandbox `id` of `node` (waking it if it sleeps), within
+/// `timeout`; its standard output, or why it failed.
+pub(crate) async fn shell(
+    node: &Node,
+    id: &SandboxId,
+    line: &str,
+    timeout: Duration,
+) -> Result<String> {
+    let (client, _) = node.guest_waking(id).await.context("guest")?;
+    let out = tokio::time::timeout(timeout, client.run(ExecSpec::shell(line)))
+        .await
+        .with_context(|| format!("no answer to `{line}` within {timeout:?}"))?
+        .context("exec")?;
+    if !out.status.success() {
+        bail!(
+            "`{line}` failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 async fn measure(plan: &ArchivePlan) -> Result<()> {
     let decision = accel::detect()?;
     let main_chunk = *plan.chunk_kib.first().unwrap_or(&256);
     progress("opening a node with a store, building the template");
     let s = Setup::open(plan, main_chunk).await?;
-    println!(
-        "space-bench archive {}",
-        host::utc_timestamp(SystemTime::now())
-    );
-    println!(
-        "accelerator: {} ({})",
-        decision.accel.as_str().to_uppercase(),
-        decision.reason
-    );
-    println!("QEMU:        {}", s.node.runtime().version());
+    host::print_run_start("space-bench archive", &decision, s.node.runtime().version());
     println!(
         "guest:       1 vCPU, {} MiB RAM, template minimal",
         plan.memory_mib

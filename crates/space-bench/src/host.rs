@@ -56,6 +56,22 @@ pub fn load_average() -> String {
         .join(" ")
 }
 
+/// The first lines of a group's output: its title with the time, the accelerator (and why),
+/// and the QEMU version.
+pub fn print_run_start(
+    title: &str,
+    accel: &space_runtime::accel::Decision,
+    qemu: &dyn std::fmt::Display,
+) {
+    println!("{title} {}", utc_timestamp(SystemTime::now()));
+    println!(
+        "accelerator: {} ({})",
+        accel.accel.as_str().to_uppercase(),
+        accel.reason
+    );
+    println!("QEMU:        {qemu}");
+}
+
 /// CPU model, CPU count, kernel release and load of the host.
 pub fn host_summary() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

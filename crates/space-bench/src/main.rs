@@ -28,14 +28,14 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use space_runtime::{accel, cow, CloneMethod, QemuRuntime, QemuRuntimeConfig};
 
 use space_bench::bench::{Bench, Group, Plan};
-use space_bench::host::{host_summary, kernel_version, shutdown_signal, utc_timestamp};
+use space_bench::host::{self, host_summary, kernel_version, shutdown_signal};
 use space_bench::node::{NodeGroup, NodePlan};
 use space_bench::scratch::Scratch;
 
@@ -804,13 +804,7 @@ async fn measure(
     std::fs::remove_file(&probe)?;
 
     let image_size = std::fs::metadata(rootfs_source)?.len();
-    println!("space-bench {}", utc_timestamp(SystemTime::now()));
-    println!(
-        "accelerator: {} ({})",
-        decision.accel.as_str().to_uppercase(),
-        decision.reason
-    );
-    println!("QEMU:        {}", rt.version());
+    host::print_run_start("space-bench", &decision, rt.version());
     println!(
         "guest:       {} vCPU, {} MiB RAM; kernel {} ({})",
         cli.vcpus,

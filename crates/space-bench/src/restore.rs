@@ -17,14 +17,13 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_node::{
     CreateRequest, Node, RestoreMode, RestoreReport, SandboxId, TemplateRef, TemplateSpec,
     VersionReq,
 };
-use space_proto::ExecSpec;
 use space_runtime::accel;
 
 use crate::archive::{node_config, store_for};
@@ -248,18 +247,7 @@ impl Setup {
     }
 
     async fn exec(&self, id: &SandboxId, line: &str) -> Result<String> {
-        let (client, _) = self.node.guest_waking(id).await.context("guest")?;
-        let out = tokio::time::timeout(EXEC_TIMEOUT, client.run(ExecSpec::shell(line)))
-            .await
-            .with_context(|| format!("no answer to `{line}` within {EXEC_TIMEOUT:?}"))?
-            .context("exec")?;
-        if !out.status.success() {
-            bail!(
-                "`{line}` failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        crate::archive::shell(&self.node, id, line, EXEC_TIMEOUT).await
     }
 
     /// Restore, then the first exec answered: the whole time and the node's report.
@@ -349,16 +337,7 @@ async fn measure(plan: &RestorePlan, store: &str) -> Result<()> {
     let decision = accel::detect()?;
     progress("opening a node with a store");
     let s = Setup::open(plan, store).await?;
-    println!(
-        "space-bench restore {}",
-        host::utc_timestamp(SystemTime::now())
-    );
-    println!(
-        "accelerator: {} ({})",
-        decision.accel.as_str().to_uppercase(),
-        decision.reason
-    );
-    println!("QEMU:        {}", s.node.runtime().version());
+    host::print_run_start("space-bench restore", &decision, s.node.runtime().version());
     println!("host:        {}", host::host_summary());
     println!(
         "store:       {} (chunks of 256 KiB); node on a loop-mounted btrfs image",

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_node::build::{import, BuildPlan};
@@ -207,16 +207,7 @@ async fn measure_on(plan: &TemplatesPlan, node: &Node) -> Result<()> {
     })
     .await
     .context("building minimal")?;
-    println!(
-        "space-bench templates {}",
-        host::utc_timestamp(SystemTime::now())
-    );
-    println!(
-        "accelerator: {} ({})",
-        decision.accel.as_str().to_uppercase(),
-        decision.reason
-    );
-    println!("QEMU:        {}", node.runtime().version());
+    host::print_run_start("space-bench templates", &decision, node.runtime().version());
     println!("host:        {}", host::host_summary());
     println!(
         "runs:        {} (builds are 1 vCPU, 1 GiB builder, 256 MiB template)",

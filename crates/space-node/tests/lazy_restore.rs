@@ -60,16 +60,7 @@ async fn create_sized(node: &Node, t: &TemplateRef, disk_mib: u64) -> SandboxId 
 
 /// Runs `line` with a long deadline (a big guest under emulation is slow); its stdout.
 async fn sh_long(g: &GuestClient, line: &str) -> String {
-    let mut spec = ExecSpec::shell(line);
-    spec.timeout_ms = Some(900_000);
-    let out = g.run(spec).await.unwrap();
-    assert!(
-        out.status.success(),
-        "`{line}` failed: {:?} {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout.to_vec()).unwrap()
+    sh_within(g, line, Some(900_000)).await
 }
 
 /// `sha256sum` of a guest file, computed in the guest.

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use space_node::storage::{loopback, DriverKind, StorageOptions};
@@ -239,16 +239,7 @@ async fn measure(plan: &NodePlan, dir: &DataDir, slot: &mut Option<Node>) -> Res
     let root = node.layout().root().to_owned();
     let image = loopback::image_path(&root)?;
     let device = scratch::loop_device(&image).unwrap_or_else(|| "a loop device".into());
-    println!(
-        "space-bench node {}",
-        host::utc_timestamp(SystemTime::now())
-    );
-    println!(
-        "accelerator: {} ({})",
-        decision.accel.as_str().to_uppercase(),
-        decision.reason
-    );
-    println!("QEMU:        {}", node.runtime().version());
+    host::print_run_start("space-bench node", &decision, node.runtime().version());
     println!(
         "guest:       {} vCPU, {} MiB RAM; kernel {} ({})",
         plan.vcpus,

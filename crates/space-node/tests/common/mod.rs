@@ -206,7 +206,16 @@ pub async fn create(node: &Node, options: SandboxOptions) -> SandboxId {
 
 /// Runs a shell line in the guest and insists on success; returns stdout.
 pub async fn sh(client: &GuestClient, line: &str) -> String {
-    let out = client.run(ExecSpec::shell(line)).await.unwrap();
+    sh_within(client, line, None).await
+}
+
+/// [`sh`] with a deadline of its own (`None`: the default).
+pub async fn sh_within(client: &GuestClient, line: &str, timeout_ms: Option<u64>) -> String {
+    let mut spec = ExecSpec::shell(line);
+    if timeout_ms.is_some() {
+        spec.timeout_ms = timeout_ms;
+    }
+    let out = client.run(spec).await.unwrap();
     assert!(
         out.status.success(),
         "`{line}` failed: {:?} {}",
