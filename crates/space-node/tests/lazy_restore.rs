@@ -9,6 +9,11 @@
 //!   the VM is stopped, the sandbox is Suspended again with the reason recorded, nothing of
 //!   the restore is left, and once Garage is back it restores whole.
 //!
+//! - A snapshot with a prefetch list (recorded by a lazy restore, uploaded by the suspend
+//!   after it) restored while Garage is stopped: the restore answers the store's error, the
+//!   sandbox stays Suspended on the same snapshot with nothing left of the attempt, and once
+//!   Garage is back it restores with its list (the VM waits for it, paused) and its data.
+//!
 //! `SPACE_TEST_LAZY_RAM_MIB` and `SPACE_TEST_LAZY_DATA_MIB` change the first guest's size
 //! (2048 and 1024 by default).
 
@@ -238,6 +243,73 @@ fn the_store_going_away_mid_restore_leaves_the_sandbox_suspended_and_restorable(
             g2.lock().unwrap().restart();
             node.set_restore_mode(RestoreMode::Eager);
             node.restore(&id).await.unwrap();
+            let g = node.guest(&id).await.unwrap();
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+            assert!(alive(&g, pid).await);
+        },
+    );
+    drop(garage);
+}
+
+#[test]
+fn a_listed_snapshot_restores_after_the_store_was_gone_for_a_restore() {
+    let garage = Garage::start();
+    let store = garage.config("lazy-gate");
+    let keys = tempfile::tempdir().unwrap();
+    let opts = LazyOptions {
+        read_timeout: Duration::from_secs(3),
+        attempts: 2,
+        ..Default::default()
+    };
+    let cfg = config(&store, &keys.path().join("master.key"), Some(opts));
+    let garage = Arc::new(std::sync::Mutex::new(garage));
+    let g2 = garage.clone();
+    with_node(
+        Disk::Btrfs,
+        |c| c.archive = Some(cfg),
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let id = create(&node, SandboxOptions::default()).await;
+            let g = node.guest(&id).await.unwrap();
+            sh(
+                &g,
+                "dd if=/dev/urandom of=/root/data bs=1M count=16 2>/dev/null && sync",
+            )
+            .await;
+            let sum = sum_in_guest(&g, "/root/data").await;
+            let pid = start_sleeper(&g).await;
+            drop(g);
+            // A lazy restore records what its VM touched; the next suspend uploads the list.
+            let first = node.suspend(&id).await.unwrap();
+            node.restore(&id).await.unwrap();
+            assert!(node.last_restore(&id).unwrap().prefetch.is_none());
+            let g = node.guest(&id).await.unwrap();
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+            drop(g);
+            let listed = node.suspend(&id).await.unwrap();
+            assert_ne!(listed.id, first.id);
+            assert!(!node.info(&id).await.unwrap().prefetch.is_empty());
+
+            g2.lock().unwrap().stop();
+            let t = Instant::now();
+            let err = node.restore(&id).await.unwrap_err();
+            eprintln!("the restore failed after {:?}: {err}", t.elapsed());
+            assert!(err.to_string().contains("object store"), "{err}");
+            let info = node.info(&id).await.unwrap();
+            assert_eq!(info.state, State::Suspended);
+            let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
+            for leftover in ["mem", "rootfs.ext4", ".lazy"] {
+                assert!(!dir.join(leftover).exists(), "{leftover} is left");
+            }
+
+            // Back: the same snapshot restores, with its list, and nothing was lost.
+            g2.lock().unwrap().restart();
+            node.restore(&id).await.unwrap();
+            let r = node.last_restore(&id).unwrap();
+            assert!(
+                r.from_store && r.prefetch.is_some_and(|(n, _)| n > 0),
+                "{r:?}"
+            );
             let g = node.guest(&id).await.unwrap();
             assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
             assert!(alive(&g, pid).await);

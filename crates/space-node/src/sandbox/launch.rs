@@ -157,6 +157,13 @@ pub(crate) async fn launch(
         let waited = t_gate.elapsed();
         tracing::debug!(id = %record.id, chunks = files.prefetch_len(), complete, ?waited, "prefetch list before the VM runs");
         gated = Some((files.prefetch_len(), waited));
+        // The store failed while the VM waited: it never runs (the caller says why).
+        if let Some(why) = files.failed() {
+            abandon(vm, dir).await;
+            return Err(NodeError::Archive(format!(
+                "the restore from the object store failed: {why}"
+            )));
+        }
         if let Err(e) = vm.resume().await {
             abandon(vm, dir).await;
             return Err(e.into());
