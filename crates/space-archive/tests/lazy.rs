@@ -107,6 +107,35 @@ async fn read_lazy(lazy: &LazyFiles, name: &str, off: u64, len: usize) -> Result
     .unwrap()
 }
 
+/// A lazy restore of the second of [`two_snapshots`] in a directory store, into `out`.
+struct Restore {
+    _dir: tempfile::TempDir,
+    lazy: LazyFiles,
+    snap: std::path::PathBuf,
+    out: std::path::PathBuf,
+}
+
+async fn restore_from_directory(opts: LazyOptions) -> Restore {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path();
+    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
+    let out = w.join("out");
+    let lazy = open(&archive, keys, &m, &w.join("base"), &out, opts).await;
+    Restore {
+        _dir: dir,
+        lazy,
+        snap,
+        out,
+    }
+}
+
+/// Every file of `out` is the snapshot's in `snap`.
+fn assert_whole(out: &Path, snap: &Path) {
+    for n in ["mem", "rootfs.ext4", "state"] {
+        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
+    }
+}
+
 /// Only what is touched arrives (no background), every read matches the snapshot, the
 /// first-touch record is in order, and once everything has been touched the files are whole.
 async fn touched_first(config: StoreConfig) {
@@ -166,9 +195,7 @@ async fn touched_first(config: StoreConfig) {
         .unwrap();
     assert!(lazy.complete());
     assert_eq!(report.background_chunks, 0, "{report:?}");
-    for n in ["mem", "rootfs.ext4", "state"] {
-        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
-    }
+    assert_whole(&out, &snap);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -187,21 +214,15 @@ async fn touched_first_garage() {
 /// snapshot's), and the background never writes over it.
 #[tokio::test(flavor = "multi_thread")]
 async fn writes_land_on_the_chunk_and_stay() {
-    let d = tempfile::tempdir().unwrap();
-    let w = d.path();
-    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
-    let out = w.join("out");
-    let lazy = open(
-        &archive,
-        keys,
-        &m,
-        &w.join("base"),
-        &out,
-        LazyOptions {
-            parallel: 0,
-            ..Default::default()
-        },
-    )
+    let Restore {
+        _dir,
+        lazy,
+        snap,
+        out,
+    } = restore_from_directory(LazyOptions {
+        parallel: 0,
+        ..Default::default()
+    })
     .await;
     let hydrate = {
         let l = lazy.clone();
@@ -239,23 +260,17 @@ async fn writes_land_on_the_chunk_and_stay() {
 /// refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn background_and_prefetch_fill_everything() {
-    let d = tempfile::tempdir().unwrap();
-    let w = d.path();
-    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
-    let out = w.join("out");
     let prefetch = vec![("rootfs.ext4".to_string(), 40), ("mem".to_string(), 0)];
-    let lazy = open(
-        &archive,
-        keys,
-        &m,
-        &w.join("base"),
-        &out,
-        LazyOptions {
-            parallel: 1,
-            prefetch,
-            ..Default::default()
-        },
-    )
+    let Restore {
+        _dir,
+        lazy,
+        snap,
+        out,
+    } = restore_from_directory(LazyOptions {
+        parallel: 1,
+        prefetch,
+        ..Default::default()
+    })
     .await;
     let fi = lazy.lazy_file("mem").unwrap();
     let mut buf = [0u8; 16];
@@ -268,32 +283,24 @@ async fn background_and_prefetch_fill_everything() {
     assert_eq!(report.prefetched_chunks, 2, "{report:?}");
     assert!(report.background_chunks > 0, "{report:?}");
     assert_eq!(report.urgent_chunks, 0, "{report:?}");
-    for n in ["mem", "rootfs.ext4", "state"] {
-        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
-    }
+    assert_whole(&out, &snap);
 }
 
 /// A held background reads the prefetch list and what readers ask for, nothing else, until
 /// it is released; then everything arrives. The reads served are counted.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_held_background_waits_for_its_release() {
-    let d = tempfile::tempdir().unwrap();
-    let w = d.path();
-    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
-    let out = w.join("out");
     let prefetch = vec![("rootfs.ext4".to_string(), 40)];
-    let lazy = open(
-        &archive,
-        keys,
-        &m,
-        &w.join("base"),
-        &out,
-        LazyOptions {
-            prefetch,
-            hold_background: Some(Duration::from_secs(600)),
-            ..Default::default()
-        },
-    )
+    let Restore {
+        _dir,
+        lazy,
+        snap,
+        out,
+    } = restore_from_directory(LazyOptions {
+        prefetch,
+        hold_background: Some(Duration::from_secs(600)),
+        ..Default::default()
+    })
     .await;
     let filling = {
         let l = lazy.clone();
@@ -335,9 +342,7 @@ async fn a_held_background_waits_for_its_release() {
         .unwrap();
     assert!(report.background_chunks > 0, "{report:?}");
     assert!(lazy.complete());
-    for n in ["mem", "rootfs.ext4", "state"] {
-        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
-    }
+    assert_whole(&out, &snap);
     // What is here is served without waiting, and counted.
     let fi = lazy.lazy_file("mem").unwrap();
     let mut buf = vec![0u8; 8192];
@@ -486,23 +491,17 @@ async fn the_store_going_away_fails_the_restore_in_bounded_time() {
 /// touched names slots that had arrived when read too, and ends with the background's release.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_prefetch_list_arrives_before_anyone_reads_it() {
-    let d = tempfile::tempdir().unwrap();
-    let w = d.path();
-    let (archive, keys, m, snap) = two_snapshots(StoreConfig::Local(w.join("objects")), w).await;
-    let out = w.join("out");
     let prefetch = vec![("rootfs.ext4".to_string(), 40), ("mem".to_string(), 8)];
-    let lazy = open(
-        &archive,
-        keys,
-        &m,
-        &w.join("base"),
-        &out,
-        LazyOptions {
-            prefetch,
-            hold_background: Some(Duration::from_secs(600)),
-            ..Default::default()
-        },
-    )
+    let Restore {
+        _dir,
+        lazy,
+        snap,
+        out,
+    } = restore_from_directory(LazyOptions {
+        prefetch,
+        hold_background: Some(Duration::from_secs(600)),
+        ..Default::default()
+    })
     .await;
     assert_eq!(lazy.prefetch_len(), 2);
     let filling = {
@@ -544,9 +543,7 @@ async fn the_prefetch_list_arrives_before_anyone_reads_it() {
         .unwrap()
         .unwrap();
     assert!(lazy.complete());
-    for n in ["mem", "rootfs.ext4", "state"] {
-        assert_eq!(sha(&out.join(n)), sha(&snap.join(n)), "{n}");
-    }
+    assert_whole(&out, &snap);
 }
 
 /// Without a prefetch list `prefetched` resolves at once; after a failure it resolves too.
