@@ -68,6 +68,16 @@ async fn sh_long(g: &GuestClient, line: &str) -> String {
     sh_within(g, line, Some(900_000)).await
 }
 
+/// Writes `mib` MiB of random data to `/root/data` in the guest, synced; its SHA-256.
+async fn write_data(g: &GuestClient, mib: u64) -> String {
+    sh_long(
+        g,
+        &format!("dd if=/dev/urandom of=/root/data bs=1M count={mib} 2>/dev/null && sync"),
+    )
+    .await;
+    sum_in_guest(g, "/root/data").await
+}
+
 /// `sha256sum` of a guest file, computed in the guest.
 async fn sum_in_guest(g: &GuestClient, path: &str) -> String {
     sh_long(g, &format!("sha256sum {path}"))
@@ -105,12 +115,7 @@ fn a_big_guest_restores_from_the_store_while_it_streams_in() {
             let t = build_sized(&node, "big", ram).await;
             let id = create_sized(&node, &t, data + 1024).await;
             let g = node.guest(&id).await.unwrap();
-            sh_long(
-                &g,
-                &format!("dd if=/dev/urandom of=/root/data bs=1M count={data} 2>/dev/null && sync"),
-            )
-            .await;
-            let sum = sum_in_guest(&g, "/root/data").await;
+            let sum = write_data(&g, data).await;
             let pid = start_sleeper(&g).await;
             drop(g);
             let s = node.suspend(&id).await.unwrap();
@@ -194,12 +199,7 @@ fn the_store_going_away_mid_restore_leaves_the_sandbox_suspended_and_restorable(
             build_minimal(&node, "1").await;
             let id = create(&node, SandboxOptions::default()).await;
             let g = node.guest(&id).await.unwrap();
-            sh(
-                &g,
-                "dd if=/dev/urandom of=/root/data bs=1M count=32 2>/dev/null && sync",
-            )
-            .await;
-            let sum = sum_in_guest(&g, "/root/data").await;
+            let sum = write_data(&g, 32).await;
             // Out of the page cache: reading it again goes to the disk.
             sh(&g, "echo 3 > /proc/sys/vm/drop_caches").await;
             let pid = start_sleeper(&g).await;
@@ -271,12 +271,7 @@ fn a_listed_snapshot_restores_after_the_store_was_gone_for_a_restore() {
             build_minimal(&node, "1").await;
             let id = create(&node, SandboxOptions::default()).await;
             let g = node.guest(&id).await.unwrap();
-            sh(
-                &g,
-                "dd if=/dev/urandom of=/root/data bs=1M count=16 2>/dev/null && sync",
-            )
-            .await;
-            let sum = sum_in_guest(&g, "/root/data").await;
+            let sum = write_data(&g, 16).await;
             let pid = start_sleeper(&g).await;
             drop(g);
             // A lazy restore records what its VM touched; the next suspend uploads the list.
