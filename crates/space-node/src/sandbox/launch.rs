@@ -103,15 +103,11 @@ pub(crate) async fn launch(
         Launch::RestoreInBackground { .. } => Priority::Background,
         _ => Priority::Normal,
     };
-    let (how, prefetch) = match how {
-        Launch::RestoreInPlace { snapshot, prefetch } => (
-            Launch::RestoreInPlace {
-                snapshot,
-                prefetch: None,
-            },
-            prefetch.filter(|f| f.prefetch_len() > 0),
-        ),
-        other => (other, None),
+    let prefetch = match &how {
+        Launch::RestoreInPlace {
+            prefetch: Some(f), ..
+        } if f.prefetch_len() > 0 => Some(f.clone()),
+        _ => None,
     };
     let vm = match how {
         Launch::Restore { snapshot }
