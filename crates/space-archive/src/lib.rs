@@ -23,6 +23,7 @@
 pub mod crypto;
 pub mod fetch;
 pub mod gc;
+mod http_client;
 pub mod keys;
 pub mod kms;
 pub mod lazy;

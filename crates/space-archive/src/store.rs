@@ -273,6 +273,9 @@ impl Archive {
                         .with_endpoint(e)
                         .with_virtual_hosted_style_request(false)
                         .with_allow_http(e.starts_with("http://"));
+                    if e.starts_with("http://") {
+                        b = b.with_http_connector(crate::http_client::QuickAckConnector);
+                    }
                 }
                 b = b.with_region(c.region.as_deref().unwrap_or("us-east-1"));
                 if let Some(k) = &c.access_key_id {

@@ -40,5 +40,6 @@ pub mod scratch;
 pub mod script;
 pub mod stats;
 pub mod storage;
+pub mod store_latency;
 pub mod templates;
 pub mod volume_copies;

@@ -363,6 +363,20 @@ async fn measure(plan: &RestorePlan, store: &str) -> Result<()> {
     );
     println!("runs:        {} per size and kind", plan.runs);
     println!();
+    // What one read of the store costs by size, through the node's client and object_store's
+    // own: the small reads of a restore (manifest, device state, compressed chunks).
+    if let (Some(a), Some((bucket, prefix))) = (
+        s.node.archive(),
+        store
+            .strip_prefix("s3://")
+            .and_then(|rest| rest.split_once('/')),
+    ) {
+        progress("reading objects of several sizes");
+        let (table, summary) =
+            crate::store_latency::measure(&a.archive, bucket, prefix.trim_end_matches('/')).await?;
+        println!("{}", table.render());
+        println!("{}", summary.render());
+    }
     let mut cases: Vec<Case> = Vec::new();
     let result: Result<()> = async {
         for &size in &plan.sizes_mib {
