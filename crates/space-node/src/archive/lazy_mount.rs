@@ -149,6 +149,7 @@ impl Filesystem for LazyFs {
             Some(Err(e)) => return reply.error(errno(&e)),
             None => {}
         }
+        tracing::trace!(fi = self.fi, offset, size, "read waits for the store");
         let (files, fi) = (self.files.clone(), self.fi);
         self.rt
             .spawn_blocking(move || match files.read_at(fi, offset, &mut buf) {
@@ -174,6 +175,12 @@ impl Filesystem for LazyFs {
             Some(Err(e)) => return reply.error(errno(&e)),
             None => {}
         }
+        tracing::trace!(
+            fi = self.fi,
+            offset,
+            len = data.len(),
+            "write waits for the store"
+        );
         let (files, fi, data) = (self.files.clone(), self.fi, data.to_vec());
         self.rt
             .spawn_blocking(move || match files.write_at(fi, offset, &data) {
