@@ -459,9 +459,6 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         s.node.set_restore_mode(RestoreMode::LazyUnordered);
         let (lazy, _) = s.store_restore(&id).await?;
         c.lazy.push(ms(lazy));
-        if run == 0 && s.exec(&id, "sha256sum /root/fresh").await? != sum {
-            bail!("the data read back while a lazy restore fills in differs");
-        }
         let r = s.settle(&id).await?;
         c.lazy_opened.push(ms(r.opened));
         c.lazy_vm_started.push(ms(r.vm_started));
@@ -479,6 +476,11 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
         s.node.set_restore_mode(RestoreMode::Lazy);
         let (lazy_pf, _) = s.store_restore(&id).await?;
         c.lazy_pf.push(ms(lazy_pf));
+        // The data is checked while the files fill in, in the last run: reading it all is
+        // recorded as touched, and a list recorded so would be the next restore's.
+        if run + 1 == plan.runs && s.exec(&id, "sha256sum /root/fresh").await? != sum {
+            bail!("the data read back while a lazy restore fills in differs");
+        }
         let r = s.settle(&id).await?;
         c.pf_vm_started.push(ms(r.vm_started));
         c.pf_guest_ready.push(ms(r.guest_ready));
