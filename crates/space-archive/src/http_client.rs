@@ -223,3 +223,84 @@ impl Body for Deadline {
         SizeHint::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    /// Serves one connection: reads a request's head, then writes `parts` with a pause
+    /// between them, then closes.
+    fn serve_once(parts: Vec<Vec<u8>>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut head = Vec::new();
+            let mut b = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") {
+                if s.read(&mut b).unwrap() == 0 {
+                    return;
+                }
+                head.push(b[0]);
+            }
+            for p in parts {
+                s.write_all(&p).unwrap();
+                s.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(30));
+            }
+        });
+        format!("http://{addr}/object")
+    }
+
+    fn client() -> HttpClient {
+        QuickAckConnector.connect(&ClientOptions::new()).unwrap()
+    }
+
+    fn get(url: &str) -> HttpRequest {
+        http::Request::get(url)
+            .body(HttpRequestBody::empty())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_body_written_after_its_headers_arrives_whole() {
+        let body = b"0123456789".repeat(500);
+        let url = serve_once(vec![
+            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).into_bytes(),
+            body[..1000].to_vec(),
+            body[1000..].to_vec(),
+        ]);
+        let res = client().execute(get(&url)).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let got = res.into_body().bytes().await.unwrap();
+        assert_eq!(&got[..], &body[..]);
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_not_a_shorter_object() {
+        let url = serve_once(vec![
+            b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n".to_vec(),
+            b"only forty bytes of the hundred promised".to_vec(),
+        ]);
+        let res = client().execute(get(&url)).await.unwrap();
+        assert_eq!(res.status(), 200);
+        let err = res.into_body().bytes().await.unwrap_err();
+        assert_eq!(err.kind(), HttpErrorKind::Interrupted, "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error() {
+        let port = {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let err = client()
+            .execute(get(&format!("http://127.0.0.1:{port}/object")))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), HttpErrorKind::Connect, "{err}");
+    }
+}
