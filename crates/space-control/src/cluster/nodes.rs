@@ -231,6 +231,32 @@ impl ClusterNodes {
     }
 }
 
+impl ClusterNodes {
+    /// `rows` with each node's report holding `template` if the node itself says it has
+    /// it now (its report may be a heartbeat old).
+    async fn with_template(
+        &self,
+        rows: Vec<NodeRow>,
+        template: &TemplateName,
+        version: &VersionReq,
+    ) -> Vec<NodeRow> {
+        let asked = rows.into_iter().map(|mut row| async move {
+            let Ok(c) = self.client(&row) else {
+                return row;
+            };
+            if let Ok(info) = c.template(template, version).await {
+                let mut report = report_of(&row);
+                report.templates.push(info);
+                if let Ok(v) = serde_json::to_value(&report) {
+                    row.report = v;
+                }
+            }
+            row
+        });
+        futures::future::join_all(asked).await
+    }
+}
+
 /// `sb` as node `node` answered it: the node's id goes into the answer.
 fn held_by(node: &RemoteNode, mut sb: Sandbox) -> Sandbox {
     sb.node = Some(node.node_id().to_owned());
@@ -249,8 +275,21 @@ impl NodeApi for ClusterNodes {
                 .await
                 .map_err(|e| Fault::new(FaultCode::Key, format!("{e:#}")))?;
         }
-        let rows = self.cluster.live_nodes().await.map_err(internal)?;
+        let mut rows = self.cluster.live_nodes().await.map_err(internal)?;
         let live = rows.len();
+        let reserved = self.cluster.store().reserved().await.map_err(internal)?;
+        // A sandbox that mounts volumes goes where they are.
+        let home = self.mounts_home(&req.options.volumes).await?;
+        if let Some(h) = &home {
+            rows.retain(|r| &r.id == h);
+        }
+        let mut candidates = Self::candidates(rows.clone(), &reserved, &req.template, &req.version);
+        if candidates.is_empty() {
+            // Reports come with heartbeats: a template a node built or fetched since its last
+            // one is not in it yet (a create right after a build). Ask the nodes.
+            rows = self.with_template(rows, &req.template, &req.version).await;
+            candidates = Self::candidates(rows.clone(), &reserved, &req.template, &req.version);
+        }
         let memory = match req.options.memory_mib {
             Some(m) => m,
             None => rows
@@ -259,14 +298,6 @@ impl NodeApi for ClusterNodes {
                 .find(|t| t.template.name == req.template)
                 .map_or(0, |t| t.memory_mib),
         };
-        let reserved = self.cluster.store().reserved().await.map_err(internal)?;
-        // A sandbox that mounts volumes goes where they are.
-        let home = self.mounts_home(&req.options.volumes).await?;
-        let rows = match &home {
-            Some(h) => rows.into_iter().filter(|r| &r.id == h).collect(),
-            None => rows,
-        };
-        let candidates = Self::candidates(rows, &reserved, &req.template, &req.version);
         if candidates.is_empty() {
             return Err(Fault::new(
                 FaultCode::Capacity,
