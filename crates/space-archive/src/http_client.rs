@@ -210,12 +210,16 @@ impl Body for Deadline {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        // What has arrived is delivered (the end included) even past the deadline; only a
+        // wait for more is cut short.
+        match Pin::new(self.body.get_mut()).poll_frame(cx) {
+            Poll::Pending => {}
+            ready => return ready.map_err(|e| HttpError::new(HttpErrorKind::Interrupted, e)),
+        }
         if self.sleep.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Some(Err(HttpError::new(HttpErrorKind::Timeout, TimedOut))));
         }
-        Pin::new(self.body.get_mut())
-            .poll_frame(cx)
-            .map_err(|e| HttpError::new(HttpErrorKind::Interrupted, e))
+        Poll::Pending
     }
 
     fn size_hint(&self) -> SizeHint {
