@@ -199,7 +199,8 @@ impl Node {
     }
 
     /// The last `max_bytes` of the sandbox's serial console (kernel messages and whatever the
-    /// guest writes there). Empty once the sandbox directory is gone (killed).
+    /// guest writes there), continuing into the rotated copy when the current file holds
+    /// less. Empty once the sandbox directory is gone (killed).
     pub async fn console_tail(&self, id: &SandboxId, max_bytes: usize) -> Result<Vec<u8>> {
         // The id must be one of ours; the file itself needs no actor.
         self.info(id).await?;
@@ -209,7 +210,19 @@ impl Node {
             .layout
             .sandbox_dir(id.as_str())?
             .join(space_runtime::cmdline::CONSOLE_LOG);
-        blocking(move || tail_of(&path, max_bytes)).await
+        blocking(move || {
+            // A log that was just rotated holds little: the rest of the tail is in the
+            // rotated copy.
+            let mut out = tail_of(&path, max_bytes)?;
+            if out.len() < max_bytes {
+                let older = space_runtime::console::rotated(&path);
+                let mut before = tail_of(&older, max_bytes - out.len())?;
+                before.append(&mut out);
+                out = before;
+            }
+            Ok(out)
+        })
+        .await
     }
 
     /// Like [`Node::guest`], but a Paused sandbox is resumed and a Suspended one restored
