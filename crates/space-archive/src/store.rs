@@ -269,11 +269,12 @@ impl Archive {
                             .with_timeout(Duration::from_secs(120)),
                     );
                 if let Some(e) = &c.endpoint {
+                    let plain = e.starts_with("http://");
                     b = b
                         .with_endpoint(e)
                         .with_virtual_hosted_style_request(false)
-                        .with_allow_http(e.starts_with("http://"));
-                    if e.starts_with("http://") {
+                        .with_allow_http(plain);
+                    if plain {
                         b = b.with_http_connector(crate::http_client::QuickAckConnector);
                     }
                 }

@@ -229,9 +229,7 @@ impl ClusterNodes {
             .map(|(_, _, r)| r)
             .collect()
     }
-}
 
-impl ClusterNodes {
     /// `rows` with each node's report holding `template` if the node itself says it has
     /// it now (its report may be a heartbeat old).
     async fn with_template(
