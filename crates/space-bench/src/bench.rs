@@ -410,6 +410,7 @@ impl<'a> Bench<'a> {
             kernel: None,
             files_in_place: false,
             priority: Default::default(),
+            splice: None,
         };
         let t = Instant::now();
         let vm = self.rt.restore(spec).await.context("runtime restore")?;

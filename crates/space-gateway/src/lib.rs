@@ -310,15 +310,24 @@ impl Drop for VmLoop {
 /// How long the loop waits before connecting again after the stream ended or failed.
 const RECONNECT_BACKOFF: Duration = Duration::from_millis(200);
 
-/// Starts the loop serving the `egress.sock` of the VM (process `pid`) in `dir`: connect,
-/// wait for the guest's line, serve, and start over after a short pause, until dropped.
-pub fn spawn_vm_loop(sandbox: Arc<SandboxGateway>, dir: PathBuf, pid: u32) -> VmLoop {
+/// Starts the loop serving the `egress.sock` of the VM (process `pid`) in `dir`: connect
+/// (through `splice` when the VM's channels go through one), wait for the guest's line,
+/// serve, and start over after a short pause, until dropped.
+pub fn spawn_vm_loop(
+    sandbox: Arc<SandboxGateway>,
+    dir: PathBuf,
+    pid: u32,
+    splice: Option<space_runtime::Splice>,
+) -> VmLoop {
     let task = tokio::spawn(async move {
         let mut seed = Vec::new();
         loop {
-            match space_runtime::qemu::connect_in_dir(&dir, space_runtime::cmdline::EGRESS_SOCKET)
-                .await
-            {
+            let name = space_runtime::cmdline::EGRESS_SOCKET;
+            let stream = match &splice {
+                Some(s) => s.connect(name).await,
+                None => space_runtime::qemu::connect_in_dir(&dir, name).await,
+            };
+            match stream {
                 Ok(stream) => {
                     match serve::serve_seeded(stream, sandbox.clone(), std::mem::take(&mut seed))
                         .await

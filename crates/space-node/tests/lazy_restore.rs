@@ -4,7 +4,9 @@
 //! - A 2 GiB guest holding 1 GiB of random data and a running process, restored on a node
 //!   with an empty data directory (nothing of it, or of its template, local): its data is
 //!   checked by SHA-256 while the rest still streams in, the process runs on, and a snapshot
-//!   taken during the stream restores again with the same data.
+//!   taken during the stream restores again with the same data. Once the files are whole
+//!   the VM moves to a new VMM on them: nothing stays mounted, and a process's output that
+//!   streamed to the host throughout arrives whole, each line once.
 //! - Garage stopped while a restore still needs chunks: the guest waits a bounded time, then
 //!   the VM is stopped, the sandbox is Suspended again with the reason recorded, nothing of
 //!   the restore is left, and once Garage is back it restores whole.
@@ -146,12 +148,66 @@ fn a_big_guest_restores_from_the_store_while_it_streams_in() {
                 "the files were whole when the restore returned ({restored_in:?})"
             );
             let g = node.guest(&id).await.unwrap();
+            // A process whose output streams to the host until told to stop: the stream
+            // must survive the VM's move to its local files.
+            let counter = g
+                .exec(ExecSpec::shell(
+                    "i=0; while [ ! -e /tmp/stop ]; do i=$((i+1)); echo $i; sleep 0.1; done; echo end",
+                ))
+                .await
+                .unwrap();
+            let counter = tokio::spawn(counter.output());
             assert!(alive(&g, pid).await, "the process runs on");
             assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
 
             // A snapshot taken while the rest streams in: it waits until the files are
             // whole, and is the guest's state.
             let snap = node.snapshot(&id, SnapshotKind::Full).await.unwrap();
+
+            // Then the node leaves the data path: the VM moves to a new VMM on its local
+            // files, the mounts and the lazy restore's files go, and the host's streams to
+            // the guest go on (the same connection, the same process output).
+            let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
+            wait_until(
+                "the VM moved to its local files",
+                Duration::from_secs(120),
+                || {
+                    node.last_restore(&id)
+                        .is_some_and(|r| r.handed_over.is_some())
+                },
+            )
+            .await;
+            assert!(!dir.join(".lazy").exists());
+            let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+            let dir_text = dir.to_string_lossy().into_owned();
+            assert!(
+                !mounts.lines().any(|l| l.contains(&dir_text)),
+                "nothing is mounted in the sandbox directory any more:\n{mounts}"
+            );
+            assert!(alive(&g, pid).await, "the process runs on after the move");
+            assert_eq!(sum_in_guest(&g, "/root/data").await, sum);
+            sh(&g, "touch /tmp/stop").await;
+            let out = tokio::time::timeout(Duration::from_secs(120), counter)
+                .await
+                .expect("the counter ends")
+                .unwrap()
+                .expect("its stream went on through the move");
+            assert!(out.status.success(), "{:?}", out.status);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let lines: Vec<&str> = text.lines().collect();
+            assert_eq!(lines.last(), Some(&"end"), "{text}");
+            let numbers: Vec<u64> = lines[..lines.len() - 1]
+                .iter()
+                .map(|l| {
+                    l.parse()
+                        .unwrap_or_else(|_| panic!("a line {l:?} in {text}"))
+                })
+                .collect();
+            assert!(numbers.len() > 5, "{text}");
+            assert!(
+                numbers.iter().enumerate().all(|(i, n)| *n == i as u64 + 1),
+                "every line once, in order: {text}"
+            );
             let r = node.last_restore(&id).unwrap();
             let lazy = r
                 .lazy

@@ -140,6 +140,7 @@ async fn main() {
             kernel: None,
             files_in_place: false,
             priority: Default::default(),
+            splice: None,
         };
         let t = Instant::now();
         let restored = rt.restore(spec).await.unwrap();

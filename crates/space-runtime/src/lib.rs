@@ -42,6 +42,7 @@ pub mod priority;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
+pub mod splice;
 pub mod tsc;
 pub mod usage;
 
@@ -54,6 +55,7 @@ pub use priority::Priority;
 pub use process::ExitInfo;
 pub use qemu::{QemuRuntime, QemuRuntimeConfig, QemuVm};
 pub use space_proto::client::{ClientError, GuestClient};
+pub use splice::Splice;
 pub use usage::HostUsage;
 
 /// What to boot: a fresh VM from a kernel and a root disk.
@@ -93,6 +95,10 @@ pub struct RestoreSpec {
     pub files_in_place: bool,
     /// CPU priority of the VMM from its start on ([`Vm::set_priority`] changes it later).
     pub priority: Priority,
+    /// Host ends of the guest channels kept across a change of VMM ([`splice`]): the VM's
+    /// channels are reached through it, and streams it holds move to the new VMM before its
+    /// state loads. `None`: clients connect to QEMU's sockets directly.
+    pub splice: Option<Splice>,
 }
 
 /// The local files behind a VM's RAM file and disk ([`Vm::set_backing`]).

@@ -103,6 +103,11 @@ pub trait NodeVm: Send + Sync {
     fn detach(self: Box<Self>);
     /// What the VMM uses of the host now ([`crate::usage`]); `None` once it is gone.
     fn host_usage(&self) -> Option<crate::HostUsage>;
+    /// The splice the VM's channels go through, if it was restored with one
+    /// ([`crate::RestoreSpec::splice`]).
+    fn splice(&self) -> Option<crate::Splice> {
+        None
+    }
 }
 
 impl NodeRuntime for QemuRuntime {
@@ -197,5 +202,8 @@ impl NodeVm for QemuVm {
     }
     fn host_usage(&self) -> Option<crate::HostUsage> {
         crate::usage::of_vm(QemuVm::pid(self), self.cgroup())
+    }
+    fn splice(&self) -> Option<crate::Splice> {
+        self.splice.clone()
     }
 }

@@ -34,6 +34,7 @@ async fn restore(
         kernel: None,
         files_in_place: false,
         priority: Default::default(),
+        splice: None,
     };
     let vm = rt.restore(spec).await.unwrap();
     let client = vm.wait_ready(BOOT_TIMEOUT).await.unwrap();

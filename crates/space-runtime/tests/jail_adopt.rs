@@ -184,6 +184,7 @@ async fn vm_outlives_its_node_and_is_adopted() {
             kernel: None,
             files_in_place: false,
             priority: Default::default(),
+            splice: None,
         })
         .await
         .unwrap();
@@ -406,6 +407,7 @@ async fn jailed_vm_is_confined_and_snapshots_restore() {
             kernel: None,
             files_in_place: false,
             priority: Default::default(),
+            splice: None,
         })
         .await
         .unwrap();

@@ -117,6 +117,7 @@ async fn every_restore_of_a_busy_snapshot_answers() {
             kernel: None,
             files_in_place: false,
             priority: Default::default(),
+            splice: None,
         };
         let restored = rt.restore(spec).await.unwrap();
         if delayed {

@@ -46,6 +46,7 @@ fn restore_spec(snapshot: &Path, dir: &Path, paused: bool) -> RestoreSpec {
         kernel: None,
         files_in_place: false,
         priority: Default::default(),
+        splice: None,
     }
 }
 

@@ -105,6 +105,9 @@ pub struct RestoreReport {
     /// A lazy restore with a prefetch list: the list's chunks, and how long the VM, its
     /// device state loaded, waited for them paused (part of `vm_started`).
     pub prefetch: Option<(usize, Duration)>,
+    /// A lazy restore: how long moving the VM to a new VMM on its local files took, once they
+    /// were whole (the guest stopped for most of it).
+    pub handed_over: Option<Duration>,
 }
 
 impl Incoming {

@@ -403,7 +403,7 @@ impl Builder {
             let gateway = ctx
                 .gateway
                 .sandbox(id.clone(), env.egress.clone(), Vec::new());
-            let egress = spawn_vm_loop(gateway, dir.clone(), vm.pid());
+            let egress = spawn_vm_loop(gateway, dir.clone(), vm.pid(), None);
             let started = async {
                 let client = vm.wait_ready(ctx.ready_timeout).await?;
                 let want = env.disk_mib << 20;

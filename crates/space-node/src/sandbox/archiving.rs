@@ -151,6 +151,10 @@ impl Sandbox {
                     let how = Launch::RestoreInPlace {
                         snapshot: lazy.dir.clone(),
                         prefetch: lazy.restore.as_ref().map(|r| r.files.clone()),
+                        splice: lazy
+                            .restore
+                            .as_ref()
+                            .map(|_| space_runtime::Splice::new(&self.dir)),
                     };
                     return Ok((how, Fetched::Lazy(lazy)));
                 }
@@ -166,6 +170,7 @@ impl Sandbox {
                 let how = Launch::RestoreInPlace {
                     snapshot: incoming.dir().to_owned(),
                     prefetch: None,
+                    splice: None,
                 };
                 Ok((how, Fetched::Whole(incoming)))
             }

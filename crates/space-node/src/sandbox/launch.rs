@@ -16,6 +16,9 @@ pub(crate) enum Launch {
     RestoreInPlace {
         snapshot: PathBuf,
         prefetch: Option<space_archive::lazy::LazyFiles>,
+        /// The guest channels' splice of a lazy restore, which keeps the host's streams when
+        /// the VM moves to a new VMM on its local files (`lazy.rs`).
+        splice: Option<space_runtime::Splice>,
     },
     /// Cold boot on a clone of `rootfs`.
     Boot {
@@ -109,6 +112,10 @@ pub(crate) async fn launch(
         } if f.prefetch_len() > 0 => Some(f.clone()),
         _ => None,
     };
+    let splice = match &how {
+        Launch::RestoreInPlace { splice, .. } => splice.clone(),
+        _ => None,
+    };
     let vm = match how {
         Launch::Restore { snapshot }
         | Launch::RestoreInPlace { snapshot, .. }
@@ -121,6 +128,7 @@ pub(crate) async fn launch(
                     kernel: None,
                     files_in_place: in_place,
                     priority,
+                    splice,
                 })
                 .await
         }

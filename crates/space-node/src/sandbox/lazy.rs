@@ -11,12 +11,26 @@
 //! - Once the files are whole, the slots from the store the VM touched while it started (until
 //!   the background's release), in the order it first touched them, are kept in the record:
 //!   the next upload lists them for the next restore to fetch before its VM runs.
+//! - Then the node leaves the VM's data path ([`Sandbox::hand_over`]): the guest moves to a
+//!   new VMM on the local files, the way a local restore starts, and the mounts go. The
+//!   host's streams to the guest (exec, files, the egress gateway's) go through a splice
+//!   ([`space_runtime::splice`]) that keeps them across the change. From then on the VM is a
+//!   VM like any other: a node that stops or dies leaves it running for its next start to
+//!   adopt. If the guest does not take what was sent to it within
+//!   [`space_runtime::splice::HOLD_TIMEOUT`], or its state cannot be saved, nothing is
+//!   changed and the move is tried again after [`HANDOVER_RETRY`].
 
 use space_archive::lazy::LazyReport;
 use tokio::sync::watch;
 
+/// How long after a move that did not happen it is tried again.
+pub(super) const HANDOVER_RETRY: Duration = Duration::from_secs(5);
+/// The directory (inside the lazy restore's own) the VM's state is saved into for the move.
+const HANDOVER_DIR: &str = "handover";
+
 use crate::archive::LazyRestore;
 use crate::record::{RecoveryAction, RecoveryEvent};
+use space_runtime::Splice;
 
 use super::*;
 
@@ -129,6 +143,9 @@ impl Sandbox {
                 if let Err(e) = self.write() {
                     tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
                 }
+                if self.vm.as_ref().is_some_and(|vm| vm.splice().is_some()) {
+                    self.handover_at = Some(tokio::time::Instant::now());
+                }
             }
             Err(why) => self.filling_failed(why).await,
         }
@@ -184,6 +201,157 @@ impl Sandbox {
 
     /// Ends the filling (the VM is gone or going): waiters get an error, the mounts go.
     pub(super) fn end_filling(&mut self) {
+        self.handover_at = None;
         drop(self.lazy.take());
+    }
+
+    /// Moves the VM of a filled lazy restore to a new VMM on the local files, and ends the
+    /// filling (the mounts go): the node is out of its data path.
+    pub(super) async fn hand_over(&mut self) {
+        self.handover_at = None;
+        let filled = self
+            .lazy
+            .as_ref()
+            .is_some_and(|f| f.seen && f.failed().is_none());
+        let splice = self.vm.as_ref().and_then(|vm| vm.splice());
+        let (true, Some(splice), Running | Paused) = (filled, splice, self.record.state) else {
+            return;
+        };
+        let t0 = Instant::now();
+        if let Err(e) = splice.hold().await {
+            tracing::info!(id = %self.record.id, error = %e, retry_in = ?HANDOVER_RETRY, "moving a restored VM to its local files: not now");
+            self.handover_at = Some(tokio::time::Instant::now() + HANDOVER_RETRY);
+            return;
+        }
+        let held = t0.elapsed();
+        let saved = match self.save_for_handover().await {
+            Ok(dest) => dest,
+            Err(e) => {
+                splice.release();
+                tracing::warn!(id = %self.record.id, error = %e, retry_in = ?HANDOVER_RETRY, "moving a restored VM to its local files: its state was not saved");
+                self.handover_at = Some(tokio::time::Instant::now() + HANDOVER_RETRY);
+                return;
+            }
+        };
+        let paused = self.record.state == Paused;
+        // From here the old VMM is gone: the saved state is the VM.
+        if let Some(vm) = self.vm.take() {
+            let _ = vm.kill().await;
+        }
+        self.end_filling();
+        let moved = self.start_handed_over(&saved, paused, &splice).await;
+        splice.release();
+        match moved {
+            Ok(vm) => {
+                if let Some(l) = self.egress_loop.as_mut() {
+                    // The loop's stream went over with the guest.
+                    l.pid = vm.pid();
+                }
+                self.vm = Some(vm);
+                let lazy = self.dir.join(crate::archive::LAZY_DIR);
+                // Also what makes the node's next start adopt the VM rather than suspend it.
+                if let Err(e) = blocking(move || {
+                    std::fs::remove_dir_all(&lazy).map_err(NodeError::io("removing", lazy))
+                })
+                .await
+                {
+                    tracing::error!(id = %self.record.id, error = %e, "removing a lazy restore's files");
+                }
+                let mut report = self
+                    .status
+                    .last_restore
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if let Some(r) = report.as_mut() {
+                    r.handed_over = Some(t0.elapsed());
+                }
+                tracing::info!(id = %self.record.id, took = ?t0.elapsed(), ?held, "restored VM moved to its local files");
+            }
+            Err(e) => {
+                // Its state is saved: a VMM without the streams, which the host makes anew.
+                tracing::warn!(id = %self.record.id, error = %e, "moving a restored VM to its local files: starting again without its open streams");
+                drop(self.client.take());
+                match self
+                    .start_handed_over(&saved, paused, &Splice::new(&self.dir))
+                    .await
+                {
+                    Ok(vm) => self.vm = Some(vm),
+                    Err(e) => {
+                        self.filling_failed(format!(
+                            "the VM could not start again on its local files: {e}"
+                        ))
+                        .await
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops the VM if it runs and saves its state, with its RAM file and disk synced and
+    /// cloned from the local files, into the lazy restore's directory. On an error the VM
+    /// runs as before.
+    async fn save_for_handover(&mut self) -> Result<PathBuf> {
+        let vm = self.vm()?;
+        let dest = self.dir.join(crate::archive::LAZY_DIR).join(HANDOVER_DIR);
+        if dest.exists() {
+            let d = dest.clone();
+            blocking(move || std::fs::remove_dir_all(&d).map_err(NodeError::io("removing", d)))
+                .await?;
+        }
+        let running = self.record.state == Running;
+        if running {
+            vm.pause().await?;
+        }
+        match vm.snapshot(&dest).await {
+            Ok(_) => Ok(dest),
+            Err(e) => {
+                if running {
+                    let _ = vm.resume().await;
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Starts a VMM on the state saved in `saved` with the sandbox's own RAM file and disk
+    /// (hard links to the saved ones: a start that fails removes its files, not the state).
+    async fn start_handed_over(
+        &mut self,
+        saved: &Path,
+        paused: bool,
+        splice: &Splice,
+    ) -> Result<Box<dyn NodeVm>> {
+        let (dir, from) = (self.dir.clone(), saved.to_owned());
+        blocking(move || {
+            for name in [
+                space_runtime::cmdline::MEM_FILE,
+                space_runtime::cmdline::DISK_FILE,
+            ] {
+                let (src, dst) = (from.join(name), dir.join(name));
+                let _ = crate::archive::detach(&dst);
+                match std::fs::remove_file(&dst) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(NodeError::io("removing", dst)(e)),
+                }
+                std::fs::hard_link(&src, &dst).map_err(NodeError::io("linking", dst))?;
+            }
+            Ok(())
+        })
+        .await?;
+        let vm = self
+            .ctx
+            .runtime
+            .restore(RestoreSpec {
+                snapshot: saved.to_owned(),
+                dir: self.dir.clone(),
+                paused,
+                kernel: None,
+                files_in_place: true,
+                priority: Priority::Normal,
+                splice: Some(splice.clone()),
+            })
+            .await?;
+        Ok(vm)
     }
 }

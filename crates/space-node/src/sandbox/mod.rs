@@ -308,6 +308,9 @@ pub(crate) struct Sandbox {
     faulted: Option<String>,
     /// The VM runs on a lazy restore's files, still being (or filled) in (`lazy.rs`).
     lazy: Option<lazy::Filling>,
+    /// When to move the VM of a filled lazy restore to a new VMM on its local files
+    /// (`lazy.rs`).
+    handover_at: Option<tokio::time::Instant>,
 }
 
 /// Queue depth per sandbox: callers wait beyond it (back-pressure, not errors).
@@ -360,6 +363,7 @@ impl Sandbox {
             panics: Vec::new(),
             faulted: None,
             lazy: None,
+            handover_at: None,
         };
         let driver = tokio::spawn(actor.run(rx));
         // The driver catches its own panics; this is for one that escapes (a panic while it
@@ -387,8 +391,10 @@ impl Sandbox {
     fn sync_egress(&mut self) {
         let pid = self.vm.as_ref().map(|vm| vm.pid());
         if self.egress_loop.as_ref().map(|l| l.pid) != pid {
-            self.egress_loop =
-                pid.map(|pid| spawn_vm_loop(self.status.egress.clone(), self.dir.clone(), pid));
+            let splice = self.vm.as_ref().and_then(|vm| vm.splice());
+            self.egress_loop = pid.map(|pid| {
+                spawn_vm_loop(self.status.egress.clone(), self.dir.clone(), pid, splice)
+            });
         }
     }
 
@@ -436,11 +442,22 @@ impl Sandbox {
                     None => std::future::pending().await,
                 }
             };
+            let handover_at = self.handover_at;
+            let handover = async {
+                match handover_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 req = rx.recv() => Ok(req),
                 exit = exited => Err(exit),
                 () = filled => {
                     self.filling_changed().await;
+                    return false;
+                }
+                () = handover => {
+                    self.hand_over().await;
                     return false;
                 }
             }

@@ -709,7 +709,13 @@ impl QemuRuntime {
             kernel_cmdline: manifest.kernel_cmdline.clone(),
             incoming: true,
         };
-        let vm = self.start(&spec.dir, config, kernel, spec.priority).await?;
+        let mut vm = self.start(&spec.dir, config, kernel, spec.priority).await?;
+        if let Some(splice) = &spec.splice {
+            // Streams held across a change of VMM connect before the state loads, so the
+            // guest finds its ports connected as they were when the state was saved.
+            splice.switch().await?;
+            vm.splice = Some(splice.clone());
+        }
         let started = t0.elapsed();
         let qmp = vm.qmp();
         vm.command(qmp.getfd(RESTORE_FD, state.as_fd())).await?;

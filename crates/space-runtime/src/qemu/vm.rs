@@ -29,6 +29,8 @@ pub struct QemuVm {
     pub(super) last_state: Mutex<Option<Arc<Vec<u8>>>>,
     /// Where snapshots clone the RAM file and disk from ([`Vm::set_backing`]).
     pub(super) backing: Mutex<Option<crate::Backing>>,
+    /// The channels' splice, when the VM was restored with one ([`crate::RestoreSpec::splice`]).
+    pub(crate) splice: Option<crate::Splice>,
 }
 
 impl Drop for QemuVm {
@@ -89,6 +91,7 @@ impl QemuVm {
             housekeeping: tokio::spawn(housekeeping(dir.to_owned())),
             last_state: Mutex::new(None),
             backing: Mutex::new(None),
+            splice: None,
         }
     }
 
@@ -580,12 +583,18 @@ impl Vm for QemuVm {
 
     async fn connect_ctl(&self) -> Result<UnixStream> {
         self.check_alive()?;
-        connect_in_dir(&self.dir, cmdline::CTL_SOCKET).await
+        match &self.splice {
+            Some(s) => s.connect(cmdline::CTL_SOCKET).await,
+            None => connect_in_dir(&self.dir, cmdline::CTL_SOCKET).await,
+        }
     }
 
     async fn connect_egress(&self) -> Result<UnixStream> {
         self.check_alive()?;
-        connect_in_dir(&self.dir, cmdline::EGRESS_SOCKET).await
+        match &self.splice {
+            Some(s) => s.connect(cmdline::EGRESS_SOCKET).await,
+            None => connect_in_dir(&self.dir, cmdline::EGRESS_SOCKET).await,
+        }
     }
 
     fn console_tail(&self, max: usize) -> String {
