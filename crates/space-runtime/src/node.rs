@@ -108,6 +108,16 @@ pub trait NodeVm: Send + Sync {
     fn splice(&self) -> Option<crate::Splice> {
         None
     }
+    /// Stops the VM and saves its device state, its files synced but not cloned
+    /// ([`QemuVm::save_state`]). A runtime that cannot answers [`crate::Error::Invalid`].
+    fn save_state<'a>(&'a self, dest: &'a Path) -> BoxFuture<'a, Result<SnapshotInfo>> {
+        let _ = dest;
+        Box::pin(async {
+            Err(crate::Error::Invalid(
+                "this runtime cannot save a VM's state alone".into(),
+            ))
+        })
+    }
 }
 
 impl NodeRuntime for QemuRuntime {
@@ -205,5 +215,8 @@ impl NodeVm for QemuVm {
     }
     fn splice(&self) -> Option<crate::Splice> {
         self.splice.clone()
+    }
+    fn save_state<'a>(&'a self, dest: &'a Path) -> BoxFuture<'a, Result<SnapshotInfo>> {
+        Box::pin(QemuVm::save_state(self, dest))
     }
 }

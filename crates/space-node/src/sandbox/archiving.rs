@@ -189,8 +189,9 @@ impl Sandbox {
             self.caching.clear();
             return;
         };
-        if self.lazy.as_ref().is_some_and(|f| f.pending().is_some()) {
-            // Not while a lazy restore fills its files in from the same packs.
+        if self.lazy.as_ref().is_some_and(|f| f.pending().is_some()) || self.handover_at.is_some() {
+            // Not while a lazy restore fills its files in from the same packs, nor before its
+            // VM has moved to them (the move would share the CPU with the fetch).
             return;
         }
         let mut pending = std::mem::take(&mut self.caching);

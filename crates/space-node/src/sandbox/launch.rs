@@ -68,11 +68,13 @@ pub(crate) fn clear_vm_files(dir: &Path) -> Result<()> {
     for name in ["mem", "rootfs.ext4"] {
         let _ = crate::archive::detach(&dir.join(name));
     }
-    let lazy = dir.join(crate::archive::LAZY_DIR);
-    match std::fs::remove_dir_all(&lazy) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(NodeError::io("removing", lazy)(e)),
+    for name in [crate::archive::LAZY_DIR, super::lazy::HANDED_OVER_DIR] {
+        let lazy = dir.join(name);
+        match std::fs::remove_dir_all(&lazy) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(NodeError::io("removing", lazy)(e)),
+        }
     }
     for name in VM_FILES {
         let p = dir.join(name);

@@ -27,6 +27,9 @@ use tokio::sync::watch;
 pub(super) const HANDOVER_RETRY: Duration = Duration::from_secs(5);
 /// The directory (inside the lazy restore's own) the VM's state is saved into for the move.
 const HANDOVER_DIR: &str = "handover";
+/// What the lazy restore's directory is renamed to once the VM moved, until it is removed
+/// (in the background; whoever clears the sandbox's VM files next removes a leftover).
+pub(crate) const HANDED_OVER_DIR: &str = ".lazy-handed-over";
 
 use crate::archive::LazyRestore;
 use crate::record::{RecoveryAction, RecoveryEvent};
@@ -233,12 +236,14 @@ impl Sandbox {
                 return;
             }
         };
+        let t_saved = t0.elapsed();
         let paused = self.record.state == Paused;
         // From here the old VMM is gone: the saved state is the VM.
         if let Some(vm) = self.vm.take() {
             let _ = vm.kill().await;
         }
         self.end_filling();
+        let t_gone = t0.elapsed();
         let moved = self.start_handed_over(&saved, paused, &splice).await;
         splice.release();
         match moved {
@@ -248,14 +253,23 @@ impl Sandbox {
                     l.pid = vm.pid();
                 }
                 self.vm = Some(vm);
-                let lazy = self.dir.join(crate::archive::LAZY_DIR);
-                // Also what makes the node's next start adopt the VM rather than suspend it.
-                if let Err(e) = blocking(move || {
-                    std::fs::remove_dir_all(&lazy).map_err(NodeError::io("removing", lazy))
-                })
-                .await
-                {
-                    tracing::error!(id = %self.record.id, error = %e, "removing a lazy restore's files");
+                // The lazy restore's directory going is what makes the node's next start adopt
+                // the VM rather than suspend it: renamed at once, removed behind.
+                let (lazy, gone) = (
+                    self.dir.join(crate::archive::LAZY_DIR),
+                    self.dir.join(HANDED_OVER_DIR),
+                );
+                match std::fs::rename(&lazy, &gone) {
+                    Ok(()) => {
+                        tokio::task::spawn_blocking(move || {
+                            if let Err(e) = std::fs::remove_dir_all(&gone) {
+                                tracing::warn!(path = %gone.display(), error = %e, "removing a lazy restore's old files");
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::error!(id = %self.record.id, error = %e, "removing a lazy restore's files")
+                    }
                 }
                 let mut report = self
                     .status
@@ -265,7 +279,10 @@ impl Sandbox {
                 if let Some(r) = report.as_mut() {
                     r.handed_over = Some(t0.elapsed());
                 }
-                tracing::info!(id = %self.record.id, took = ?t0.elapsed(), ?held, "restored VM moved to its local files");
+                tracing::info!(
+                    id = %self.record.id, took = ?t0.elapsed(), ?held, saved = ?t_saved,
+                    old_gone = ?t_gone, "restored VM moved to its local files"
+                );
             }
             Err(e) => {
                 // Its state is saved: a VMM without the streams, which the host makes anew.
@@ -287,9 +304,8 @@ impl Sandbox {
         }
     }
 
-    /// Stops the VM if it runs and saves its state, with its RAM file and disk synced and
-    /// cloned from the local files, into the lazy restore's directory. On an error the VM
-    /// runs as before.
+    /// Stops the VM and saves its device state into the lazy restore's directory, its RAM
+    /// file and disk synced to the local files there. On an error the VM runs as before.
     async fn save_for_handover(&mut self) -> Result<PathBuf> {
         let vm = self.vm()?;
         let dest = self.dir.join(crate::archive::LAZY_DIR).join(HANDOVER_DIR);
@@ -298,30 +314,20 @@ impl Sandbox {
             blocking(move || std::fs::remove_dir_all(&d).map_err(NodeError::io("removing", d)))
                 .await?;
         }
-        let running = self.record.state == Running;
-        if running {
-            vm.pause().await?;
-        }
-        match vm.snapshot(&dest).await {
-            Ok(_) => Ok(dest),
-            Err(e) => {
-                if running {
-                    let _ = vm.resume().await;
-                }
-                Err(e.into())
-            }
-        }
+        vm.save_state(&dest).await?;
+        Ok(dest)
     }
 
-    /// Starts a VMM on the state saved in `saved` with the sandbox's own RAM file and disk
-    /// (hard links to the saved ones: a start that fails removes its files, not the state).
+    /// Starts a VMM on the state saved in `saved` with the lazy restore's local files as the
+    /// sandbox's RAM file and disk (hard links: a start that fails removes its files, not the
+    /// local ones).
     async fn start_handed_over(
         &mut self,
         saved: &Path,
         paused: bool,
         splice: &Splice,
     ) -> Result<Box<dyn NodeVm>> {
-        let (dir, from) = (self.dir.clone(), saved.to_owned());
+        let (dir, from) = (self.dir.clone(), self.dir.join(crate::archive::LAZY_DIR));
         blocking(move || {
             for name in [
                 space_runtime::cmdline::MEM_FILE,

@@ -316,7 +316,7 @@ impl QemuVm {
         .await
     }
 
-    async fn snapshot_inner(&self, dest: &Path) -> Result<SnapshotInfo> {
+    async fn snapshot_inner(&self, dest: &Path, files: bool) -> Result<SnapshotInfo> {
         let qmp = self.qmp();
         let status = self.command(qmp.query_status()).await?;
         let was_running = status.running;
@@ -329,12 +329,12 @@ impl QemuVm {
         } else {
             None
         };
-        let saved = self.save_stopped(dest, reuse).await;
+        let saved = self.save_stopped(dest, reuse, files).await;
         if was_running || saved.is_err() {
             *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
         let paused_for = stopped_at.elapsed();
-        if was_running {
+        if was_running && (files || saved.is_err()) {
             // Resume even when saving failed: a failed snapshot must not freeze the sandbox.
             let resumed = self.cont().await;
             if saved.is_ok() {
@@ -381,11 +381,13 @@ impl QemuVm {
     }
 
     /// The part of a snapshot that needs the vCPUs stopped: device state (migrated, or reused
-    /// from the previous snapshot when the VM has not run since), then RAM and disk.
+    /// from the previous snapshot when the VM has not run since), then RAM and disk (synced
+    /// only, not cloned, without `files`).
     async fn save_stopped(
         &self,
         dest: &Path,
         reuse: Option<Arc<Vec<u8>>>,
+        files: bool,
     ) -> Result<(u64, CloneMethod, CloneMethod)> {
         let qmp = self.qmp();
         let state_path = dest.join(cmdline::STATE_FILE);
@@ -466,6 +468,10 @@ impl QemuVm {
             }
             None => (own_mem, own_disk),
         };
+        if !files {
+            let len = std::fs::metadata(&state_path).map_err(io("reading"))?.len();
+            return Ok((len, CloneMethod::InPlace, CloneMethod::InPlace));
+        }
         let (mem, disk) = tokio::join!(
             blocking(move || cow::clone_file(&src_mem, &dst_mem)),
             blocking(move || cow::clone_file(&src_disk, &dst_disk)),
@@ -481,25 +487,9 @@ impl QemuVm {
     }
 }
 
-impl Vm for QemuVm {
-    fn dir(&self) -> &Path {
-        &self.dir
-    }
-
-    async fn pause(&self) -> Result<()> {
-        let _op = self.ops.lock().await;
-        self.command(self.qmp().execute("stop", None))
-            .await
-            .map(drop)
-    }
-
-    async fn resume(&self) -> Result<()> {
-        let _op = self.ops.lock().await;
-        *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        self.cont().await
-    }
-
-    async fn snapshot(&self, dest: &Path) -> Result<SnapshotInfo> {
+impl QemuVm {
+    /// [`Vm::snapshot`], or with `files` false [`QemuVm::save_state`].
+    pub(super) async fn snapshot_into(&self, dest: &Path, files: bool) -> Result<SnapshotInfo> {
         let _op = self.ops.lock().await;
         self.check_alive()?;
         let created = match std::fs::create_dir(dest) {
@@ -526,7 +516,7 @@ impl Vm for QemuVm {
                 })
             }
         };
-        let result = self.snapshot_inner(dest).await;
+        let result = self.snapshot_inner(dest, files).await;
         if result.is_err() {
             // Leave no half snapshot behind, but never remove a directory we did not make.
             for name in [
@@ -542,6 +532,37 @@ impl Vm for QemuVm {
             }
         }
         result
+    }
+
+    /// Stops the VM and writes its device state and manifest into `dest` (which must not
+    /// exist or be empty), with its RAM file and disk synced (to their backing files, when
+    /// set) but not cloned: what a new VMM needs to go on with this VM on the same files.
+    /// The VM stays stopped; this VMM can only be killed or resumed afterwards.
+    pub async fn save_state(&self, dest: &Path) -> Result<SnapshotInfo> {
+        self.snapshot_into(dest, false).await
+    }
+}
+
+impl Vm for QemuVm {
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    async fn pause(&self) -> Result<()> {
+        let _op = self.ops.lock().await;
+        self.command(self.qmp().execute("stop", None))
+            .await
+            .map(drop)
+    }
+
+    async fn resume(&self) -> Result<()> {
+        let _op = self.ops.lock().await;
+        *self.last_state.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.cont().await
+    }
+
+    async fn snapshot(&self, dest: &Path) -> Result<SnapshotInfo> {
+        self.snapshot_into(dest, true).await
     }
 
     fn set_backing(&self, backing: Option<crate::Backing>) {
