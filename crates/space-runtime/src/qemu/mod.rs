@@ -13,7 +13,10 @@
 //!   `postmigrate`, from which `cont` resumes the same VM (and reactivates its disk).
 //! - Restore: check the manifest, clone RAM and disk into the new directory, start QEMU with
 //!   the same machine plus `-incoming defer`, `migrate-incoming` from the state file (passed
-//!   read-only with `getfd`), `cont` unless asked to stay paused.
+//!   read-only with `getfd`), `cont` unless asked to stay paused. With a splice, the streams
+//!   it holds connect to the new QEMU's sockets before the state loads ([`crate::splice`]).
+//! - Save state: a snapshot's first half only (device state, files synced, nothing cloned),
+//!   the VM left stopped: the old half of moving a guest to a new QEMU on the same files.
 //!
 //! - Adopt: a VMM started with [`QemuRuntimeConfig::detached`] outlives the node; a later
 //!   node finds it through `qemu.pid` and `qemu.json` in the sandbox directory, checks that
