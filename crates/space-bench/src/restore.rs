@@ -166,6 +166,7 @@ struct Case {
     lazy_reads: Samples,
     lazy_read_mib: Samples,
     lazy_writes: Samples,
+    lazy_moved: Samples,
     pf_waited: Samples,
     pf_vm_started: Samples,
     pf_gate: Samples,
@@ -174,6 +175,7 @@ struct Case {
     pf_urgent: Samples,
     pf_prefetched: Samples,
     pf_filled: Samples,
+    pf_moved: Samples,
     prepared: Samples,
     fetch: Samples,
     getting: Samples,
@@ -305,9 +307,10 @@ impl Setup {
             self.node.reconcile_archive().await;
             let info = self.node.info(id).await?;
             let report = self.node.last_restore(id);
-            let filled = report
-                .as_ref()
-                .is_some_and(|r| r.fetch.is_some() || r.lazy.is_some());
+            // A lazy one's VM has also moved to its local files.
+            let filled = report.as_ref().is_some_and(|r| {
+                r.fetch.is_some() || (r.lazy.is_some() && r.handed_over.is_some())
+            });
             let cached = match &info.origin {
                 space_node::Origin::Snapshot { snapshot, .. } => {
                     info.snapshot(snapshot).is_some_and(|s| s.local)
@@ -472,6 +475,9 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
             c.lazy_read_mib.push(l.served_read_bytes as f64 / MIB);
             c.lazy_writes.push(l.served_writes as f64);
         }
+        if let Some(m) = r.handed_over {
+            c.lazy_moved.push(ms(m));
+        }
         // Lazily, with the list the last one recorded (uploaded with this suspend).
         s.node.set_restore_mode(RestoreMode::Lazy);
         let (lazy_pf, _) = s.store_restore(&id).await?;
@@ -493,6 +499,9 @@ async fn one_case(plan: &RestorePlan, s: &Setup, t: &TemplateRef, c: &mut Case) 
             c.pf_urgent.push(l.urgent_chunks as f64);
             c.pf_prefetched.push(l.prefetched_chunks as f64);
             c.pf_filled.push(ms(l.hydrated_in));
+        }
+        if let Some(m) = r.handed_over {
+            c.pf_moved.push(ms(m));
         }
         s.node.set_restore_mode(RestoreMode::AsConfigured);
         s.suspend(&id).await?;
@@ -562,6 +571,11 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
             ("lazy: reads served until then", "n", &c.lazy_reads),
             ("lazy:   their bytes", "MiB", &c.lazy_read_mib),
             ("lazy: writes served until then", "n", &c.lazy_writes),
+            (
+                "lazy: VM moved to the local files (guest stopped)",
+                "ms",
+                &c.lazy_moved,
+            ),
             ("lazy + prefetch: chunks in the list", "n", &c.pf_list),
             (
                 "lazy + prefetch: VM started, state loaded",
@@ -589,6 +603,11 @@ fn report(plan: &RestorePlan, cases: &[Case]) {
                 "lazy + prefetch: until the files were whole",
                 "ms",
                 &c.pf_filled,
+            ),
+            (
+                "lazy + prefetch: VM moved to the local files",
+                "ms",
+                &c.pf_moved,
             ),
         ] {
             parts.add(format!("{l}: {what}"), unit, v.clone());
