@@ -246,62 +246,66 @@ impl Sandbox {
         let t_gone = t0.elapsed();
         let moved = self.start_handed_over(&saved, paused, &splice).await;
         splice.release();
-        match moved {
+        let vm = match moved {
             Ok(vm) => {
                 if let Some(l) = self.egress_loop.as_mut() {
                     // The loop's stream went over with the guest.
                     l.pid = vm.pid();
                 }
-                self.vm = Some(vm);
-                // The lazy restore's directory going is what makes the node's next start adopt
-                // the VM rather than suspend it: renamed at once, removed behind.
-                let (lazy, gone) = (
-                    self.dir.join(crate::archive::LAZY_DIR),
-                    self.dir.join(HANDED_OVER_DIR),
-                );
-                match std::fs::rename(&lazy, &gone) {
-                    Ok(()) => {
-                        tokio::task::spawn_blocking(move || {
-                            if let Err(e) = std::fs::remove_dir_all(&gone) {
-                                tracing::warn!(path = %gone.display(), error = %e, "removing a lazy restore's old files");
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        tracing::error!(id = %self.record.id, error = %e, "removing a lazy restore's files")
-                    }
-                }
-                let mut report = self
-                    .status
-                    .last_restore
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                if let Some(r) = report.as_mut() {
-                    r.handed_over = Some(t0.elapsed());
-                }
-                tracing::info!(
-                    id = %self.record.id, took = ?t0.elapsed(), ?held, saved = ?t_saved,
-                    old_gone = ?t_gone, "restored VM moved to its local files"
-                );
+                vm
             }
             Err(e) => {
-                // Its state is saved: a VMM without the streams, which the host makes anew.
+                // Its state is saved: a VMM without the streams, which the host makes anew
+                // (the egress loop starts again for the new VMM).
                 tracing::warn!(id = %self.record.id, error = %e, "moving a restored VM to its local files: starting again without its open streams");
                 drop(self.client.take());
                 match self
                     .start_handed_over(&saved, paused, &Splice::new(&self.dir))
                     .await
                 {
-                    Ok(vm) => self.vm = Some(vm),
+                    Ok(vm) => vm,
                     Err(e) => {
-                        self.filling_failed(format!(
-                            "the VM could not start again on its local files: {e}"
-                        ))
-                        .await
+                        return self
+                            .filling_failed(format!(
+                                "the VM could not start again on its local files: {e}"
+                            ))
+                            .await
                     }
                 }
             }
+        };
+        self.vm = Some(vm);
+        // The lazy restore's directory going is what makes the node's next start adopt the
+        // VM rather than suspend it: renamed at once, removed behind.
+        let (lazy, gone) = (
+            self.dir.join(crate::archive::LAZY_DIR),
+            self.dir.join(HANDED_OVER_DIR),
+        );
+        match std::fs::rename(&lazy, &gone) {
+            Ok(()) => {
+                tokio::task::spawn_blocking(move || {
+                    if let Err(e) = std::fs::remove_dir_all(&gone) {
+                        tracing::warn!(path = %gone.display(), error = %e, "removing a lazy restore's old files");
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::error!(id = %self.record.id, error = %e, "removing a lazy restore's files")
+            }
         }
+        if let Some(r) = self
+            .status
+            .last_restore
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_mut()
+        {
+            r.handed_over = Some(t0.elapsed());
+        }
+        tracing::info!(
+            id = %self.record.id, took = ?t0.elapsed(), ?held, saved = ?t_saved,
+            old_gone = ?t_gone, "restored VM moved to its local files"
+        );
     }
 
     /// Stops the VM and saves its device state into the lazy restore's directory, its RAM
