@@ -28,28 +28,35 @@ pub fn rotated(path: &Path) -> PathBuf {
 /// current file is shorter), sanitized for display. A missing or unreadable file reads as
 /// empty: this feeds error messages, and must not itself fail.
 pub fn tail(path: &Path, max: usize) -> String {
-    let max = max.min(MAX_TAIL);
-    let mut bytes = read_tail(path, max);
+    sanitize(&raw_tail(path, max.min(MAX_TAIL)).unwrap_or_default())
+}
+
+/// The last `max` bytes of the log at `path` as written (the guest's bytes, not sanitized),
+/// continuing into its rotated copy when the current file is shorter: right after a rotation
+/// the current file holds little. A missing file reads as empty; other errors are answered.
+pub fn raw_tail(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut bytes = read_tail(path, max)?;
     if bytes.len() < max {
-        let mut older = read_tail(&rotated(path), max - bytes.len());
+        let mut older = read_tail(&rotated(path), max - bytes.len())?;
         older.extend_from_slice(&bytes);
         bytes = older;
     }
-    sanitize(&bytes)
+    Ok(bytes)
 }
 
-fn read_tail(path: &Path, max: usize) -> Vec<u8> {
-    let Ok(mut f) = File::open(path) else {
-        return Vec::new();
+/// The last `max` bytes of one file; a missing one reads as empty.
+fn read_tail(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    let mut f = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let len = f.metadata()?.len();
     let start = len.saturating_sub(max as u64);
-    if f.seek(SeekFrom::Start(start)).is_err() {
-        return Vec::new();
-    }
-    let mut buf = Vec::with_capacity(max.min(len as usize));
-    let _ = f.take(max as u64).read_to_end(&mut buf);
-    buf
+    f.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::with_capacity((len - start) as usize);
+    f.take(max as u64).read_to_end(&mut buf)?;
+    Ok(buf)
 }
 
 /// Makes guest bytes safe to print: invalid UTF-8 and control characters other than newline
@@ -78,7 +85,7 @@ pub fn rotate_if_large(path: &Path, cap: u64) -> std::io::Result<bool> {
     if len <= cap {
         return Ok(false);
     }
-    let keep = read_tail(path, MAX_TAIL);
+    let keep = read_tail(path, MAX_TAIL)?;
     let old = rotated(path);
     let mut tmp = old.as_os_str().to_owned();
     tmp.push(".tmp");
@@ -126,5 +133,14 @@ mod tests {
         assert_eq!(tail(&log, 6), "aaanew");
         assert_eq!(tail(&log, 100_000).len(), 5013);
         assert!(!rotate_if_large(&dir.path().join("missing"), 1).unwrap());
+        // The raw tail is the bytes as written, not capped at MAX_TAIL.
+        assert_eq!(raw_tail(&log, 6).unwrap(), b"aaanew");
+        std::fs::write(&log, vec![0x1bu8; MAX_TAIL + 10]).unwrap();
+        assert_eq!(raw_tail(&log, MAX_TAIL + 5).unwrap().len(), MAX_TAIL + 5);
+        assert_eq!(raw_tail(&dir.path().join("missing"), 10).unwrap(), b"");
+        assert!(
+            raw_tail(dir.path(), 10).is_err(),
+            "a directory is not a log"
+        );
     }
 }

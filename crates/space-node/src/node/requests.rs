@@ -211,16 +211,8 @@ impl Node {
             .sandbox_dir(id.as_str())?
             .join(space_runtime::cmdline::CONSOLE_LOG);
         blocking(move || {
-            // A log that was just rotated holds little: the rest of the tail is in the
-            // rotated copy.
-            let mut out = tail_of(&path, max_bytes)?;
-            if out.len() < max_bytes {
-                let older = space_runtime::console::rotated(&path);
-                let mut before = tail_of(&older, max_bytes - out.len())?;
-                before.append(&mut out);
-                out = before;
-            }
-            Ok(out)
+            space_runtime::console::raw_tail(&path, max_bytes)
+                .map_err(NodeError::io("reading", &path))
         })
         .await
     }
@@ -364,26 +356,4 @@ pub struct SandboxUsage {
     pub memory_mib: u64,
     /// The ownership epoch this node holds it under (0: its first owner).
     pub epoch: u64,
-}
-
-/// The last `max` bytes of a file; empty when it does not exist.
-fn tail_of(path: &std::path::Path, max: usize) -> Result<Vec<u8>> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(NodeError::io("opening", path)(e)),
-    };
-    let len = f
-        .metadata()
-        .map_err(NodeError::io("inspecting", path))?
-        .len();
-    let start = len.saturating_sub(max as u64);
-    f.seek(SeekFrom::Start(start))
-        .map_err(NodeError::io("seeking", path))?;
-    let mut out = Vec::with_capacity((len - start) as usize);
-    f.take(max as u64)
-        .read_to_end(&mut out)
-        .map_err(NodeError::io("reading", path))?;
-    Ok(out)
 }
