@@ -16,6 +16,9 @@
 //!   sandbox stays Suspended on the same snapshot with nothing left of the attempt, and once
 //!   Garage is back it restores with its list (the VM waits for it, paused) and its data.
 //!
+//! - A lazily restored VM that moved to its local files, handed to the next node start by one
+//!   that stops leaving its VMs running: adopted, the same QEMU, its process and data.
+//!
 //! `SPACE_TEST_LAZY_RAM_MIB` and `SPACE_TEST_LAZY_DATA_MIB` change the first guest's size
 //! (2048 and 1024 by default).
 
@@ -367,4 +370,73 @@ fn a_listed_snapshot_restores_after_the_store_was_gone_for_a_restore() {
         },
     );
     drop(garage);
+}
+
+/// Once its files are whole and it moved to them, a lazily restored VM is like any other: a
+/// node that stops leaving its VMs running hands it to the next start, which adopts the same
+/// QEMU (not a restore from the store), with the guest's process and data.
+#[test]
+fn a_restored_vm_on_its_local_files_is_adopted_by_the_next_start() {
+    let garage = Garage::start();
+    let store = garage.config("lazy-adopt");
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("master.key");
+    let cfg = config(&store, &key, Some(LazyOptions::default()));
+    let opened: Arc<std::sync::Mutex<Option<space_node::NodeConfig>>> = Default::default();
+    let slot = opened.clone();
+    with_node_opened(
+        Disk::Btrfs,
+        |c| c.archive = Some(cfg),
+        move |c| {
+            *slot.lock().unwrap() = Some(c.clone());
+            Node::open(c)
+        },
+        |node| async move {
+            build_minimal(&node, "1").await;
+            let id = create(&node, SandboxOptions::default()).await;
+            let g = node.guest(&id).await.unwrap();
+            let sum = write_random(&g, "/root/data.bin", 8 << 20).await;
+            let pid = start_sleeper(&g).await;
+            drop(g);
+            let s = node.suspend(&id).await.unwrap();
+            assert!(s.remote.is_some());
+            for s in node.snapshots(&id).await.unwrap() {
+                if s.local && s.remote.is_some() {
+                    node.evict_local(&id, &s.id).await.unwrap();
+                }
+            }
+            node.restore(&id).await.unwrap();
+            assert!(node.last_restore(&id).unwrap().from_store);
+            wait_until(
+                "the VM moved to its local files",
+                Duration::from_secs(120),
+                || {
+                    node.last_restore(&id)
+                        .is_some_and(|r| r.handed_over.is_some())
+                },
+            )
+            .await;
+            let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
+            let qemu = std::fs::read_to_string(dir.join("qemu.pid")).unwrap();
+            node.shutdown_detach().await;
+
+            let cfg = opened.lock().unwrap().clone().unwrap();
+            let node = Node::open(cfg).await.expect("reopening the node");
+            let info = node.info(&id).await.unwrap();
+            assert_eq!(info.state, State::Running);
+            let ev = info.recoveries.last().expect("an adoption event");
+            assert_eq!(ev.action, RecoveryAction::Adopted, "{ev:?}");
+            assert_eq!(
+                std::fs::read_to_string(dir.join("qemu.pid")).unwrap(),
+                qemu,
+                "the same QEMU"
+            );
+            let g = node.guest(&id).await.unwrap();
+            assert!(alive(&g, pid).await, "the process runs on");
+            assert_eq!(guest_sha(&g, "/root/data.bin").await, sum);
+            drop(g);
+            node.kill(&id).await.unwrap();
+            node.shutdown().await;
+        },
+    );
 }
