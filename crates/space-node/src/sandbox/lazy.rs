@@ -25,6 +25,8 @@ use tokio::sync::watch;
 
 /// How long after a move that did not happen it is tried again.
 pub(super) const HANDOVER_RETRY: Duration = Duration::from_secs(5);
+/// How often a move waiting for the local files' write-back looks again.
+const WRITEBACK_POLL: Duration = Duration::from_millis(50);
 /// The directory (inside the lazy restore's own) the VM's state is saved into for the move.
 const HANDOVER_DIR: &str = "handover";
 /// What the lazy restore's directory is renamed to once the VM moved, until it is removed
@@ -47,6 +49,9 @@ pub(super) struct Filling {
     task: tokio::task::JoinHandle<()>,
     /// Whether the outcome was acted on.
     seen: bool,
+    /// Writes back what the filling wrote to the local files, once they are whole, while the
+    /// guest still runs: the move to them then does not stop the guest for it.
+    writeback: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Filling {
@@ -63,6 +68,7 @@ impl Filling {
             done,
             task,
             seen: false,
+            writeback: None,
         }
     }
 
@@ -147,6 +153,21 @@ impl Sandbox {
                     tracing::error!(id = %self.record.id, error = %e, "writing a sandbox record");
                 }
                 if self.vm.as_ref().is_some_and(|vm| vm.splice().is_some()) {
+                    let behind = self.dir.join(crate::archive::LAZY_DIR);
+                    if let Some(f) = self.lazy.as_mut() {
+                        f.writeback = Some(tokio::task::spawn_blocking(move || {
+                            for name in [
+                                space_runtime::cmdline::MEM_FILE,
+                                space_runtime::cmdline::DISK_FILE,
+                            ] {
+                                let p = behind.join(name);
+                                if let Err(e) = std::fs::File::open(&p).and_then(|f| f.sync_data())
+                                {
+                                    tracing::warn!(path = %p.display(), error = %e, "writing a lazy restore's file back");
+                                }
+                            }
+                        }));
+                    }
                     self.handover_at = Some(tokio::time::Instant::now());
                 }
             }
@@ -220,6 +241,12 @@ impl Sandbox {
         let (true, Some(splice), Running | Paused) = (filled, splice, self.record.state) else {
             return;
         };
+        if let Some(f) = self.lazy.as_ref() {
+            if f.writeback.as_ref().is_some_and(|w| !w.is_finished()) {
+                self.handover_at = Some(tokio::time::Instant::now() + WRITEBACK_POLL);
+                return;
+            }
+        }
         let t0 = Instant::now();
         if let Err(e) = splice.hold().await {
             tracing::info!(id = %self.record.id, error = %e, retry_in = ?HANDOVER_RETRY, "moving a restored VM to its local files: not now");
