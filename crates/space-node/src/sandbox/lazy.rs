@@ -11,8 +11,9 @@
 //! - Once the files are whole, the slots from the store the VM touched while it started (until
 //!   the background's release), in the order it first touched them, are kept in the record:
 //!   the next upload lists them for the next restore to fetch before its VM runs.
-//! - Then the node leaves the VM's data path ([`Sandbox::hand_over`]): the guest moves to a
-//!   new VMM on the local files, the way a local restore starts, and the mounts go. The
+//! - Then the node leaves the VM's data path ([`Sandbox::hand_over`]): once what the filling
+//!   wrote is written back (while the guest runs), the guest moves to a new VMM on the
+//!   local files, the way a local restore starts, and the mounts go. The
 //!   host's streams to the guest (exec, files, the egress gateway's) go through a splice
 //!   ([`space_runtime::splice`]) that keeps them across the change. From then on the VM is a
 //!   VM like any other: a node that stops or dies leaves it running for its next start to
