@@ -93,6 +93,19 @@ async fn sum_in_guest(g: &GuestClient, path: &str) -> String {
         .to_owned()
 }
 
+/// Waits until the lazily restored VM of `id` has moved to its local files.
+async fn moved_to_local_files(node: &Node, id: &SandboxId) {
+    wait_until(
+        "the VM moved to its local files",
+        Duration::from_secs(120),
+        || {
+            node.last_restore(id)
+                .is_some_and(|r| r.handed_over.is_some())
+        },
+    )
+    .await;
+}
+
 fn config(store: &StoreConfig, key: &Path, lazy: Option<LazyOptions>) -> ArchiveConfig {
     let mut cfg = archive_over(store, key);
     cfg.cache_max_bytes = Some(0);
@@ -171,15 +184,7 @@ fn a_big_guest_restores_from_the_store_while_it_streams_in() {
             // files, the mounts and the lazy restore's files go, and the host's streams to
             // the guest go on (the same connection, the same process output).
             let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
-            wait_until(
-                "the VM moved to its local files",
-                Duration::from_secs(120),
-                || {
-                    node.last_restore(&id)
-                        .is_some_and(|r| r.handed_over.is_some())
-                },
-            )
-            .await;
+            moved_to_local_files(&node, &id).await;
             assert!(!dir.join(".lazy").exists());
             let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
             let dir_text = dir.to_string_lossy().into_owned();
@@ -407,15 +412,7 @@ fn a_restored_vm_on_its_local_files_is_adopted_by_the_next_start() {
             }
             node.restore(&id).await.unwrap();
             assert!(node.last_restore(&id).unwrap().from_store);
-            wait_until(
-                "the VM moved to its local files",
-                Duration::from_secs(120),
-                || {
-                    node.last_restore(&id)
-                        .is_some_and(|r| r.handed_over.is_some())
-                },
-            )
-            .await;
+            moved_to_local_files(&node, &id).await;
             let dir = node.layout().sandbox_dir(id.as_str()).unwrap();
             let qemu = std::fs::read_to_string(dir.join("qemu.pid")).unwrap();
             node.shutdown_detach().await;
