@@ -97,11 +97,6 @@ impl Splice {
         }
     }
 
-    /// The sandbox directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// A new stream to the port QEMU serves on socket `name` in the directory. Refused while
     /// held (a new connection would reach the QEMU that is ending).
     pub async fn connect(&self, name: &str) -> Result<UnixStream> {
@@ -147,7 +142,8 @@ impl Splice {
     }
 
     /// Open streams.
-    pub fn streams(&self) -> usize {
+    #[cfg(test)]
+    fn streams(&self) -> usize {
         self.lock()
             .links
             .iter()
